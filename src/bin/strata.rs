@@ -1,0 +1,224 @@
+//! `strata`: generate text with a model whose weights are paged through ggml.
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use strata::engine::{DeviceChoice, Engine, EngineConfig};
+use strata::generate::Session;
+use strata::llama::LlamaModel;
+use strata::sample::{Sampler, SamplerConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Run LLMs larger than GPU memory by paging layer groups"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from a prompt, or chat interactively (--chat).
+    Run(RunArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DeviceArg {
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// GGUF model file.
+    #[arg(short = 'm', long)]
+    model: PathBuf,
+    /// Context size in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: u32,
+    /// Most tokens per forward step.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: u32,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Compute device.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text (with --chat: the first user message, optional).
+    #[arg(short = 'p', long, default_value = "")]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Temperature; 0 means greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: i32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    repeat_last_n: usize,
+    /// RNG seed.
+    #[arg(short = 's', long, default_value_t = 1234)]
+    seed: u64,
+    /// Interactive multi-turn chat with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long)]
+    system: Option<String>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("STRATA_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let res = match cli.cmd {
+        Cmd::Run(a) => run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn load(m: &ModelArgs) -> Result<(Engine, LlamaModel)> {
+    if !m.model.is_file() {
+        bail!("model file {} does not exist", m.model.display());
+    }
+    let cfg = EngineConfig {
+        n_ctx: m.ctx_size,
+        n_batch: m.batch_size,
+        n_threads: m.threads.unwrap_or(EngineConfig::default().n_threads),
+        device: match m.device {
+            DeviceArg::Auto => DeviceChoice::Auto,
+            DeviceArg::Cpu => DeviceChoice::Cpu,
+            DeviceArg::Gpu => DeviceChoice::Gpu,
+        },
+        progress: true,
+    };
+    let engine =
+        Engine::load(&m.model, &cfg).with_context(|| format!("loading {}", m.model.display()))?;
+    let vocab = LlamaModel::load(&m.model, true, 0)
+        .with_context(|| format!("loading the vocabulary of {}", m.model.display()))?;
+    eprintln!(
+        "strata: {} ({}), {} layers, {:.1} MiB of weights on {}",
+        engine.spec.name,
+        engine.spec.arch.name(),
+        engine.spec.hp.n_layer,
+        engine.weight_bytes() as f64 / (1 << 20) as f64,
+        engine.device().description()
+    );
+    Ok((engine, vocab))
+}
+
+fn run(a: RunArgs) -> Result<()> {
+    let scfg = SamplerConfig {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        seed: a.seed,
+    };
+    let sampler = Sampler::new(scfg).context("sampling parameters")?;
+    let (mut engine, vocab) = load(&a.model)?;
+    let mut session = Session::new(&mut engine, &vocab, sampler);
+    let mut stdout = std::io::stdout();
+    if !a.chat {
+        if a.prompt.is_empty() {
+            bail!("no prompt: pass -p TEXT (or --chat)");
+        }
+        let prompt = vocab.tokenize(&a.prompt, true, true)?;
+        print!("{}", a.prompt);
+        stdout.flush()?;
+        let (_, t) = session.generate(&prompt, a.n_predict, |s| {
+            print!("{s}");
+            let _ = std::io::stdout().flush();
+        })?;
+        println!();
+        eprintln!(
+            "prompt: {} tokens, {:.2} t/s | generation: {} tokens, {:.2} t/s",
+            t.prompt_tokens,
+            t.prompt_tps(),
+            t.gen_tokens,
+            t.gen_tps()
+        );
+        return Ok(());
+    }
+
+    // interactive chat: re-render the whole conversation each turn and feed
+    // only the part the KV cache has not seen
+    let mut messages: Vec<(String, String)> = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(("system".into(), s.clone()));
+    }
+    let mut rendered_len = 0usize;
+    let mut first = a.prompt.clone();
+    let stdin = std::io::stdin();
+    loop {
+        let user = if !first.is_empty() {
+            let u = std::mem::take(&mut first);
+            println!("> {u}");
+            u
+        } else {
+            print!("> ");
+            stdout.flush()?;
+            let mut line = String::new();
+            if stdin.lock().read_line(&mut line)? == 0 {
+                println!();
+                return Ok(());
+            }
+            let line = line.trim_end().to_string();
+            if line.is_empty() {
+                continue;
+            }
+            line
+        };
+        messages.push(("user".into(), user));
+        let full = vocab.apply_chat_template(&messages, true)?;
+        let new_part = full.get(rendered_len..).unwrap_or(&full);
+        let toks = vocab.tokenize(new_part, rendered_len == 0, true)?;
+        let mut reply = String::new();
+        let (_, t) = session.generate(&toks, a.n_predict, |s| {
+            print!("{s}");
+            reply.push_str(s);
+            let _ = std::io::stdout().flush();
+        })?;
+        println!();
+        eprintln!("[{} tokens, {:.2} t/s]", t.gen_tokens, t.gen_tps());
+        // the KV cache now holds `full` + the reply text; the template's
+        // end-of-turn marker after it is fed with the next user message
+        let seen = format!("{full}{reply}");
+        messages.push(("assistant".into(), reply));
+        let next = vocab.apply_chat_template(&messages, false)?;
+        if next.starts_with(&seen) {
+            rendered_len = seen.len();
+        } else {
+            // the template rewrote history: start the cache over
+            session.engine.clear();
+            session.tokens.clear();
+            rendered_len = 0;
+        }
+    }
+}

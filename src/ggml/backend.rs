@@ -1,0 +1,482 @@
+//! Devices, backend instances, buffers and events.
+//!
+//! Backends are modules (`libggml-cpu-*.so`, `libggml-cuda.so`) loaded once by
+//! [`load_backends`] from the directory of the running executable (or
+//! `STRATA_BACKEND_DIR`). Two [`Backend`]s on one device have their own
+//! streams; buffers of the device's type work with both.
+
+use super::{cstr_to_string, GgmlError, Result, Tensor};
+use crate::sys;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::OnceLock;
+
+/// File written next to a backend module built outside cargo
+/// (tools/build-cuda-module.sh): the ggml version it was built from.
+pub const MODULE_STAMP_SUFFIX: &str = ".ggml-version";
+
+static LOADED: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+
+fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("STRATA_BACKEND_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            dirs.push(dir.to_path_buf());
+            // test binaries live in target/<profile>/deps
+            if let Some(up) = dir.parent() {
+                dirs.push(up.to_path_buf());
+            }
+        }
+    }
+    dirs
+}
+
+fn has_module(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten().any(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with("libggml-cpu") && n.ends_with(".so")
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// Refuses a backend module whose version stamp names another ggml version.
+fn check_module_stamps(dir: &Path) -> std::result::Result<(), GgmlError> {
+    let expected = super::version();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(module) = name.strip_suffix(MODULE_STAMP_SUFFIX) {
+            let found = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let found = found.lines().next().unwrap_or("").trim().to_string();
+            if found != expected {
+                return Err(GgmlError::VersionMismatch {
+                    module: module.to_string(),
+                    found,
+                    expected,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads every backend module found next to the executable, once per process.
+/// Returns the directory they came from.
+pub fn load_backends() -> Result<PathBuf> {
+    let res = LOADED.get_or_init(|| {
+        let dirs = candidate_dirs();
+        let Some(dir) = dirs.iter().find(|d| has_module(d)) else {
+            let searched = dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>();
+            return Err(format!("no libggml-cpu*.so in {}", searched.join(", ")));
+        };
+        if let Err(e) = check_module_stamps(dir) {
+            return Err(e.to_string());
+        }
+        let c = CString::new(dir.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: c is a valid NUL-terminated path; the loader copies what it needs.
+        unsafe { sys::ggml_backend_load_all_from_path(c.as_ptr()) };
+        // SAFETY: plain query of the global registry.
+        if unsafe { sys::ggml_backend_dev_count() } == 0 {
+            return Err(format!("no device registered from {}", dir.display()));
+        }
+        Ok(dir.clone())
+    });
+    res.clone().map_err(|searched| {
+        if searched.contains("was built from ggml") {
+            GgmlError::VersionMismatch {
+                module: searched,
+                found: String::new(),
+                expected: String::new(),
+            }
+        } else {
+            GgmlError::NoBackends { searched }
+        }
+    })
+}
+
+/// A device from ggml's registry. Devices live as long as the process.
+#[derive(Clone, Copy, Debug)]
+pub struct Device(sys::ggml_backend_dev_t);
+
+// SAFETY: device handles are immutable registry entries, usable from any thread.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+/// The first CPU device (loads backends if needed).
+pub fn cpu_device() -> Result<Device> {
+    load_backends()?;
+    // SAFETY: query of the global registry; null if there is none.
+    let d = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+    if d.is_null() {
+        return Err(GgmlError::NoDevice("CPU"));
+    }
+    Ok(Device(d))
+}
+
+/// The first GPU device, if a GPU backend module is loaded.
+pub fn gpu_device() -> Result<Option<Device>> {
+    load_backends()?;
+    // SAFETY: query of the global registry; null if there is none.
+    let d = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_GPU) };
+    Ok((!d.is_null()).then_some(Device(d)))
+}
+
+impl Device {
+    pub fn name(&self) -> String {
+        // SAFETY: self.0 is a registered device; the name is a static string.
+        unsafe { cstr_to_string(sys::ggml_backend_dev_name(self.0)) }
+    }
+    pub fn description(&self) -> String {
+        // SAFETY: as above.
+        unsafe { cstr_to_string(sys::ggml_backend_dev_description(self.0)) }
+    }
+    pub fn is_cpu(&self) -> bool {
+        // SAFETY: plain query.
+        unsafe { sys::ggml_backend_dev_type(self.0) == sys::GGML_BACKEND_DEVICE_TYPE_CPU }
+    }
+    /// (free, total) bytes of device memory.
+    pub fn memory(&self) -> (usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both pointers are valid for writes.
+        unsafe { sys::ggml_backend_dev_memory(self.0, &mut free, &mut total) };
+        (free, total)
+    }
+    /// Starts a new backend instance (its own stream on a GPU).
+    pub fn init_backend(&self) -> Result<Backend> {
+        // SAFETY: self.0 is a registered device; null params means defaults.
+        let b = unsafe { sys::ggml_backend_dev_init(self.0, std::ptr::null()) };
+        NonNull::new(b)
+            .map(|ptr| Backend {
+                ptr,
+                device: *self,
+                threadpool: None,
+            })
+            .ok_or_else(|| GgmlError::BackendInit(self.name()))
+    }
+    pub fn buffer_type(&self) -> sys::ggml_backend_buffer_type_t {
+        // SAFETY: plain query; the buffer type lives as long as the device.
+        unsafe { sys::ggml_backend_dev_buffer_type(self.0) }
+    }
+    /// The device's pinned host buffer type, if it has one.
+    pub fn host_buffer_type(&self) -> Option<sys::ggml_backend_buffer_type_t> {
+        // SAFETY: plain query.
+        let t = unsafe { sys::ggml_backend_dev_host_buffer_type(self.0) };
+        (!t.is_null()).then_some(t)
+    }
+    /// Looks up a backend-specific function by name in the device's module.
+    pub fn proc_address(&self, name: &str) -> Option<*mut std::ffi::c_void> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: reg is the device's registry entry; c is NUL-terminated.
+        let p = unsafe {
+            let reg = sys::ggml_backend_dev_backend_reg(self.0);
+            sys::ggml_backend_reg_get_proc_address(reg, c.as_ptr())
+        };
+        (!p.is_null()).then_some(p)
+    }
+    pub fn raw(&self) -> sys::ggml_backend_dev_t {
+        self.0
+    }
+}
+
+/// An owned backend instance.
+pub struct Backend {
+    ptr: NonNull<sys::ggml_backend>,
+    device: Device,
+    /// A CPU thread pool this backend uses (freed after the backend).
+    threadpool: Option<sys::ggml_threadpool_t>,
+}
+
+// SAFETY: a backend is used by one thread at a time (we never share &Backend
+// across threads for computing); ggml backends may be moved between threads.
+unsafe impl Send for Backend {}
+
+impl Backend {
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn raw(&self) -> sys::ggml_backend_t {
+        self.ptr.as_ptr()
+    }
+    /// Sets the CPU thread count (no-op on backends without that function).
+    pub fn set_n_threads(&self, n: usize) {
+        type SetThreads = unsafe extern "C" fn(sys::ggml_backend_t, std::os::raw::c_int);
+        if let Some(f) = self.device.proc_address("ggml_backend_set_n_threads") {
+            // SAFETY: the registry documents this symbol with exactly this signature.
+            unsafe {
+                let f: SetThreads = std::mem::transmute(f);
+                f(self.raw(), n as std::os::raw::c_int);
+            }
+        }
+    }
+    /// Gives a CPU backend a persistent thread pool of `n` threads, so each
+    /// graph computation does not start and join its own threads (strata
+    /// computes one small graph per layer group). No-op on other backends.
+    pub fn attach_cpu_threadpool(&mut self, n: usize) -> Result<()> {
+        if !self.device.is_cpu() {
+            return Ok(());
+        }
+        type New = unsafe extern "C" fn(*mut sys::ggml_threadpool_params) -> sys::ggml_threadpool_t;
+        type Set = unsafe extern "C" fn(sys::ggml_backend_t, sys::ggml_threadpool_t);
+        let Some(new) = self.device.proc_address("ggml_threadpool_new") else {
+            return Ok(());
+        };
+        // ggml_backend_cpu_set_threadpool is not in the registry's proc table:
+        // find it in the CPU module that the loader opened.
+        let Some(set) = cpu_module_symbol("ggml_backend_cpu_set_threadpool") else {
+            tracing::warn!(
+                "CPU module exports no ggml_backend_cpu_set_threadpool; threads start per graph"
+            );
+            return Ok(());
+        };
+        // SAFETY: both symbols come from the loaded CPU module with these
+        // exact C signatures (ggml-cpu.h); params are initialized by ggml.
+        unsafe {
+            let new: New = std::mem::transmute(new);
+            let set: Set = std::mem::transmute(set);
+            let mut params = sys::ggml_threadpool_params_default(n as i32);
+            let tp = new(&mut params);
+            if tp.is_null() {
+                return Err(GgmlError::BackendInit(format!(
+                    "thread pool of {n} threads"
+                )));
+            }
+            set(self.raw(), tp);
+            self.threadpool = Some(tp);
+        }
+        Ok(())
+    }
+
+    /// Computes `graph` and waits for it.
+    pub fn compute(&self, graph: &super::Graph<'_>) -> Result<()> {
+        // SAFETY: the graph's tensors are allocated (caller ran the allocator)
+        // and outlive the call, which is synchronous.
+        let st = unsafe { sys::ggml_backend_graph_compute(self.raw(), graph.raw()) };
+        if st != sys::GGML_STATUS_SUCCESS {
+            return Err(GgmlError::Compute(st));
+        }
+        Ok(())
+    }
+    /// Enqueues `graph` on this backend's stream.
+    pub fn compute_async(&self, graph: &super::Graph<'_>) -> Result<()> {
+        // SAFETY: as compute; the caller keeps the graph and its buffers alive
+        // until the backend is synchronized.
+        let st = unsafe { sys::ggml_backend_graph_compute_async(self.raw(), graph.raw()) };
+        if st != sys::GGML_STATUS_SUCCESS {
+            return Err(GgmlError::Compute(st));
+        }
+        Ok(())
+    }
+    pub fn synchronize(&self) {
+        // SAFETY: self owns a live backend.
+        unsafe { sys::ggml_backend_synchronize(self.raw()) }
+    }
+    /// Enqueues a host-to-device copy on this backend's stream.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unmodified until the backend is synchronized
+    /// (or an event recorded after this call completed); it is only truly
+    /// asynchronous when `src` is pinned memory.
+    pub unsafe fn tensor_set_async(&self, t: Tensor<'_>, src: &[u8], offset: usize) {
+        sys::ggml_backend_tensor_set_async(
+            self.raw(),
+            t.raw(),
+            src.as_ptr().cast(),
+            offset,
+            src.len(),
+        );
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: we own the backend; nothing uses it after drop.
+        unsafe { sys::ggml_backend_free(self.ptr.as_ptr()) }
+        if let Some(tp) = self.threadpool.take() {
+            type Free = unsafe extern "C" fn(sys::ggml_threadpool_t);
+            if let Some(f) = self.device.proc_address("ggml_threadpool_free") {
+                // SAFETY: the pool was made by ggml_threadpool_new of this
+                // module and its only user (the backend) is gone.
+                unsafe { std::mem::transmute::<*mut std::ffi::c_void, Free>(f)(tp) }
+            }
+        }
+    }
+}
+
+/// Looks up `name` in whichever libggml-cpu module the loader opened
+/// (RTLD_NOLOAD finds only an already loaded library).
+fn cpu_module_symbol(name: &str) -> Option<*mut std::ffi::c_void> {
+    let dir = LOADED.get()?.as_ref().ok()?;
+    let sym = CString::new(name).ok()?;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let fname = e.file_name().to_string_lossy().into_owned();
+        if !(fname.starts_with("libggml-cpu") && fname.ends_with(".so")) {
+            continue;
+        }
+        let path = CString::new(e.path().to_string_lossy().as_bytes()).ok()?;
+        // SAFETY: dlopen with RTLD_NOLOAD never loads anything new; the
+        // handle only bumps the reference count of a loaded module, and the
+        // module stays loaded for the process lifetime anyway.
+        unsafe {
+            let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if h.is_null() {
+                continue;
+            }
+            let p = libc::dlsym(h, sym.as_ptr());
+            if !p.is_null() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// How a buffer is used (the scheduler and some backends care).
+#[derive(Clone, Copy, Debug)]
+pub enum BufferUsage {
+    Any,
+    Weights,
+    Compute,
+}
+
+/// An owned backend buffer.
+pub struct Buffer {
+    ptr: NonNull<sys::ggml_backend_buffer>,
+}
+
+// SAFETY: buffer handles may be moved across threads; access is synchronized
+// by the engine (events) like any device memory.
+unsafe impl Send for Buffer {}
+
+impl Buffer {
+    /// Allocates `size` bytes of buffer type `buft`.
+    pub fn alloc(
+        buft: sys::ggml_backend_buffer_type_t,
+        size: usize,
+        usage: BufferUsage,
+    ) -> Result<Buffer> {
+        // SAFETY: buft is a live buffer type; size may be anything.
+        let b = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, size.max(1)) };
+        let ptr = NonNull::new(b).ok_or_else(|| GgmlError::BufferAlloc {
+            size,
+            // SAFETY: buft names are static strings.
+            buft: unsafe { cstr_to_string(sys::ggml_backend_buft_name(buft)) },
+        })?;
+        let u = match usage {
+            BufferUsage::Any => sys::GGML_BACKEND_BUFFER_USAGE_ANY,
+            BufferUsage::Weights => sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+            BufferUsage::Compute => sys::GGML_BACKEND_BUFFER_USAGE_COMPUTE,
+        };
+        // SAFETY: ptr is the buffer just allocated.
+        unsafe { sys::ggml_backend_buffer_set_usage(ptr.as_ptr(), u) };
+        Ok(Buffer { ptr })
+    }
+    pub fn raw(&self) -> sys::ggml_backend_buffer_t {
+        self.ptr.as_ptr()
+    }
+    pub fn base(&self) -> *mut u8 {
+        // SAFETY: live buffer.
+        unsafe { sys::ggml_backend_buffer_get_base(self.raw()).cast() }
+    }
+    pub fn size(&self) -> usize {
+        // SAFETY: live buffer.
+        unsafe { sys::ggml_backend_buffer_get_size(self.raw()) }
+    }
+    pub fn name(&self) -> String {
+        // SAFETY: live buffer; static name.
+        unsafe { cstr_to_string(sys::ggml_backend_buffer_name(self.raw())) }
+    }
+    pub fn is_host(&self) -> bool {
+        // SAFETY: live buffer.
+        unsafe { sys::ggml_backend_buffer_is_host(self.raw()) }
+    }
+    pub fn clear(&self, value: u8) {
+        // SAFETY: live buffer; the caller ensures no computation uses it now.
+        unsafe { sys::ggml_backend_buffer_clear(self.raw(), value) }
+    }
+    /// Places `t` (never bound before) at byte `offset` of this buffer.
+    pub fn place(&self, t: Tensor<'_>, offset: usize) -> Result<()> {
+        let need = t.nbytes();
+        if offset + need > self.size() {
+            return Err(GgmlError::Tensor {
+                name: t.name(),
+                what: format!(
+                    "{need} bytes at offset {offset} overflow a {} byte buffer",
+                    self.size()
+                ),
+            });
+        }
+        // SAFETY: t is unbound (checked by ggml), the address lies inside the
+        // buffer (checked above).
+        let st = unsafe {
+            sys::ggml_backend_tensor_alloc(self.raw(), t.raw(), self.base().add(offset).cast())
+        };
+        if st != sys::GGML_STATUS_SUCCESS {
+            return Err(GgmlError::Tensor {
+                name: t.name(),
+                what: format!("tensor_alloc failed ({st})"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: we own the buffer; tensors pointing into it must not be used
+        // after this (the engine drops graphs before buffers).
+        unsafe { sys::ggml_backend_buffer_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// An owned backend event.
+pub struct Event {
+    ptr: NonNull<sys::ggml_backend_event>,
+}
+
+// SAFETY: events are plain CUDA/CPU sync objects usable from any thread.
+unsafe impl Send for Event {}
+
+impl Event {
+    pub fn new(device: Device) -> Result<Event> {
+        // SAFETY: device is registered; null means the device has no events.
+        let e = unsafe { sys::ggml_backend_event_new(device.raw()) };
+        NonNull::new(e)
+            .map(|ptr| Event { ptr })
+            .ok_or_else(|| GgmlError::EventInit(device.name()))
+    }
+    /// Records the event at the current end of `backend`'s stream.
+    pub fn record(&self, backend: &Backend) {
+        // SAFETY: both handles are live.
+        unsafe { sys::ggml_backend_event_record(self.ptr.as_ptr(), backend.raw()) }
+    }
+    /// Makes `backend`'s stream wait for this event.
+    pub fn wait_on(&self, backend: &Backend) {
+        // SAFETY: both handles are live.
+        unsafe { sys::ggml_backend_event_wait(backend.raw(), self.ptr.as_ptr()) }
+    }
+    /// Blocks the host until the event completed.
+    pub fn synchronize(&self) {
+        // SAFETY: live event.
+        unsafe { sys::ggml_backend_event_synchronize(self.ptr.as_ptr()) }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: we own the event.
+        unsafe { sys::ggml_backend_event_free(self.ptr.as_ptr()) }
+    }
+}

@@ -1,0 +1,349 @@
+//! Contexts (tensor metadata arenas, always `no_alloc`) and tensor handles.
+//!
+//! A [`Context`] owns a `ggml_context`; a [`Tensor`] is a copyable handle that
+//! borrows it. Tensor data lives in backend buffers, never in the context.
+//! Shapes are in ggml order: `ne[0]` is the contiguous dimension.
+
+use super::{GgmlError, Result};
+use crate::gguf::GgmlType;
+use crate::sys;
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// An owned `ggml_context` created with `no_alloc`.
+pub struct Context {
+    ptr: NonNull<sys::ggml_context>,
+}
+
+// SAFETY: a context is plain host memory owned by this value; moving it to
+// another thread is fine (we never use one from two threads at once).
+unsafe impl Send for Context {}
+
+impl Context {
+    /// A context with room for `n_tensors` tensor headers and one graph of
+    /// `graph_size` nodes (0 for none).
+    pub fn new(n_tensors: usize, graph_size: usize) -> Result<Context> {
+        // SAFETY: pure size queries.
+        let mem_size = unsafe {
+            sys::ggml_tensor_overhead() * n_tensors
+                + if graph_size > 0 {
+                    sys::ggml_graph_overhead_custom(graph_size, false)
+                } else {
+                    0
+                }
+        };
+        let params = sys::ggml_init_params {
+            mem_size,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        // SAFETY: params are valid; ggml allocates and owns mem_size bytes.
+        let p = unsafe { sys::ggml_init(params) };
+        NonNull::new(p)
+            .map(|ptr| Context { ptr })
+            .ok_or(GgmlError::ContextAlloc(mem_size))
+    }
+
+    pub fn raw(&self) -> *mut sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    fn wrap(&self, p: *mut sys::ggml_tensor) -> Tensor<'_> {
+        // ggml aborts rather than returning null when a context is full or
+        // shapes disagree, so a null here is a broken invariant.
+        Tensor {
+            ptr: NonNull::new(p).expect("ggml returned a null tensor"),
+            _ctx: PhantomData,
+        }
+    }
+
+    /// A new tensor of `ty` with shape `ne` (1 to 4 dims, ggml order).
+    pub fn new_tensor(&self, ty: GgmlType, ne: &[i64]) -> Tensor<'_> {
+        assert!((1..=4).contains(&ne.len()), "tensor rank must be 1..=4");
+        // SAFETY: the context is live; ne has ne.len() elements.
+        self.wrap(unsafe { sys::ggml_new_tensor(self.raw(), ty.0, ne.len() as i32, ne.as_ptr()) })
+    }
+
+    // ---- operations (each returns a new node in this context) ----
+    // SAFETY (all ops below): every argument tensor belongs to this context
+    // (enforced by the shared lifetime) and ggml checks shapes itself.
+
+    pub fn mul_mat<'a>(&'a self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_mul_mat(self.raw(), w.raw(), x.raw()) })
+    }
+    pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_mul(self.raw(), a.raw(), b.raw()) })
+    }
+    pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_add(self.raw(), a.raw(), b.raw()) })
+    }
+    pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_rms_norm(self.raw(), a.raw(), eps) })
+    }
+    pub fn get_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) })
+    }
+    /// Writes the rows of `src` into `dst` at row indices `ids` (I64).
+    pub fn set_rows<'a>(&'a self, dst: Tensor<'a>, src: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_set_rows(self.raw(), dst.raw(), src.raw(), ids.raw()) })
+    }
+    pub fn cpy<'a>(&'a self, src: Tensor<'a>, dst: Tensor<'a>) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_cpy(self.raw(), src.raw(), dst.raw()) })
+    }
+    pub fn swiglu_split<'a>(&'a self, gate: Tensor<'a>, up: Tensor<'a>) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_swiglu_split(self.raw(), gate.raw(), up.raw()) })
+    }
+    pub fn reshape_2d<'a>(&'a self, a: Tensor<'a>, ne0: i64, ne1: i64) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_reshape_2d(self.raw(), a.raw(), ne0, ne1) })
+    }
+    pub fn reshape_3d<'a>(&'a self, a: Tensor<'a>, ne0: i64, ne1: i64, ne2: i64) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_reshape_3d(self.raw(), a.raw(), ne0, ne1, ne2) })
+    }
+    pub fn view_2d<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        ne0: i64,
+        ne1: i64,
+        nb1: usize,
+        offset: usize,
+    ) -> Tensor<'a> {
+        self.wrap(unsafe { sys::ggml_view_2d(self.raw(), a.raw(), ne0, ne1, nb1, offset) })
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn view_3d<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        ne: [i64; 3],
+        nb1: usize,
+        nb2: usize,
+        offset: usize,
+    ) -> Tensor<'a> {
+        self.wrap(unsafe {
+            sys::ggml_view_3d(self.raw(), a.raw(), ne[0], ne[1], ne[2], nb1, nb2, offset)
+        })
+    }
+    pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [i32; 4]) -> Tensor<'a> {
+        self.wrap(unsafe {
+            sys::ggml_permute(self.raw(), a.raw(), axes[0], axes[1], axes[2], axes[3])
+        })
+    }
+    /// `ggml_rope_ext` with the llama.cpp argument order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_ext<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        freq_factors: Option<Tensor<'a>>,
+        n_rot: i32,
+        mode: i32,
+        p: &RopeParams,
+    ) -> Tensor<'a> {
+        let ff = freq_factors.map_or(std::ptr::null_mut(), |t| t.raw());
+        self.wrap(unsafe {
+            sys::ggml_rope_ext(
+                self.raw(),
+                a.raw(),
+                pos.raw(),
+                ff,
+                n_rot,
+                mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                p.ext_factor,
+                p.attn_factor,
+                p.beta_fast,
+                p.beta_slow,
+            )
+        })
+    }
+    /// Flash attention with F32 accumulation, as llama.cpp builds it.
+    pub fn flash_attn_ext<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        mask: Tensor<'a>,
+        scale: f32,
+    ) -> Tensor<'a> {
+        let t = self.wrap(unsafe {
+            sys::ggml_flash_attn_ext(
+                self.raw(),
+                q.raw(),
+                k.raw(),
+                v.raw(),
+                mask.raw(),
+                scale,
+                0.0,
+                0.0,
+            )
+        });
+        unsafe { sys::ggml_prec_set_acc(t.raw(), sys::GGML_PREC_F32) };
+        t
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: we own the context; tensors borrowing it are gone (lifetimes).
+        unsafe { sys::ggml_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// RoPE constants shared by every layer (llama.cpp's cparams/hparams).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub n_ctx_orig: i32,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+/// A handle to a tensor whose metadata lives in a [`Context`].
+#[derive(Clone, Copy)]
+pub struct Tensor<'ctx> {
+    ptr: NonNull<sys::ggml_tensor>,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl<'ctx> Tensor<'ctx> {
+    pub fn raw(&self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+    fn header(&self) -> &sys::ggml_tensor {
+        // SAFETY: the tensor header lives in the context, which outlives 'ctx.
+        unsafe { self.ptr.as_ref() }
+    }
+    pub fn ty(&self) -> GgmlType {
+        GgmlType(self.header().type_)
+    }
+    pub fn ne(&self) -> [i64; 4] {
+        self.header().ne
+    }
+    pub fn nb(&self) -> [usize; 4] {
+        self.header().nb
+    }
+    pub fn nbytes(&self) -> usize {
+        // SAFETY: header is valid.
+        unsafe { sys::ggml_nbytes(self.raw()) }
+    }
+    pub fn name(&self) -> String {
+        // SAFETY: name is a NUL-terminated fixed array inside the header.
+        unsafe { super::cstr_to_string(self.header().name.as_ptr()) }
+    }
+    /// Names the tensor (truncated to ggml's 63 bytes).
+    pub fn named(self, name: &str) -> Self {
+        let c = CString::new(name.replace('\0', "")).unwrap_or_default();
+        // SAFETY: ggml copies at most sizeof(name)-1 bytes.
+        unsafe { sys::ggml_set_name(self.raw(), c.as_ptr()) };
+        self
+    }
+    /// Marks the tensor as a graph input (allocated first, never reused).
+    pub fn as_input(self) -> Self {
+        // SAFETY: header is valid.
+        unsafe { sys::ggml_set_input(self.raw()) };
+        self
+    }
+    /// Marks the tensor as a graph output (its memory is not reused).
+    pub fn as_output(self) -> Self {
+        // SAFETY: header is valid.
+        unsafe { sys::ggml_set_output(self.raw()) };
+        self
+    }
+    /// True when the tensor has memory (bound to a buffer).
+    pub fn is_bound(&self) -> bool {
+        !self.header().data.is_null()
+    }
+    /// Uploads `data` synchronously. Never use on memory a computation in
+    /// flight reads (it runs on another stream).
+    pub fn set_bytes(&self, data: &[u8], offset: usize) -> Result<()> {
+        if !self.is_bound() || offset + data.len() > self.nbytes() {
+            return Err(GgmlError::Tensor {
+                name: self.name(),
+                what: format!("cannot write {} bytes at {offset}", data.len()),
+            });
+        }
+        // SAFETY: tensor is bound and the range lies inside it (checked).
+        unsafe {
+            sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), offset, data.len())
+        };
+        Ok(())
+    }
+    /// Downloads `out.len()` bytes starting at `offset`, synchronously.
+    pub fn get_bytes(&self, out: &mut [u8], offset: usize) -> Result<()> {
+        if !self.is_bound() || offset + out.len() > self.nbytes() {
+            return Err(GgmlError::Tensor {
+                name: self.name(),
+                what: format!("cannot read {} bytes at {offset}", out.len()),
+            });
+        }
+        // SAFETY: tensor is bound and the range lies inside it (checked).
+        unsafe {
+            sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), offset, out.len())
+        };
+        Ok(())
+    }
+    pub fn set_f32(&self, v: &[f32]) -> Result<()> {
+        self.set_bytes(as_bytes(v), 0)
+    }
+    pub fn set_i32(&self, v: &[i32]) -> Result<()> {
+        self.set_bytes(as_bytes(v), 0)
+    }
+    pub fn set_i64(&self, v: &[i64]) -> Result<()> {
+        self.set_bytes(as_bytes(v), 0)
+    }
+    pub fn get_f32(&self, out: &mut [f32]) -> Result<()> {
+        // SAFETY: f32 has no invalid bit patterns; the slice is reinterpreted in place.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                out.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(out),
+            )
+        };
+        self.get_bytes(bytes, 0)
+    }
+
+    /// Points this tensor at the memory of `src` (same type and shape): the
+    /// rebinding of a graph template's weight or KV tensor. Views of this
+    /// tensor must be refreshed afterwards ([`super::Graph::refresh_views`]).
+    pub fn rebind_to_raw(&self, data: *mut std::ffi::c_void, buffer: sys::ggml_backend_buffer_t) {
+        // SAFETY: we only write two pointer fields of a header we own through
+        // the context; kernels read `data` at launch, so this takes effect at
+        // the next compute. The caller guarantees `data` holds nbytes() bytes
+        // of this tensor's type in `buffer`.
+        unsafe {
+            let t = &mut *self.raw();
+            t.data = data;
+            t.buffer = buffer;
+        }
+    }
+}
+
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: plain-old-data numeric slices viewed as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+impl Context {
+    pub fn view_1d<'a>(&'a self, a: Tensor<'a>, ne0: i64, offset: usize) -> Tensor<'a> {
+        // SAFETY: see the ops above.
+        self.wrap(unsafe { sys::ggml_view_1d(self.raw(), a.raw(), ne0, offset) })
+    }
+}
+
+impl<'ctx> Tensor<'ctx> {
+    /// Re-wraps a tensor pointer kept by an owner of `ctx`.
+    ///
+    /// # Safety
+    /// `p` must point to a tensor created in `ctx`.
+    pub unsafe fn from_raw(_ctx: &'ctx Context, p: NonNull<sys::ggml_tensor>) -> Tensor<'ctx> {
+        Tensor {
+            ptr: p,
+            _ctx: PhantomData,
+        }
+    }
+}

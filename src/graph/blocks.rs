@@ -1,0 +1,302 @@
+//! The blocks of a Llama-family layer: attention group, FFN group, head.
+
+use super::{Dims, Limits, StepShape};
+use crate::ggml::{Context, Graph, RopeParams, Tensor};
+use crate::gguf::GgmlType;
+use crate::model::Role;
+
+/// Persistent tensors a group graph reads or writes, as placeholders in the
+/// graph's context (bound once to the engine's persistent memory).
+pub struct Externals<'c> {
+    /// F32 [n_embd, n_batch]: the residual stream.
+    pub x: Tensor<'c>,
+    /// I32 [n_batch]: token positions.
+    pub pos: Tensor<'c>,
+    /// F16 [n_ctx * n_batch]: KQ mask, packed as [n_kv, n_tokens].
+    pub mask: Tensor<'c>,
+    /// I64 [n_batch]: KV cell of each token.
+    pub kv_idx: Tensor<'c>,
+    /// I32 [n_batch]: rows kept after the last layer's attention.
+    pub out_ids: Tensor<'c>,
+    /// F32 [n_rot/2]: llama3 rope frequency factors.
+    pub rope_freqs: Option<Tensor<'c>>,
+}
+
+impl<'c> Externals<'c> {
+    pub fn new(ctx: &'c Context, d: &Dims, lim: Limits) -> Externals<'c> {
+        let (b, e) = (lim.n_batch as i64, d.hp.n_embd as i64);
+        Externals {
+            x: ctx.new_tensor(GgmlType::F32, &[e, b]).named("x"),
+            pos: ctx.new_tensor(GgmlType::I32, &[b]).named("inp_pos"),
+            mask: ctx
+                .new_tensor(GgmlType::F16, &[lim.n_ctx as i64 * b])
+                .named("kq_mask"),
+            kv_idx: ctx.new_tensor(GgmlType::I64, &[b]).named("kv_idxs"),
+            out_ids: ctx.new_tensor(GgmlType::I32, &[b]).named("out_ids"),
+            rope_freqs: d.has_rope_freqs.then(|| {
+                ctx.new_tensor(GgmlType::F32, &[d.hp.n_rot as i64 / 2])
+                    .named("rope_freqs")
+            }),
+        }
+    }
+    pub fn all(&self) -> Vec<Tensor<'c>> {
+        let mut v = vec![self.x, self.pos, self.mask, self.kv_idx, self.out_ids];
+        v.extend(self.rope_freqs);
+        v
+    }
+}
+
+/// A built group graph and the handles the engine binds.
+pub struct Built<'c> {
+    pub graph: Graph<'c>,
+    pub ext: Externals<'c>,
+    /// Weight placeholders in signature order.
+    pub weights: Vec<Tensor<'c>>,
+    /// K and V cache placeholders ([n_embd_kv, n_ctx] F16), attention only.
+    pub kv: Option<(Tensor<'c>, Tensor<'c>)>,
+    /// The result the engine reads (head: logits), or the final copy.
+    pub out: Tensor<'c>,
+}
+
+fn weight_shape(d: &Dims, role: Role) -> Vec<i64> {
+    let hp = &d.hp;
+    let (e, q, kv, ff) = (
+        hp.n_embd as i64,
+        hp.n_embd_q() as i64,
+        hp.n_embd_kv() as i64,
+        hp.n_ff as i64,
+    );
+    match role {
+        Role::AttnNorm | Role::FfnNorm | Role::Bo => vec![e],
+        Role::Wq => vec![e, q],
+        Role::Bq => vec![q],
+        Role::Wk | Role::Wv => vec![e, kv],
+        Role::Bk | Role::Bv => vec![kv],
+        Role::Wo => vec![q, e],
+        Role::Gate | Role::Up => vec![e, ff],
+        Role::Down => vec![ff, e],
+    }
+}
+
+fn weights<'c>(ctx: &'c Context, d: &Dims, sig: &[(Role, GgmlType)]) -> Vec<Tensor<'c>> {
+    sig.iter()
+        .map(|&(role, ty)| {
+            ctx.new_tensor(ty, &weight_shape(d, role))
+                .named(role.suffix())
+        })
+        .collect()
+}
+
+fn find<'c>(sig: &[(Role, GgmlType)], w: &[Tensor<'c>], role: Role) -> Option<Tensor<'c>> {
+    sig.iter().position(|&(r, _)| r == role).map(|i| w[i])
+}
+
+/// `x[:, :n]` of the residual stream.
+fn rows<'c>(ctx: &'c Context, x: Tensor<'c>, n: u32) -> Tensor<'c> {
+    let [e, ..] = x.ne();
+    ctx.view_2d(x, e, n as i64, x.nb()[1], 0)
+}
+
+fn rms_norm<'c>(
+    ctx: &'c Context,
+    x: Tensor<'c>,
+    w: Tensor<'c>,
+    eps: f32,
+    name: &str,
+) -> Tensor<'c> {
+    let n = ctx.rms_norm(x, eps).named("norm");
+    ctx.mul(n, w).named(name)
+}
+
+fn rope_params(d: &Dims) -> RopeParams {
+    RopeParams {
+        n_ctx_orig: d.hp.n_ctx_orig as i32,
+        freq_base: d.hp.rope_freq_base,
+        freq_scale: d.hp.rope_freq_scale,
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+    }
+}
+
+/// Attention group: x += wo · attn(rope(wq·norm(x)), cache(rope(wk·…)), cache(wv·…)).
+pub fn build_attn<'c>(
+    ctx: &'c Context,
+    d: &Dims,
+    sig: &[(Role, GgmlType)],
+    s: StepShape,
+    lim: Limits,
+) -> Built<'c> {
+    let hp = &d.hp;
+    let ext = Externals::new(ctx, d, lim);
+    let w = weights(ctx, d, sig);
+    let role = |r| find(sig, &w, r);
+    let (hd, nh, nkv, n) = (
+        hp.head_dim as i64,
+        hp.n_head as i64,
+        hp.n_head_kv as i64,
+        s.n_tokens as i64,
+    );
+    let n_embd_kv = hp.n_embd_kv() as i64;
+    let k_cache = ctx
+        .new_tensor(GgmlType::F16, &[n_embd_kv, lim.n_ctx as i64])
+        .named("cache_k");
+    let v_cache = ctx
+        .new_tensor(GgmlType::F16, &[n_embd_kv, lim.n_ctx as i64])
+        .named("cache_v");
+    let mut g = ctx.new_graph(super::GRAPH_NODES);
+
+    let x = rows(ctx, ext.x, s.n_tokens).named("inp");
+    let pos = ctx.view_1d(ext.pos, n, 0).named("pos");
+    let kv_idx = ctx.view_1d(ext.kv_idx, n, 0).named("k_idxs");
+    // F16 [n_kv, n_tokens]
+    let mask = ctx
+        .view_2d(ext.mask, s.n_kv as i64, n, s.n_kv as usize * 2, 0)
+        .named("kq_mask_view");
+
+    let cur = rms_norm(
+        ctx,
+        x,
+        role(Role::AttnNorm).expect("attn_norm"),
+        hp.rms_eps,
+        "attn_norm",
+    );
+    let proj = |wr: Role, br: Role, heads: i64, name: &str| {
+        let mut t = ctx
+            .mul_mat(role(wr).expect("projection weight"), cur)
+            .named(name);
+        if let Some(b) = role(br) {
+            t = ctx.add(t, b).named(name);
+        }
+        ctx.reshape_3d(t, hd, heads, n).named(name)
+    };
+    let q = proj(Role::Wq, Role::Bq, nh, "Qcur");
+    let k = proj(Role::Wk, Role::Bk, nkv, "Kcur");
+    let v = proj(Role::Wv, Role::Bv, nkv, "Vcur");
+    let rp = rope_params(d);
+    let mode = d.arch.rope_mode();
+    let q = ctx
+        .rope_ext(q, pos, ext.rope_freqs, hp.n_rot as i32, mode, &rp)
+        .named("Qcur_rope");
+    let k = ctx
+        .rope_ext(k, pos, ext.rope_freqs, hp.n_rot as i32, mode, &rp)
+        .named("Kcur_rope");
+    g.expand(q);
+    g.expand(v);
+    g.expand(k);
+
+    // store the new K/V rows into the cache (before the cache is read)
+    let k2 = ctx.view_2d(k, n_embd_kv, n, k.nb()[2], 0).named("k_rows");
+    g.expand(ctx.set_rows(k_cache, k2, kv_idx).named("k_store"));
+    let v2 = ctx.view_2d(v, n_embd_kv, n, v.nb()[2], 0).named("v_rows");
+    g.expand(ctx.set_rows(v_cache, v2, kv_idx).named("v_store"));
+
+    // F16 [hd, n_head_kv, n_kv] views of the cache
+    let row = crate::ggml::row_size(GgmlType::F16, hd);
+    let row_kv = crate::ggml::row_size(GgmlType::F16, n_embd_kv);
+    let kview = ctx
+        .view_3d(k_cache, [hd, nkv, s.n_kv as i64], row, row_kv, 0)
+        .named("k_view");
+    let vview = ctx
+        .view_3d(v_cache, [hd, nkv, s.n_kv as i64], row, row_kv, 0)
+        .named("v_view");
+
+    let q = ctx.permute(q, [0, 2, 1, 3]).named("q_perm");
+    let kp = ctx.permute(kview, [0, 2, 1, 3]).named("k_perm");
+    let vp = ctx.permute(vview, [0, 2, 1, 3]).named("v_perm");
+    let fa = ctx
+        .flash_attn_ext(q, kp, vp, mask, hp.kq_scale)
+        .named("fattn");
+    let [a0, a1, a2, a3] = fa.ne();
+    let attn = ctx.reshape_2d(fa, a0 * a1, a2 * a3).named("kqv_out");
+    let mut cur = ctx
+        .mul_mat(role(Role::Wo).expect("attn_output"), attn)
+        .named("attn_out");
+    if let Some(b) = role(Role::Bo) {
+        cur = ctx.add(cur, b).named("attn_out");
+    }
+    let mut inp_sa = x;
+    let mut n_rows = s.n_tokens;
+    if s.last_layer {
+        let ids = ctx
+            .view_1d(ext.out_ids, s.n_out as i64, 0)
+            .named("out_ids_view");
+        cur = ctx.get_rows(cur, ids).named("attn_out_sel");
+        inp_sa = ctx.get_rows(x, ids).named("inp_sel");
+        n_rows = s.n_out;
+    }
+    let res = ctx.add(cur, inp_sa).named("ffn_inp");
+    let out = ctx
+        .cpy(res, rows(ctx, ext.x, n_rows).named("x_out"))
+        .named("x_store");
+    g.expand(out);
+    Built {
+        graph: g,
+        ext,
+        weights: w,
+        kv: Some((k_cache, v_cache)),
+        out,
+    }
+}
+
+/// FFN group: x += down · swiglu(gate·norm(x), up·norm(x)).
+pub fn build_ffn<'c>(
+    ctx: &'c Context,
+    d: &Dims,
+    sig: &[(Role, GgmlType)],
+    s: StepShape,
+    lim: Limits,
+) -> Built<'c> {
+    let ext = Externals::new(ctx, d, lim);
+    let w = weights(ctx, d, sig);
+    let role = |r| find(sig, &w, r).expect("ffn weight");
+    let mut g = ctx.new_graph(super::GRAPH_NODES);
+    let x = rows(ctx, ext.x, s.n_tokens).named("ffn_in");
+    let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
+    let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
+    let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");
+    let act = ctx.swiglu_split(gate, up).named("ffn_swiglu");
+    let down = ctx.mul_mat(role(Role::Down), act).named("ffn_down");
+    let res = ctx.add(down, x).named("l_out");
+    let out = ctx
+        .cpy(res, rows(ctx, ext.x, s.n_tokens).named("x_out"))
+        .named("x_store");
+    g.expand(out);
+    Built {
+        graph: g,
+        ext,
+        weights: w,
+        kv: None,
+        out,
+    }
+}
+
+/// Output head on the first `n_tokens` rows: logits = output · norm(x).
+/// `sig` is [(output_norm type), (output type)] as pseudo-roles.
+pub fn build_head<'c>(
+    ctx: &'c Context,
+    d: &Dims,
+    out_ty: GgmlType,
+    s: StepShape,
+    lim: Limits,
+) -> Built<'c> {
+    let ext = Externals::new(ctx, d, lim);
+    let (e, v) = (d.hp.n_embd as i64, d.hp.n_vocab as i64);
+    let norm_w = ctx
+        .new_tensor(GgmlType::F32, &[e])
+        .named("output_norm.weight");
+    let out_w = ctx.new_tensor(out_ty, &[e, v]).named("output.weight");
+    let mut g = ctx.new_graph(super::GRAPH_NODES);
+    let x = rows(ctx, ext.x, s.n_tokens).named("head_in");
+    let cur = rms_norm(ctx, x, norm_w, d.hp.rms_eps, "result_norm");
+    let logits = ctx.mul_mat(out_w, cur).named("result_output").as_output();
+    g.expand(logits);
+    Built {
+        graph: g,
+        ext,
+        weights: vec![norm_w, out_w],
+        kv: None,
+        out: logits,
+    }
+}

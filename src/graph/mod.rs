@@ -1,0 +1,51 @@
+//! Graph builders: one template per group kind (attention, FFN, output head)
+//! following llama.cpp's order and constants (`src/models/llama.cpp`,
+//! `src/models/qwen2.cpp`, `build_attn`/`build_ffn` in `src/llama-graph.cpp`).
+//!
+//! A template's weight tensors (and, for attention, the layer's K/V cache
+//! tensors) are placeholders: the engine points them at whichever layer's
+//! memory it runs ([`Template::bind`]), so one template serves every layer
+//! with the same tensor types. Step inputs (positions, mask, KV row indices,
+//! output row ids) and the residual stream are persistent tensors that the
+//! graph views at the step's shape. Every node is named, without the layer
+//! index, so [`crate::ggml::Graph::snapshot`] prints a layer-independent layout.
+
+mod blocks;
+mod template;
+
+pub use blocks::{build_attn, build_ffn, build_head, Built, Externals};
+pub use template::{Binding, Template, TemplateKey};
+
+use crate::model::{Arch, Hparams};
+
+/// The shape of one step: how many tokens, how many KV cells the attention
+/// reads, and how many rows go on past the last layer's attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StepShape {
+    pub n_tokens: u32,
+    pub n_kv: u32,
+    /// Rows kept after the last layer's attention (== n_tokens when all).
+    pub n_out: u32,
+    /// Whether this attention group is the last layer's (selects rows).
+    pub last_layer: bool,
+}
+
+/// The sizes persistent tensors are allocated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Most tokens in one step.
+    pub n_batch: u32,
+    /// KV cells per layer.
+    pub n_ctx: u32,
+}
+
+/// What graph builders need to know about the model.
+#[derive(Clone, Debug)]
+pub struct Dims {
+    pub arch: Arch,
+    pub hp: Hparams,
+    pub has_rope_freqs: bool,
+}
+
+/// Nodes a group graph may hold at most (llama.cpp uses far fewer per layer).
+pub const GRAPH_NODES: usize = 256;

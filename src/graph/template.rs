@@ -1,0 +1,149 @@
+//! A built graph that owns its context: the reusable unit the engine caches.
+
+use super::{build_attn, build_ffn, build_head, Dims, Limits, StepShape};
+use crate::ggml::{Context, Graph, Result, Tensor};
+use crate::gguf::GgmlType;
+use crate::model::{GroupKind, Role};
+use std::ptr::NonNull;
+
+/// What distinguishes one template from another. Types are part of the key:
+/// two quant types of equal block size must not share a captured graph.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TemplateKey {
+    Group {
+        kind: GroupKind,
+        sig: Vec<(Role, GgmlType)>,
+        shape: StepShape,
+    },
+    Head {
+        out_ty: GgmlType,
+        n_rows: u32,
+    },
+}
+
+/// Memory a placeholder tensor is pointed at.
+#[derive(Clone, Copy, Debug)]
+pub struct Binding {
+    pub data: *mut std::ffi::c_void,
+    pub buffer: crate::sys::ggml_backend_buffer_t,
+}
+
+/// A graph template: its own context, graph and placeholder handles.
+/// Handles are stored raw (the context they point into is owned here) and
+/// handed out with `&self`'s lifetime.
+pub struct Template {
+    ctx: Context,
+    graph: NonNull<crate::sys::ggml_cgraph>,
+    ext: Vec<NonNull<crate::sys::ggml_tensor>>,
+    weights: Vec<NonNull<crate::sys::ggml_tensor>>,
+    kv: Option<[NonNull<crate::sys::ggml_tensor>; 2]>,
+    out: NonNull<crate::sys::ggml_tensor>,
+    /// Identity of the weights/KV bound last, to skip redundant rebinding.
+    bound_to: Option<(u32, u64)>,
+}
+
+fn nn(t: Tensor<'_>) -> NonNull<crate::sys::ggml_tensor> {
+    NonNull::new(t.raw()).expect("tensor handle is never null")
+}
+
+impl Template {
+    pub fn build(key: &TemplateKey, d: &Dims, lim: Limits) -> Result<Template> {
+        let ctx = Context::new(super::GRAPH_NODES + 64, super::GRAPH_NODES)?;
+        let (graph, ext, weights, kv, out) = {
+            let b = match key {
+                TemplateKey::Group {
+                    kind: GroupKind::Attn,
+                    sig,
+                    shape,
+                } => build_attn(&ctx, d, sig, *shape, lim),
+                TemplateKey::Group {
+                    kind: GroupKind::Ffn,
+                    sig,
+                    shape,
+                } => build_ffn(&ctx, d, sig, *shape, lim),
+                TemplateKey::Head { out_ty, n_rows } => {
+                    let s = StepShape {
+                        n_tokens: *n_rows,
+                        n_kv: 0,
+                        n_out: *n_rows,
+                        last_layer: false,
+                    };
+                    build_head(&ctx, d, *out_ty, s, lim)
+                }
+            };
+            (
+                NonNull::new(b.graph.raw()).expect("graph handle is never null"),
+                b.ext.all().into_iter().map(nn).collect(),
+                b.weights.iter().copied().map(nn).collect(),
+                b.kv.map(|(k, v)| [nn(k), nn(v)]),
+                nn(b.out),
+            )
+        };
+        Ok(Template {
+            ctx,
+            graph,
+            ext,
+            weights,
+            kv,
+            out,
+            bound_to: None,
+        })
+    }
+
+    fn tensor(&self, p: NonNull<crate::sys::ggml_tensor>) -> Tensor<'_> {
+        // SAFETY: p points into self.ctx, which lives as long as &self.
+        unsafe { Tensor::from_raw(&self.ctx, p) }
+    }
+
+    pub fn graph(&self) -> Graph<'_> {
+        // SAFETY: the graph lives in self.ctx.
+        unsafe { Graph::from_raw(&self.ctx, self.graph) }
+    }
+    pub fn out(&self) -> Tensor<'_> {
+        self.tensor(self.out)
+    }
+    pub fn weights(&self) -> Vec<Tensor<'_>> {
+        self.weights.iter().map(|&p| self.tensor(p)).collect()
+    }
+    pub fn externals(&self) -> Vec<Tensor<'_>> {
+        self.ext.iter().map(|&p| self.tensor(p)).collect()
+    }
+
+    /// Binds the persistent externals (residual stream, step inputs, rope
+    /// factors), in the order of `Externals::all`. Done once, before the
+    /// activations are allocated.
+    pub fn bind_externals(&mut self, ext: &[Binding]) {
+        for (&p, b) in self.ext.iter().zip(ext) {
+            self.tensor(p).rebind_to_raw(b.data, b.buffer);
+        }
+    }
+
+    /// Points the weight (and KV) placeholders at a layer's memory and
+    /// refreshes every view of them. `id` identifies the bound memory
+    /// (layer, generation) so rebinding the same memory twice is free.
+    pub fn bind(&mut self, id: (u32, u64), weights: &[Binding], kv: Option<[Binding; 2]>) {
+        if self.bound_to == Some(id) {
+            return;
+        }
+        assert_eq!(
+            weights.len(),
+            self.weights.len(),
+            "binding does not match the template signature"
+        );
+        let mut roots = Vec::with_capacity(self.weights.len() + 2);
+        for (&p, b) in self.weights.iter().zip(weights) {
+            let t = self.tensor(p);
+            t.rebind_to_raw(b.data, b.buffer);
+            roots.push(t);
+        }
+        if let (Some(ph), Some(kv)) = (self.kv, kv) {
+            for (p, b) in ph.iter().zip(kv) {
+                let t = self.tensor(*p);
+                t.rebind_to_raw(b.data, b.buffer);
+                roots.push(t);
+            }
+        }
+        self.graph().refresh_views(&roots);
+        self.bound_to = Some(id);
+    }
+}

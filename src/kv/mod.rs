@@ -1,0 +1,229 @@
+//! KV cache bookkeeping in plain Rust: which cell holds which (sequence,
+//! position), where a batch's tokens go, and the attention mask.
+//!
+//! Invariants: a cell is either empty or holds one position for a set of
+//! sequences; a token of sequence `s` at position `p` may attend to cell `c`
+//! iff `c` holds `s` at a position `<= p`. The device-side K/V tensors are
+//! owned by the engine; this module never touches them.
+
+/// Errors from cell placement.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KvError {
+    #[error("KV cache is full: {needed} cells needed, {free} free of {size} (raise --ctx-size)")]
+    Full {
+        needed: usize,
+        free: usize,
+        size: usize,
+    },
+    #[error("sequence id {0} is out of range (at most {max} sequences)", max = MAX_SEQ)]
+    BadSeq(u32),
+}
+
+/// Most sequences the bitmask per cell can hold.
+pub const MAX_SEQ: u32 = 64;
+
+/// Cell bookkeeping for a cache of `size` cells.
+#[derive(Clone, Debug)]
+pub struct KvCells {
+    pos: Vec<i32>,
+    seqs: Vec<u64>,
+    used: usize,
+}
+
+impl KvCells {
+    pub fn new(size: usize) -> KvCells {
+        KvCells {
+            pos: vec![-1; size],
+            seqs: vec![0; size],
+            used: 0,
+        }
+    }
+    pub fn size(&self) -> usize {
+        self.pos.len()
+    }
+    pub fn used(&self) -> usize {
+        self.used
+    }
+    /// One past the highest used cell.
+    pub fn used_max_p1(&self) -> usize {
+        self.seqs.iter().rposition(|&s| s != 0).map_or(0, |i| i + 1)
+    }
+
+    /// Finds cells for `tokens` (seq, pos) pairs, lowest free cells first
+    /// (the order llama.cpp uses for a fresh cache), and marks them used.
+    pub fn place(&mut self, tokens: &[(u32, i32)]) -> Result<Vec<u32>, KvError> {
+        for &(s, _) in tokens {
+            if s >= MAX_SEQ {
+                return Err(KvError::BadSeq(s));
+            }
+        }
+        let free = self.size() - self.used;
+        if tokens.len() > free {
+            return Err(KvError::Full {
+                needed: tokens.len(),
+                free,
+                size: self.size(),
+            });
+        }
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut c = 0usize;
+        for &(s, p) in tokens {
+            while self.seqs[c] != 0 {
+                c += 1;
+            }
+            self.seqs[c] = 1u64 << s;
+            self.pos[c] = p;
+            self.used += 1;
+            out.push(c as u32);
+        }
+        Ok(out)
+    }
+
+    /// Frees every cell of sequence `s`.
+    pub fn remove_seq(&mut self, s: u32) {
+        if s >= MAX_SEQ {
+            return;
+        }
+        for c in 0..self.size() {
+            if self.seqs[c] & (1 << s) != 0 {
+                self.seqs[c] &= !(1 << s);
+                if self.seqs[c] == 0 {
+                    self.pos[c] = -1;
+                    self.used -= 1;
+                }
+            }
+        }
+    }
+
+    /// Frees cells of sequence `s` at positions >= `from`.
+    pub fn truncate_seq(&mut self, s: u32, from: i32) {
+        if s >= MAX_SEQ {
+            return;
+        }
+        for c in 0..self.size() {
+            if self.seqs[c] & (1 << s) != 0 && self.pos[c] >= from {
+                self.seqs[c] &= !(1 << s);
+                if self.seqs[c] == 0 {
+                    self.pos[c] = -1;
+                    self.used -= 1;
+                }
+            }
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.pos.fill(-1);
+        self.seqs.fill(0);
+        self.used = 0;
+    }
+
+    /// Cells the attention reads this step: llama.cpp's padding to 256 so
+    /// graphs stay stable across steps.
+    pub fn n_kv(&self) -> usize {
+        let pad = 256usize;
+        let used = self.used_max_p1().div_ceil(pad) * pad;
+        self.size().min(pad.max(used))
+    }
+
+    /// Whether a token (seq, pos) may attend to cell `c`.
+    pub fn visible(&self, c: usize, seq: u32, pos: i32) -> bool {
+        self.seqs[c] & (1u64 << seq) != 0 && self.pos[c] <= pos
+    }
+
+    /// Fills `mask` ([n_kv, n_tokens] row-major by token) with 0 for visible
+    /// cells and -inf otherwise, as f16 bit patterns.
+    pub fn fill_mask(&self, tokens: &[(u32, i32)], n_kv: usize, mask: &mut Vec<u16>) {
+        const ZERO: u16 = 0x0000;
+        const NEG_INF: u16 = 0xFC00;
+        mask.clear();
+        mask.resize(n_kv * tokens.len(), NEG_INF);
+        for (i, &(s, p)) in tokens.iter().enumerate() {
+            let row = &mut mask[i * n_kv..(i + 1) * n_kv];
+            for (c, m) in row.iter_mut().enumerate() {
+                if self.visible(c, s, p) {
+                    *m = ZERO;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn fresh_cache_fills_in_order() {
+        let mut kv = KvCells::new(8);
+        assert_eq!(kv.place(&[(0, 0), (0, 1), (0, 2)]).unwrap(), vec![0, 1, 2]);
+        assert_eq!(kv.place(&[(0, 3)]).unwrap(), vec![3]);
+        assert_eq!(kv.used_max_p1(), 4);
+        assert_eq!(kv.n_kv(), 8); // capped by size
+    }
+
+    #[test]
+    fn full_cache_is_an_error_naming_sizes() {
+        let mut kv = KvCells::new(2);
+        kv.place(&[(0, 0), (0, 1)]).unwrap();
+        assert_eq!(
+            kv.place(&[(0, 2)]),
+            Err(KvError::Full {
+                needed: 1,
+                free: 0,
+                size: 2
+            })
+        );
+    }
+
+    #[test]
+    fn mask_is_causal_and_per_sequence() {
+        let mut kv = KvCells::new(4);
+        let toks = [(0, 0), (1, 0), (0, 1)];
+        kv.place(&toks).unwrap();
+        let mut m = Vec::new();
+        kv.fill_mask(&toks, 4, &mut m);
+        let vis = |i: usize| -> Vec<bool> { m[i * 4..i * 4 + 4].iter().map(|&b| b == 0).collect() };
+        assert_eq!(vis(0), [true, false, false, false]);
+        assert_eq!(vis(1), [false, true, false, false]);
+        assert_eq!(vis(2), [true, false, true, false]);
+    }
+
+    #[test]
+    fn n_kv_pads_to_256() {
+        let mut kv = KvCells::new(1024);
+        kv.place(&[(0, 0)]).unwrap();
+        assert_eq!(kv.n_kv(), 256);
+        let t: Vec<_> = (1..300).map(|p| (0, p)).collect();
+        kv.place(&t).unwrap();
+        assert_eq!(kv.n_kv(), 512);
+    }
+
+    proptest! {
+        #[test]
+        fn placement_and_removal_keep_counts(ops in proptest::collection::vec((0u32..4, 1usize..6, any::<bool>()), 1..40)) {
+            let mut kv = KvCells::new(32);
+            let mut next_pos = [0i32; 4];
+            for (s, n, remove) in ops {
+                if remove {
+                    kv.remove_seq(s);
+                    next_pos[s as usize] = 0;
+                } else {
+                    let toks: Vec<_> = (0..n).map(|i| (s, next_pos[s as usize] + i as i32)).collect();
+                    if kv.place(&toks).is_ok() {
+                        next_pos[s as usize] += n as i32;
+                    }
+                }
+                let counted = (0..kv.size()).filter(|&c| kv.seqs[c] != 0).count();
+                prop_assert_eq!(counted, kv.used());
+                prop_assert!(kv.n_kv() >= kv.used_max_p1());
+                // every token sees exactly its own sequence's earlier cells
+                for s in 0..4u32 {
+                    let p = next_pos[s as usize] - 1;
+                    let seen = (0..kv.size()).filter(|&c| kv.visible(c, s, p)).count();
+                    prop_assert_eq!(seen as i32, next_pos[s as usize]);
+                }
+            }
+        }
+    }
+}

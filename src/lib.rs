@@ -1,0 +1,20 @@
+//! strata: run Llama-family models whose weights do not fit in GPU memory by
+//! paging layer groups through small per-group ggml graphs.
+//!
+//! Layout: [`ggml`] (safe wrappers over the raw bindings), [`gguf`] (model
+//! files), [`model`] (architectures and tensor tables), [`graph`] (graph
+//! builders), [`kv`] (KV cell bookkeeping), [`engine`] (the forward step),
+//! [`sample`] (sampling), [`llama`] (llama.cpp's tokenizer and reference
+//! decoder).
+
+pub use llama_cpp_sys_2 as sys;
+
+pub mod engine;
+pub mod generate;
+pub mod ggml;
+pub mod gguf;
+pub mod graph;
+pub mod kv;
+pub mod llama;
+pub mod model;
+pub mod sample;

@@ -1,0 +1,313 @@
+//! llama.cpp through libllama: the tokenizer and chat templates (a
+//! vocabulary-only model load), and the reference decoder that parity tests
+//! and `strata bench` compare against.
+
+use crate::sys;
+use std::ffi::{CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LlamaError {
+    #[error("libllama could not load {0}")]
+    Load(String),
+    #[error("libllama could not create a context")]
+    Context,
+    #[error("tokenization failed for a text of {0} bytes")]
+    Tokenize(usize),
+    #[error("the model has no chat template")]
+    NoTemplate,
+    #[error("the chat template could not be applied")]
+    Template,
+    #[error("llama_decode failed with status {0}")]
+    Decode(i32),
+    #[error("path or text contains a NUL byte")]
+    Nul,
+    #[error(transparent)]
+    Ggml(#[from] crate::ggml::GgmlError),
+}
+
+/// An owned `llama_model`.
+pub struct LlamaModel {
+    ptr: NonNull<sys::llama_model>,
+}
+
+// SAFETY: a llama_model is immutable after load and documented thread-safe for reads.
+unsafe impl Send for LlamaModel {}
+unsafe impl Sync for LlamaModel {}
+
+impl LlamaModel {
+    /// Loads a model. `vocab_only` skips weights (tokenizer use);
+    /// `n_gpu_layers` offloads that many layers (-1: all).
+    pub fn load(
+        path: &Path,
+        vocab_only: bool,
+        n_gpu_layers: i32,
+    ) -> Result<LlamaModel, LlamaError> {
+        crate::ggml::load_backends()?;
+        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| LlamaError::Nul)?;
+        // SAFETY: default params are a plain struct; we change plain fields.
+        let mut p = unsafe { sys::llama_model_default_params() };
+        p.vocab_only = vocab_only;
+        p.n_gpu_layers = n_gpu_layers;
+        // plain CPU buffers, like strata's (no weight repacking)
+        p.use_extra_bufts = false;
+        quiet_logs();
+        // SAFETY: c is a valid path string; params are valid.
+        let m = unsafe { sys::llama_model_load_from_file(c.as_ptr(), p) };
+        NonNull::new(m)
+            .map(|ptr| LlamaModel { ptr })
+            .ok_or_else(|| LlamaError::Load(path.display().to_string()))
+    }
+    pub fn raw(&self) -> *mut sys::llama_model {
+        self.ptr.as_ptr()
+    }
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: live model; the vocab lives as long as it.
+        unsafe { sys::llama_model_get_vocab(self.raw()) }
+    }
+
+    /// Tokenizes `text` (adding BOS etc. when `add_special`; special tokens in
+    /// the text are parsed when `parse_special`).
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, LlamaError> {
+        let mut buf = vec![0i32; text.len() + 8];
+        for _ in 0..2 {
+            // SAFETY: text is valid for text.len() bytes; buf for buf.len() tokens.
+            let n = unsafe {
+                sys::llama_tokenize(
+                    self.vocab(),
+                    text.as_ptr().cast(),
+                    text.len() as i32,
+                    buf.as_mut_ptr(),
+                    buf.len() as i32,
+                    add_special,
+                    parse_special,
+                )
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return Ok(buf.into_iter().map(|t| t as u32).collect());
+            }
+            buf.resize((-n) as usize, 0);
+        }
+        Err(LlamaError::Tokenize(text.len()))
+    }
+
+    /// The raw bytes of a token's text (may be part of a UTF-8 sequence).
+    pub fn token_bytes(&self, token: u32, special: bool) -> Vec<u8> {
+        let mut buf = vec![0u8; 64];
+        for _ in 0..2 {
+            // SAFETY: buf is valid for buf.len() bytes.
+            let n = unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab(),
+                    token as i32,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return buf;
+            }
+            buf.resize((-n) as usize, 0);
+        }
+        Vec::new()
+    }
+
+    pub fn is_eog(&self, token: u32) -> bool {
+        // SAFETY: plain query.
+        unsafe { sys::llama_vocab_is_eog(self.vocab(), token as i32) }
+    }
+
+    /// Formats a conversation with the model's chat template.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[(String, String)],
+        add_assistant: bool,
+    ) -> Result<String, LlamaError> {
+        // SAFETY: live model; null name means the default template.
+        let tmpl = unsafe { sys::llama_model_chat_template(self.raw(), std::ptr::null()) };
+        if tmpl.is_null() {
+            return Err(LlamaError::NoTemplate);
+        }
+        let owned: Vec<(CString, CString)> = messages
+            .iter()
+            .map(|(r, c)| Ok((CString::new(r.as_str())?, CString::new(c.as_str())?)))
+            .collect::<Result<_, std::ffi::NulError>>()
+            .map_err(|_| LlamaError::Nul)?;
+        let msgs: Vec<sys::llama_chat_message> = owned
+            .iter()
+            .map(|(r, c)| sys::llama_chat_message {
+                role: r.as_ptr(),
+                content: c.as_ptr(),
+            })
+            .collect();
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..2 {
+            // SAFETY: msgs point to live C strings; buf is valid for its length.
+            let n = unsafe {
+                sys::llama_chat_apply_template(
+                    tmpl,
+                    msgs.as_ptr(),
+                    msgs.len(),
+                    add_assistant,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                )
+            };
+            if n < 0 {
+                return Err(LlamaError::Template);
+            }
+            if (n as usize) <= buf.len() {
+                buf.truncate(n as usize);
+                return String::from_utf8(buf).map_err(|_| LlamaError::Template);
+            }
+            buf.resize(n as usize, 0);
+        }
+        Err(LlamaError::Template)
+    }
+
+    /// A metadata string of the model, if present.
+    pub fn meta(&self, key: &str) -> Option<String> {
+        let k = CString::new(key).ok()?;
+        let mut buf = vec![0u8; 256];
+        // SAFETY: buf valid for its length; returns -1 if missing.
+        let n = unsafe {
+            sys::llama_model_meta_val_str(
+                self.raw(),
+                k.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return None;
+        }
+        // SAFETY: llama writes a NUL-terminated string into buf.
+        Some(
+            unsafe { CStr::from_ptr(buf.as_ptr().cast()) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+}
+
+impl Drop for LlamaModel {
+    fn drop(&mut self) {
+        // SAFETY: we own the model; contexts borrowing it are dropped first (lifetimes).
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Silences libllama's and ggml's log output unless STRATA_LLAMA_LOG is set.
+fn quiet_logs() {
+    unsafe extern "C" fn silent(
+        _: sys::ggml_log_level,
+        _: *const std::os::raw::c_char,
+        _: *mut std::ffi::c_void,
+    ) {
+    }
+    if std::env::var_os("STRATA_LLAMA_LOG").is_none() {
+        // SAFETY: the callback is a valid function for the program's lifetime.
+        unsafe { sys::llama_log_set(Some(silent), std::ptr::null_mut()) };
+    }
+}
+
+/// llama.cpp's own decoder: the reference strata is checked against.
+pub struct Reference<'m> {
+    ctx: NonNull<sys::llama_context>,
+    n_vocab: usize,
+    _model: &'m LlamaModel,
+}
+
+#[derive(Clone, Debug)]
+pub struct ReferenceConfig {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_seq: u32,
+    pub n_threads: i32,
+}
+
+impl<'m> Reference<'m> {
+    /// A context configured like strata computes: flash attention, F16 KV.
+    pub fn new(model: &'m LlamaModel, cfg: &ReferenceConfig) -> Result<Reference<'m>, LlamaError> {
+        // SAFETY: default params are a plain struct.
+        let mut p = unsafe { sys::llama_context_default_params() };
+        p.n_ctx = cfg.n_ctx;
+        p.n_batch = cfg.n_batch;
+        p.n_ubatch = cfg.n_batch;
+        p.n_seq_max = cfg.n_seq;
+        p.n_threads = cfg.n_threads;
+        p.n_threads_batch = cfg.n_threads;
+        p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        p.kv_unified = true;
+        p.no_perf = true;
+        // SAFETY: live model; valid params.
+        let c = unsafe { sys::llama_init_from_model(model.raw(), p) };
+        let ctx = NonNull::new(c).ok_or(LlamaError::Context)?;
+        // SAFETY: live model.
+        let n_vocab =
+            unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.raw())) } as usize;
+        Ok(Reference {
+            ctx,
+            n_vocab,
+            _model: model,
+        })
+    }
+
+    /// Decodes (token, pos, seq, want_logits) in one call; returns the logits
+    /// of the tokens that want them, in order.
+    pub fn decode(&mut self, toks: &[(u32, i32, u32, bool)]) -> Result<Vec<f32>, LlamaError> {
+        // SAFETY: llama_batch_init allocates arrays for toks.len() tokens with
+        // one seq id each; we fill exactly that and free it below.
+        unsafe {
+            let mut b = sys::llama_batch_init(toks.len() as i32, 0, 1);
+            for (i, &(t, pos, seq, want)) in toks.iter().enumerate() {
+                *b.token.add(i) = t as i32;
+                *b.pos.add(i) = pos;
+                *b.n_seq_id.add(i) = 1;
+                **b.seq_id.add(i) = seq as i32;
+                *b.logits.add(i) = want as i8;
+            }
+            b.n_tokens = toks.len() as i32;
+            let st = sys::llama_decode(self.ctx.as_ptr(), b);
+            let mut out = Vec::new();
+            if st == 0 {
+                for (i, t) in toks.iter().enumerate() {
+                    if t.3 {
+                        let p = sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32);
+                        if !p.is_null() {
+                            out.extend_from_slice(std::slice::from_raw_parts(p, self.n_vocab));
+                        }
+                    }
+                }
+            }
+            sys::llama_batch_free(b);
+            if st != 0 {
+                return Err(LlamaError::Decode(st));
+            }
+            Ok(out)
+        }
+    }
+
+    /// Forgets every sequence.
+    pub fn clear(&mut self) {
+        // SAFETY: live context; its memory handle is owned by it.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ctx.as_ptr()), true) }
+    }
+}
+
+impl Drop for Reference<'_> {
+    fn drop(&mut self) {
+        // SAFETY: we own the context.
+        unsafe { sys::llama_free(self.ctx.as_ptr()) }
+    }
+}

@@ -1,0 +1,43 @@
+//! Model definitions: architectures, hyperparameters and the tensor table.
+//!
+//! A [`ModelSpec`] is everything strata needs to know about a GGUF model
+//! before touching its weights: the hyperparameters, and for every layer
+//! group (attention, FFN) the ordered list of tensors with their types and
+//! shapes. It is built only from a validated [`GgufFile`] and checks every
+//! shape the architecture expects, so graph builders can trust it.
+//!
+//! Reference: llama.cpp `src/models/llama.cpp`, `src/models/qwen2.cpp` and
+//! `src/llama-model.cpp` (hparams loading) of the pinned source.
+
+mod arch;
+mod spec;
+
+pub use arch::Arch;
+pub use spec::{GroupKind, GroupSpec, Hparams, ModelSpec, Role, WeightSpec};
+
+use crate::gguf::GgufError;
+
+/// Errors that name what is wrong with a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2)")]
+    UnknownArch(String),
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    BadShape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("tensor '{name}' has type {ty}, which strata cannot use there")]
+    BadType { name: String, ty: String },
+    #[error("hyperparameter {key} = {value} is invalid: {why}")]
+    BadHparam {
+        key: String,
+        value: String,
+        why: &'static str,
+    },
+    #[error("unsupported feature: {0}")]
+    Unsupported(String),
+}

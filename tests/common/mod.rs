@@ -1,0 +1,47 @@
+//! Shared helpers for integration tests: locating the test models.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const QWEN2: &str = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+
+/// The cached test model `name`, or None (with a message) when absent.
+/// With STRATA_REQUIRE_MODELS=1 (CI) a missing model fails the test.
+pub fn model(name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("STRATA_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/strata/models")
+        });
+    let p = dir.join(name);
+    if p.is_file() {
+        return Some(p);
+    }
+    if std::env::var("STRATA_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!(
+            "test model {} missing: run tools/fetch-models.sh",
+            p.display()
+        );
+    }
+    eprintln!(
+        "skipping: test model {} not found (run tools/fetch-models.sh)",
+        p.display()
+    );
+    None
+}
+
+/// Normalized mean squared error of `a` against reference `b`.
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    num / den.max(1e-30)
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    strata::sample::argmax(v).expect("non-empty logits")
+}

@@ -1,0 +1,144 @@
+//! Graph layouts pinned as (name, op, type, shape) per node, in order.
+//! Built without weights or a backend, so they run anywhere; the snapshot
+//! files live in graphs/.
+
+use strata::ggml::Context;
+use strata::gguf::GgmlType;
+use strata::graph::{build_attn, build_ffn, build_head, Dims, Limits, StepShape};
+use strata::model::{Arch, Hparams, Role};
+
+fn dims(arch: Arch) -> Dims {
+    // SmolLM2-135M-like (llama) and Qwen2.5-0.5B-like (qwen2) shapes
+    let hp = match arch {
+        Arch::Llama => Hparams {
+            n_vocab: 49152,
+            n_ctx_train: 8192,
+            n_embd: 576,
+            n_layer: 30,
+            n_ff: 1536,
+            n_head: 9,
+            n_head_kv: 3,
+            head_dim: 64,
+            n_rot: 64,
+            rms_eps: 1e-5,
+            rope_freq_base: 100000.0,
+            rope_freq_scale: 1.0,
+            n_ctx_orig: 8192,
+            kq_scale: 0.125,
+        },
+        Arch::Qwen2 => Hparams {
+            n_vocab: 151936,
+            n_ctx_train: 32768,
+            n_embd: 896,
+            n_layer: 24,
+            n_ff: 4864,
+            n_head: 14,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_rot: 64,
+            rms_eps: 1e-6,
+            rope_freq_base: 1000000.0,
+            rope_freq_scale: 1.0,
+            n_ctx_orig: 32768,
+            kq_scale: 0.125,
+        },
+    };
+    Dims {
+        arch,
+        hp,
+        has_rope_freqs: false,
+    }
+}
+
+fn attn_sig(arch: Arch) -> Vec<(Role, GgmlType)> {
+    let mut v = vec![(Role::AttnNorm, GgmlType::F32), (Role::Wq, GgmlType::Q4_K)];
+    if arch == Arch::Qwen2 {
+        v.push((Role::Bq, GgmlType::F32));
+    }
+    v.push((Role::Wk, GgmlType::Q4_K));
+    if arch == Arch::Qwen2 {
+        v.push((Role::Bk, GgmlType::F32));
+    }
+    v.push((Role::Wv, GgmlType::Q6_K));
+    if arch == Arch::Qwen2 {
+        v.push((Role::Bv, GgmlType::F32));
+    }
+    v.push((Role::Wo, GgmlType::Q4_K));
+    v
+}
+
+fn ffn_sig() -> Vec<(Role, GgmlType)> {
+    vec![
+        (Role::FfnNorm, GgmlType::F32),
+        (Role::Gate, GgmlType::Q4_K),
+        (Role::Up, GgmlType::Q4_K),
+        (Role::Down, GgmlType::Q6_K),
+    ]
+}
+
+const LIM: Limits = Limits {
+    n_batch: 512,
+    n_ctx: 4096,
+};
+
+fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
+    let d = dims(arch);
+    let ctx = Context::new(512, 256).expect("context");
+    let b = match kind {
+        "attn" => build_attn(&ctx, &d, &attn_sig(arch), s, LIM),
+        "ffn" => build_ffn(&ctx, &d, &ffn_sig(), s, LIM),
+        _ => build_head(&ctx, &d, GgmlType::Q8_0, s, LIM),
+    };
+    b.graph
+        .snapshot()
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn check(arch: Arch, kind: &str, label: &str, s: StepShape) {
+    let name = format!("{}_{kind}_{label}", arch.name());
+    insta::with_settings!({ snapshot_path => "../graphs", prepend_module_to_snapshot => false, omit_expression => true }, {
+        insta::assert_snapshot!(name, layout(arch, kind, s));
+    });
+}
+
+const PREFILL: StepShape = StepShape {
+    n_tokens: 7,
+    n_kv: 256,
+    n_out: 7,
+    last_layer: false,
+};
+const DECODE: StepShape = StepShape {
+    n_tokens: 1,
+    n_kv: 256,
+    n_out: 1,
+    last_layer: false,
+};
+const LAST: StepShape = StepShape {
+    n_tokens: 7,
+    n_kv: 256,
+    n_out: 1,
+    last_layer: true,
+};
+
+#[test]
+fn llama_layouts() {
+    for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
+        check(Arch::Llama, "attn", label, s);
+        check(Arch::Llama, "ffn", label, s);
+        check(Arch::Llama, "head", label, s);
+    }
+    check(Arch::Llama, "attn", "prefill_last_layer", LAST);
+}
+
+#[test]
+fn qwen2_layouts() {
+    for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
+        check(Arch::Qwen2, "attn", label, s);
+        check(Arch::Qwen2, "ffn", label, s);
+        check(Arch::Qwen2, "head", label, s);
+    }
+    check(Arch::Qwen2, "attn", "prefill_last_layer", LAST);
+}

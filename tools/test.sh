@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command (README, CI): install what is needed, fetch the test
+# models, check the vendored source, run every test. Tests needing a model
+# fail rather than skip here (STRATA_REQUIRE_MODELS=1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+tools/fetch-models.sh all >/dev/null
+export STRATA_REQUIRE_MODELS=1
+cargo build --release --all-targets
+vendor/verify.sh
+cargo test --release -- --test-threads 1
