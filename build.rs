@@ -6,6 +6,10 @@ use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=vendor/ggml-src.tar.xz.sha256");
+    // the ggml source identity a backend module's stamp must name
+    let sha = std::fs::read_to_string("vendor/ggml-src.tar.xz.sha256").unwrap_or_default();
+    println!("cargo:rustc-env=STRATA_GGML_SRC_SHA256={}", sha.trim());
     // $ORIGIN and $ORIGIN/..: binaries in target/<profile>/, tests and examples one level down;
     // the shared libraries and backend modules are copied into target/<profile>/.
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN");

@@ -17,4 +17,7 @@ pub mod graph;
 pub mod kv;
 pub mod llama;
 pub mod model;
+pub mod paging;
+pub mod parity;
 pub mod sample;
+pub mod storage;

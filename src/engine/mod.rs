@@ -4,20 +4,29 @@
 //! `get_rows`) into the persistent residual stream, then for every layer
 //! runs the attention template bound to that layer's weights and KV cache,
 //! then the FFN template, and finally the output head on the rows that want
-//! logits. Templates are cached by (kind, tensor types, shape) and share one
-//! activation allocator per kind.
+//! logits. Groups the placement keeps resident are bound in place; streamed
+//! groups are bound to the slot the pager filled (see `pager`). Templates are
+//! cached by (kind, tensor types, shape) and share one activation allocator
+//! per kind.
 
-mod weights;
+mod buffers;
+mod pager;
+mod store;
 
-pub use weights::{ModelFile, ResidentWeights};
+pub use pager::PagerStats;
+pub use store::{GroupLayout, Location, ModelFile, WeightStore};
 
-use crate::ggml::{self, Backend, Buffer, BufferUsage, Context, Device, GgmlError, GraphAllocator};
-use crate::gguf::{GgmlType, GgufFile};
+use crate::ggml::{self, Backend, Device, GgmlError, GraphAllocator};
+use crate::gguf::GgufFile;
 use crate::graph::{Binding, Dims, Limits, StepShape, Template, TemplateKey};
 use crate::kv::{KvCells, KvError};
 use crate::model::{GroupKind, ModelError, ModelSpec};
+use crate::paging::{GroupInfo, Plan, PlanError, PlanInput};
+use buffers::{KvStore, Persistent};
+use pager::Pager;
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Instant;
 
 /// Errors of the engine, each naming what failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +41,8 @@ pub enum EngineError {
     Ggml(#[from] GgmlError),
     #[error(transparent)]
     Kv(#[from] KvError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
     #[error("token id {token} is outside the vocabulary (n_vocab = {n_vocab})")]
     BadToken { token: u32, n_vocab: u32 },
     #[error("position {pos} of sequence {seq} is outside the context (n_ctx = {n_ctx})")]
@@ -57,6 +68,17 @@ pub struct EngineConfig {
     pub n_threads: usize,
     pub device: DeviceChoice,
     pub progress: bool,
+    /// Device memory strata may use; None: everything that fits stays resident.
+    pub gpu_budget: Option<u64>,
+    /// Slots per group kind when streaming (>= 2).
+    pub slots: usize,
+    /// Stream every layer group whatever the budget (tests, benchmarks).
+    pub stream_all: bool,
+    /// Debug: fill each slot with NaN once its reader finished, so a read
+    /// before its next upload completed shows as NaN logits.
+    pub poison_slots: bool,
+    /// Debug fault for tests: computations do not wait for their upload.
+    pub fault_skip_load_wait: bool,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +89,11 @@ impl Default for EngineConfig {
             n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
             device: DeviceChoice::Auto,
             progress: false,
+            gpu_budget: None,
+            slots: 3,
+            stream_all: false,
+            poison_slots: false,
+            fault_skip_load_wait: false,
         }
     }
 }
@@ -81,48 +108,33 @@ pub struct BatchToken {
     pub logits: bool,
 }
 
-/// Persistent device tensors shared by every graph of a step.
-struct Persistent {
-    _ctx: Context,
-    _buf: Buffer,
-    /// x, pos, mask, kv_idx, out_ids (Externals::all order, rope_freqs appended by the engine).
-    bindings: Vec<Binding>,
-    tensors: Vec<std::ptr::NonNull<crate::sys::ggml_tensor>>,
-}
-
-/// KV cache tensors: per layer K and V, F16 [n_embd_kv, n_ctx].
-struct KvStore {
-    _ctx: Context,
-    _buf: Buffer,
-    layers: Vec<[Binding; 2]>,
+/// What the last step did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepStats {
+    pub n_tokens: usize,
+    pub seconds: f64,
+    pub pager: PagerStats,
 }
 
 pub struct Engine {
     pub spec: ModelSpec,
+    pub plan: Plan,
     dims: Dims,
     lim: Limits,
     device: Device,
-    backend: Backend,
-    file: ModelFile,
-    weights: ResidentWeights,
-    persistent: Persistent,
-    kv: KvStore,
-    pub cells: KvCells,
+    // field order is drop order: graphs before the buffers they point into
     templates: HashMap<TemplateKey, Template>,
     allocators: HashMap<u8, (GraphAllocator, Option<TemplateKey>, usize)>,
-    /// Staging for host-side inputs.
+    pager: Pager,
+    backend: Backend,
+    store: WeightStore,
+    persistent: Persistent,
+    kv: KvStore,
+    file: ModelFile,
+    pub cells: KvCells,
     embd: Vec<f32>,
     mask: Vec<u16>,
-}
-
-fn ext_tensor_index(name: &str) -> usize {
-    match name {
-        "x" => 0,
-        "pos" => 1,
-        "mask" => 2,
-        "kv_idx" => 3,
-        _ => 4,
-    }
+    pub last_step: StepStats,
 }
 
 impl Engine {
@@ -151,93 +163,57 @@ impl Engine {
             hp: spec.hp.clone(),
             has_rope_freqs: spec.rope_freqs.is_some(),
         };
-        let weights = ResidentWeights::load(&spec, &file, device, cfg.progress)?;
-        let persistent = Self::alloc_persistent(&dims, lim, device)?;
-        let kv = Self::alloc_kv(&dims, lim, device)?;
-        let _ = ext_tensor_index;
+
+        let layouts = store::layouts(&spec, device)?;
+        let head_bytes = spec.output.size
+            + spec.output_norm.size
+            + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
+        let persistent_bytes =
+            lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
+        let fixed = head_bytes
+            + KvStore::bytes_for(&dims, lim)
+            + persistent_bytes
+            + buffers::activation_estimate(&dims, lim);
+        let groups: Vec<GroupInfo> = spec
+            .groups
+            .iter()
+            .zip(&layouts)
+            .map(|(g, l)| GroupInfo {
+                kind: g.kind,
+                bytes: l.bytes as u64,
+            })
+            .collect();
+        let plan = crate::paging::plan(&PlanInput {
+            groups,
+            fixed_bytes: fixed,
+            budget: cfg.gpu_budget,
+            copy_bw: if device.is_cpu() { 10e9 } else { 50e9 },
+            compute_s: 0.0,
+            slots: cfg.slots,
+            stream_all: cfg.stream_all,
+        })?;
+        let store = WeightStore::load(&spec, &file, device, &plan, layouts, cfg.progress)?;
+        let pager = Pager::new(device, &plan, cfg.poison_slots, cfg.fault_skip_load_wait)?;
+        let persistent = Persistent::alloc(&dims, lim, device)?;
+        let kv = KvStore::alloc(&dims, lim, device)?;
         Ok(Engine {
             cells: KvCells::new(n_ctx as usize),
             spec,
+            plan,
             dims,
             lim,
             device,
-            backend,
-            file,
-            weights,
-            persistent,
-            kv,
             templates: HashMap::new(),
             allocators: HashMap::new(),
+            pager,
+            backend,
+            store,
+            persistent,
+            kv,
+            file,
             embd: Vec::new(),
             mask: Vec::new(),
-        })
-    }
-
-    fn alloc_persistent(d: &Dims, lim: Limits, dev: Device) -> Result<Persistent, EngineError> {
-        let ctx = Context::new(8, 0)?;
-        let ext = crate::graph::Externals::new(&ctx, d, lim);
-        let list = [ext.x, ext.pos, ext.mask, ext.kv_idx, ext.out_ids];
-        let buft = dev.buffer_type();
-        // SAFETY: pure query.
-        let align = unsafe { crate::sys::ggml_backend_buft_get_alignment(buft) }.max(1);
-        let sizes: Vec<usize> = list
-            .iter()
-            .map(|t| t.nbytes().div_ceil(align) * align)
-            .collect();
-        let buf = Buffer::alloc(buft, sizes.iter().sum(), BufferUsage::Compute)?;
-        buf.clear(0);
-        let mut off = 0;
-        let mut bindings = Vec::new();
-        for (t, s) in list.iter().zip(&sizes) {
-            buf.place(*t, off)?;
-            off += s;
-            // SAFETY: t was just placed.
-            bindings.push(Binding {
-                data: unsafe { (*t.raw()).data },
-                buffer: buf.raw(),
-            });
-        }
-        let tensors = list
-            .iter()
-            .map(|t| std::ptr::NonNull::new(t.raw()).expect("non-null"))
-            .collect();
-        Ok(Persistent {
-            _ctx: ctx,
-            _buf: buf,
-            bindings,
-            tensors,
-        })
-    }
-
-    fn alloc_kv(d: &Dims, lim: Limits, dev: Device) -> Result<KvStore, EngineError> {
-        let n_layer = d.hp.n_layer as usize;
-        let ctx = Context::new(2 * n_layer, 0)?;
-        let shape = [d.hp.n_embd_kv() as i64, lim.n_ctx as i64];
-        let ts: Vec<_> = (0..2 * n_layer)
-            .map(|_| ctx.new_tensor(GgmlType::F16, &shape))
-            .collect();
-        let buft = dev.buffer_type();
-        // SAFETY: pure query.
-        let align = unsafe { crate::sys::ggml_backend_buft_get_alignment(buft) }.max(1);
-        let each = ts[0].nbytes().div_ceil(align) * align;
-        let buf = Buffer::alloc(buft, each * ts.len(), BufferUsage::Any)?;
-        buf.clear(0);
-        let mut layers = Vec::with_capacity(n_layer);
-        for (i, pair) in ts.chunks(2).enumerate() {
-            buf.place(pair[0], 2 * i * each)?;
-            buf.place(pair[1], (2 * i + 1) * each)?;
-            // SAFETY: both were just placed.
-            let b = |t: &ggml::Tensor<'_>| Binding {
-                data: unsafe { (*t.raw()).data },
-                buffer: buf.raw(),
-            };
-            layers.push([b(&pair[0]), b(&pair[1])]);
-        }
-        drop(ts);
-        Ok(KvStore {
-            _ctx: ctx,
-            _buf: buf,
-            layers,
+            last_step: StepStats::default(),
         })
     }
 
@@ -247,11 +223,48 @@ impl Engine {
     pub fn n_ctx(&self) -> u32 {
         self.lim.n_ctx
     }
+    pub fn n_batch(&self) -> u32 {
+        self.lim.n_batch
+    }
     pub fn n_vocab(&self) -> u32 {
         self.spec.hp.n_vocab
     }
+    pub fn store(&self) -> &WeightStore {
+        &self.store
+    }
     pub fn weight_bytes(&self) -> u64 {
-        self.weights.bytes
+        self.store.resident_bytes + self.store.pinned_bytes
+    }
+    /// Device bytes of the KV cache and the persistent tensors.
+    pub fn fixed_device_bytes(&self) -> u64 {
+        self.kv.bytes + self.persistent.bytes
+    }
+
+    /// One line on where the weights live.
+    pub fn placement_summary(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        if self.plan.n_streamed() == 0 {
+            return format!(
+                "{:.1} MiB of weights resident",
+                mib(self.store.resident_bytes)
+            );
+        }
+        format!(
+            "{:.1} MiB resident, {} of {} groups streamed through {}+{} slots from {:.1} MiB of {} host memory",
+            mib(self.store.resident_bytes),
+            self.plan.n_streamed(),
+            self.plan.resident.len(),
+            self.plan.slots.0,
+            self.plan.slots.1,
+            mib(self.store.pinned_bytes),
+            if self.device.is_cpu() {
+                "plain"
+            } else if self.store.pinned_is_pinned {
+                "pinned"
+            } else {
+                "PAGEABLE"
+            }
+        )
     }
 
     /// Frees the KV cells of a sequence.
@@ -265,7 +278,7 @@ impl Engine {
 
     fn ext_bindings(&self) -> Vec<Binding> {
         let mut b = self.persistent.bindings.clone();
-        b.extend(self.weights.rope_freqs);
+        b.extend(self.store.rope_freqs);
         b
     }
 
@@ -282,13 +295,13 @@ impl Engine {
         Ok(out)
     }
 
-    fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
-        let hp = self.spec.hp.clone();
+    fn validate(&self, toks: &[BatchToken]) -> Result<(), EngineError> {
+        let n_vocab = self.spec.hp.n_vocab;
         for t in toks {
-            if t.token >= hp.n_vocab {
+            if t.token >= n_vocab {
                 return Err(EngineError::BadToken {
                     token: t.token,
-                    n_vocab: hp.n_vocab,
+                    n_vocab,
                 });
             }
             if t.pos < 0 || t.pos as u32 >= self.lim.n_ctx {
@@ -299,71 +312,96 @@ impl Engine {
                 });
             }
         }
-        let n = toks.len();
+        Ok(())
+    }
+
+    fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let start = Instant::now();
+        self.validate(toks)?;
+        let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let cells = self.cells.place(&sp)?;
-        let n_kv = self.cells.n_kv();
+        let n_kv = self.cells.n_kv() as u32;
         let out_ids: Vec<i32> = toks
             .iter()
             .enumerate()
             .filter(|(_, t)| t.logits)
             .map(|(i, _)| i as i32)
             .collect();
+        let n_out = out_ids.len() as u32;
 
-        // inputs
+        // inputs: synchronous writes, so nothing may be in flight
+        self.backend.synchronize();
+        self.pager.synchronize();
         self.embed(toks)?;
-        let p = &self.persistent;
-        // SAFETY: the tensors live in p._ctx, owned by self.
-        let pt = |i: usize| unsafe { ggml::Tensor::from_raw(&p._ctx, p.tensors[i]) };
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
-        pt(1).set_i32(&pos)?;
-        self.cells.fill_mask(&sp, n_kv, &mut self.mask);
-        // SAFETY: u16 slice viewed as bytes.
-        let mask_bytes = unsafe {
-            std::slice::from_raw_parts(self.mask.as_ptr().cast::<u8>(), self.mask.len() * 2)
-        };
-        pt(2).set_bytes(mask_bytes, 0)?;
+        self.persistent.tensor(buffers::POS).set_i32(&pos)?;
+        self.cells.fill_mask(&sp, n_kv as usize, &mut self.mask);
+        self.persistent
+            .tensor(buffers::MASK)
+            .set_bytes(as_bytes(&self.mask), 0)?;
         let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
-        pt(3).set_i64(&idx)?;
-        if !out_ids.is_empty() {
-            pt(4).set_i32(&out_ids)?;
+        self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
+        if n_out > 0 {
+            self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
         }
 
-        let n_layer = hp.n_layer;
-        let n_out = out_ids.len() as u32;
+        // the groups of this step, in order, with their shapes
+        let n_layer = self.spec.hp.n_layer;
+        let mut order: Vec<(u32, GroupKind, StepShape)> = Vec::with_capacity(2 * n_layer as usize);
         for l in 0..n_layer {
             let last = l + 1 == n_layer;
             if last && n_out == 0 {
-                // nothing wanted from this step: the last attention still
-                // writes its KV rows, the last FFN is not needed
-                let shape = StepShape {
-                    n_tokens: n as u32,
-                    n_kv: n_kv as u32,
-                    n_out: n as u32,
-                    last_layer: false,
-                };
-                self.run_group(l, GroupKind::Attn, shape)?;
+                // nothing wanted: the last attention still writes its KV
+                // rows, the last FFN is not needed
+                order.push((
+                    l,
+                    GroupKind::Attn,
+                    StepShape {
+                        n_tokens: n,
+                        n_kv,
+                        n_out: n,
+                        last_layer: false,
+                    },
+                ));
                 break;
             }
-            let shape = StepShape {
-                n_tokens: n as u32,
-                n_kv: n_kv as u32,
-                n_out: if last { n_out } else { n as u32 },
-                last_layer: last,
-            };
-            self.run_group(l, GroupKind::Attn, shape)?;
-            let rows = if last { n_out } else { n as u32 };
-            let fshape = StepShape {
-                n_tokens: rows,
-                n_kv: 0,
-                n_out: rows,
-                last_layer: false,
-            };
-            self.run_group(l, GroupKind::Ffn, fshape)?;
+            let rows = if last { n_out } else { n };
+            order.push((
+                l,
+                GroupKind::Attn,
+                StepShape {
+                    n_tokens: n,
+                    n_kv,
+                    n_out: rows,
+                    last_layer: last,
+                },
+            ));
+            order.push((
+                l,
+                GroupKind::Ffn,
+                StepShape {
+                    n_tokens: rows,
+                    n_kv: 0,
+                    n_out: rows,
+                    last_layer: false,
+                },
+            ));
+        }
+        let gis: Vec<usize> = order.iter().map(|(l, k, _)| group_index(*l, *k)).collect();
+        self.pager.begin_step(&gis, &self.store);
+        for (l, kind, shape) in order {
+            self.run_group(l, kind, shape)?;
         }
         if n_out > 0 {
             self.run_head(n_out, out)?;
         }
+        self.backend.synchronize();
+        self.last_step = StepStats {
+            n_tokens: toks.len(),
+            seconds: start.elapsed().as_secs_f64(),
+            pager: self.pager.stats,
+        };
         Ok(())
     }
 
@@ -378,53 +416,43 @@ impl Engine {
             let r = &bytes[t.token as usize * row..(t.token as usize + 1) * row];
             ggml::dequantize_row(w.ty, r, &mut self.embd[i * e..(i + 1) * e])?;
         }
-        let p = &self.persistent;
-        // SAFETY: x lives in p._ctx, owned by self.
-        let x = unsafe { ggml::Tensor::from_raw(&p._ctx, p.tensors[0]) };
-        // SAFETY: f32 slice viewed as bytes.
-        let b = unsafe {
-            std::slice::from_raw_parts(self.embd.as_ptr().cast::<u8>(), self.embd.len() * 4)
-        };
-        x.set_bytes(b, 0)?;
+        self.persistent
+            .tensor(buffers::X)
+            .set_bytes(as_bytes(&self.embd), 0)?;
         Ok(())
     }
 
-    fn template(&mut self, key: &TemplateKey, alloc_id: u8) -> Result<(), EngineError> {
+    fn template(&mut self, key: &TemplateKey) -> Result<u8, EngineError> {
         if !self.templates.contains_key(key) {
             let mut t = Template::build(key, &self.dims, self.lim)?;
             t.bind_externals(&self.ext_bindings());
             self.templates.insert(key.clone(), t);
         }
-        let buft = self.device.buffer_type();
-        if let std::collections::hash_map::Entry::Vacant(e) = self.allocators.entry(alloc_id) {
-            e.insert((GraphAllocator::new(buft)?, None, 0));
+        let aid = alloc_key(key);
+        if let std::collections::hash_map::Entry::Vacant(e) = self.allocators.entry(aid) {
+            e.insert((GraphAllocator::new(self.device.buffer_type())?, None, 0));
         }
-        Ok(())
+        Ok(aid)
     }
 
-    /// Allocates activations of `key`'s graph if it is not the one its
-    /// allocator holds. If the allocator had to grow, every other template
-    /// of that allocator points into freed memory and is dropped.
-    fn ensure_allocated(&mut self, key: &TemplateKey, alloc_id: u8) -> Result<(), EngineError> {
-        let (alloc, last, size) = self
-            .allocators
-            .get_mut(&alloc_id)
-            .expect("allocator exists");
+    /// Allocates activations of `key`'s graph unless its allocator last
+    /// allocated it. If the allocator had to grow, every other template of
+    /// that allocator points into freed memory and is dropped.
+    fn ensure_allocated(&mut self, key: &TemplateKey, aid: u8) -> Result<(), EngineError> {
+        let (alloc, last, size) = self.allocators.get_mut(&aid).expect("allocator exists");
         if last.as_ref() == Some(key) {
             return Ok(());
         }
         let t = self.templates.get(key).expect("template exists");
-        let g = t.graph();
-        alloc.alloc(&g)?;
+        alloc.alloc(&t.graph())?;
         let new_size = alloc.buffer_size();
         let grew = new_size != *size;
         *size = new_size;
         *last = Some(key.clone());
         if grew {
-            let kind_of = |k: &TemplateKey| alloc_key(k);
             let keep = key.clone();
             self.templates
-                .retain(|k, _| kind_of(k) != alloc_id || *k == keep);
+                .retain(|k, _| alloc_key(k) != aid || *k == keep);
         }
         Ok(())
     }
@@ -435,21 +463,39 @@ impl Engine {
         kind: GroupKind,
         shape: StepShape,
     ) -> Result<(), EngineError> {
-        let gi = 2 * layer as usize + usize::from(kind == GroupKind::Ffn);
+        let gi = group_index(layer, kind);
         let key = TemplateKey::Group {
             kind,
             sig: self.spec.groups[gi].signature(),
             shape,
         };
-        let aid = alloc_key(&key);
-        self.template(&key, aid)?;
-        // bind before allocating so the allocator sees the weights as external
+        let aid = self.template(&key)?;
         let kv = (kind == GroupKind::Attn).then(|| self.kv.layers[layer as usize]);
-        let t = self.templates.get_mut(&key).expect("template exists");
-        t.bind((layer, 0), &self.weights.groups[gi], kv);
+        let streamed = match self.store.groups[gi] {
+            Location::Resident(ref b) => {
+                let b = b.clone();
+                let t = self.templates.get_mut(&key).expect("template exists");
+                t.bind((gi as u32, 0), &b, kv);
+                None
+            }
+            Location::Streamed { ring, .. } => {
+                let slot = self
+                    .pager
+                    .before_compute(gi, ring, &self.store, &self.backend)?;
+                let b = self.store.slot_bindings(gi, ring, slot);
+                let t = self.templates.get_mut(&key).expect("template exists");
+                t.bind((gi as u32, 1 + slot as u64), &b, kv);
+                Some(ring)
+            }
+        };
+        // bound before allocating so the allocator sees weights as external
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
-        self.backend.compute(&t.graph())?;
+        self.backend.compute_async(&t.graph())?;
+        if let Some(ring) = streamed {
+            self.pager
+                .after_compute(gi, ring, &self.store, &self.backend)?;
+        }
         Ok(())
     }
 
@@ -458,18 +504,25 @@ impl Engine {
             out_ty: self.spec.output.ty,
             n_rows,
         };
-        let aid = alloc_key(&key);
-        self.template(&key, aid)?;
-        let t = self.templates.get_mut(&key).expect("template exists");
-        t.bind((u32::MAX, 0), &self.weights.head, None);
+        let aid = self.template(&key)?;
+        let head = self.store.head.clone();
+        self.templates
+            .get_mut(&key)
+            .expect("template exists")
+            .bind((u32::MAX, 0), &head, None);
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
-        self.backend.compute(&t.graph())?;
+        self.backend.compute_async(&t.graph())?;
+        self.backend.synchronize();
         let start = out.len();
         out.resize(start + (n_rows * self.spec.hp.n_vocab) as usize, 0.0);
         t.out().get_f32(&mut out[start..])?;
         Ok(())
     }
+}
+
+fn group_index(layer: u32, kind: GroupKind) -> usize {
+    2 * layer as usize + usize::from(kind == GroupKind::Ffn)
 }
 
 fn alloc_key(k: &TemplateKey) -> u8 {
@@ -484,4 +537,9 @@ fn alloc_key(k: &TemplateKey) -> u8 {
         } => 1,
         TemplateKey::Head { .. } => 2,
     }
+}
+
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: plain numeric slices viewed as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }

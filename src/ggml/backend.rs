@@ -47,18 +47,20 @@ fn has_module(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Refuses a backend module whose version stamp names another ggml version.
+/// Refuses a backend module whose version stamp names another ggml: the
+/// stamp's first line is the ggml version, the second the sha256 of the
+/// vendored source it was built from.
 fn check_module_stamps(dir: &Path) -> std::result::Result<(), GgmlError> {
-    let expected = super::version();
+    let expected = format!("{} {}", super::version(), env!("STRATA_GGML_SRC_SHA256"));
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Ok(());
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some(module) = name.strip_suffix(MODULE_STAMP_SUFFIX) {
-            let found = std::fs::read_to_string(e.path()).unwrap_or_default();
-            let found = found.lines().next().unwrap_or("").trim().to_string();
-            if found != expected {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let found = text.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+            if found.trim() != expected {
                 return Err(GgmlError::VersionMismatch {
                     module: module.to_string(),
                     found,
@@ -82,9 +84,7 @@ pub fn load_backends() -> Result<PathBuf> {
                 .collect::<Vec<_>>();
             return Err(format!("no libggml-cpu*.so in {}", searched.join(", ")));
         };
-        if let Err(e) = check_module_stamps(dir) {
-            return Err(e.to_string());
-        }
+        check_module_stamps(dir).map_err(|e| e.to_string())?;
         let c = CString::new(dir.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
         // SAFETY: c is a valid NUL-terminated path; the loader copies what it needs.
         unsafe { sys::ggml_backend_load_all_from_path(c.as_ptr()) };
@@ -94,15 +94,11 @@ pub fn load_backends() -> Result<PathBuf> {
         }
         Ok(dir.clone())
     });
-    res.clone().map_err(|searched| {
-        if searched.contains("was built from ggml") {
-            GgmlError::VersionMismatch {
-                module: searched,
-                found: String::new(),
-                expected: String::new(),
-            }
+    res.clone().map_err(|msg| {
+        if msg.contains("was built from ggml") {
+            GgmlError::ModuleRefused(msg)
         } else {
-            GgmlError::NoBackends { searched }
+            GgmlError::NoBackends { searched: msg }
         }
     })
 }

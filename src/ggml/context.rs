@@ -347,3 +347,19 @@ impl<'ctx> Tensor<'ctx> {
         }
     }
 }
+
+impl<'ctx> Tensor<'ctx> {
+    /// Fills the whole tensor with byte `value`, synchronously. Never use on
+    /// memory a computation in flight reads.
+    pub fn fill(&self, value: u8) -> Result<()> {
+        if !self.is_bound() {
+            return Err(GgmlError::Tensor {
+                name: self.name(),
+                what: "fill of an unbound tensor".into(),
+            });
+        }
+        // SAFETY: bound tensor, whole range.
+        unsafe { sys::ggml_backend_tensor_memset(self.raw(), value, 0, self.nbytes()) };
+        Ok(())
+    }
+}

@@ -41,12 +41,14 @@ pub enum GgmlError {
     Compute(i32),
     #[error("graph allocation failed (reserve or alloc) for {0}")]
     GraphAlloc(String),
-    #[error("backend module {module} was built from ggml {found}, but strata uses ggml {expected}; rebuild the module from vendor/ (tools/build-cuda-module.sh)")]
+    #[error("backend module {module} was built from ggml {found}, but strata uses ggml {expected}; rebuild it with tools/build-cuda-module.sh")]
     VersionMismatch {
         module: String,
         found: String,
         expected: String,
     },
+    #[error("{0}")]
+    ModuleRefused(String),
     #[error("tensor {name}: {what}")]
     Tensor { name: String, what: String },
 }

@@ -9,6 +9,8 @@ use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
 
+mod check;
+
 #[derive(Parser)]
 #[command(
     name = "strata",
@@ -24,6 +26,8 @@ struct Cli {
 enum Cmd {
     /// Generate text from a prompt, or chat interactively (--chat).
     Run(RunArgs),
+    /// Compare greedy tokens and logits with llama.cpp on this device.
+    Check(check::CheckArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -34,10 +38,10 @@ enum DeviceArg {
 }
 
 #[derive(Args)]
-struct ModelArgs {
+pub struct ModelArgs {
     /// GGUF model file.
     #[arg(short = 'm', long)]
-    model: PathBuf,
+    pub model: PathBuf,
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: u32,
@@ -50,6 +54,20 @@ struct ModelArgs {
     /// Compute device.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
+    /// GPU memory strata may use (e.g. 12G); layer groups beyond it stream
+    /// from pinned host memory. Default: everything that fits stays resident.
+    #[arg(long = "gpu-budget", value_parser = strata::paging::parse_size)]
+    gpu_budget: Option<u64>,
+    /// Device slots per group kind for streamed groups.
+    #[arg(long, default_value_t = 3)]
+    slots: usize,
+    /// Stream every layer group whatever the budget.
+    #[arg(long = "stream-all")]
+    stream_all: bool,
+    /// Debug: fill each slot with NaN after use, so a read before its upload
+    /// completed shows as NaN.
+    #[arg(long = "poison-slots")]
+    poison_slots: bool,
 }
 
 #[derive(Args)]
@@ -94,6 +112,7 @@ fn main() {
         .init();
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
+        Cmd::Check(a) => check::check(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
@@ -101,11 +120,8 @@ fn main() {
     }
 }
 
-fn load(m: &ModelArgs) -> Result<(Engine, LlamaModel)> {
-    if !m.model.is_file() {
-        bail!("model file {} does not exist", m.model.display());
-    }
-    let cfg = EngineConfig {
+pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
+    EngineConfig {
         n_ctx: m.ctx_size,
         n_batch: m.batch_size,
         n_threads: m.threads.unwrap_or(EngineConfig::default().n_threads),
@@ -114,8 +130,20 @@ fn load(m: &ModelArgs) -> Result<(Engine, LlamaModel)> {
             DeviceArg::Cpu => DeviceChoice::Cpu,
             DeviceArg::Gpu => DeviceChoice::Gpu,
         },
-        progress: true,
-    };
+        progress,
+        gpu_budget: m.gpu_budget,
+        slots: m.slots,
+        stream_all: m.stream_all,
+        poison_slots: m.poison_slots,
+        fault_skip_load_wait: false,
+    }
+}
+
+fn load(m: &ModelArgs) -> Result<(Engine, LlamaModel)> {
+    if !m.model.is_file() {
+        bail!("model file {} does not exist", m.model.display());
+    }
+    let cfg = engine_config(m, true);
     let engine =
         Engine::load(&m.model, &cfg).with_context(|| format!("loading {}", m.model.display()))?;
     let vocab = LlamaModel::load(&m.model, true, 0)

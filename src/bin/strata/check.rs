@@ -1,0 +1,89 @@
+//! `strata check`: strata against llama.cpp on this machine's device, and
+//! against strata on the CPU: greedy tokens and per-position logits.
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use strata::engine::{DeviceChoice, Engine, EngineConfig};
+use strata::llama::{LlamaModel, Reference, ReferenceConfig};
+use strata::parity::{compare, run_reference, run_strata};
+
+#[derive(Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub model: super::ModelArgs,
+    /// Greedy tokens to generate per prompt.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    pub n_gen: usize,
+    /// Largest per-position logits NMSE accepted.
+    #[arg(long, default_value_t = 5e-4)]
+    pub max_nmse: f64,
+    /// Also compare with strata on the CPU backend.
+    #[arg(long)]
+    pub with_cpu: bool,
+}
+
+const PROMPTS: [&str; 3] = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+];
+
+pub fn check(a: CheckArgs) -> Result<()> {
+    let cfg = super::engine_config(&a.model, false);
+    let mut engine = Engine::load(&a.model.model, &cfg).context("loading strata")?;
+    let on_gpu = !engine.device().is_cpu();
+    let lm = LlamaModel::load(&a.model.model, false, if on_gpu { 999 } else { 0 })
+        .context("loading llama.cpp")?;
+    let rcfg = ReferenceConfig {
+        n_ctx: cfg.n_ctx,
+        n_batch: cfg.n_batch,
+        n_seq: 1,
+        n_threads: cfg.n_threads as i32,
+    };
+    let mut reference = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
+    let mut cpu = if a.with_cpu && on_gpu {
+        let c = EngineConfig {
+            device: DeviceChoice::Cpu,
+            ..cfg.clone()
+        };
+        Some(Engine::load(&a.model.model, &c).context("loading strata on the CPU")?)
+    } else {
+        None
+    };
+    println!(
+        "strata check: {} on {} ({})",
+        engine.spec.name,
+        engine.device().description(),
+        engine.placement_summary()
+    );
+    let nv = engine.n_vocab() as usize;
+    let mut ok = true;
+    for p in PROMPTS {
+        let prompt = lm.tokenize(p, true, true)?;
+        let s = run_strata(&mut engine, &prompt, a.n_gen)?;
+        let r = run_reference(&mut reference, &prompt, a.n_gen, nv)?;
+        let (worst, diff) = compare(&s, &r);
+        let pass = worst <= a.max_nmse && diff.is_none();
+        ok &= pass;
+        println!(
+            "  vs llama.cpp: {:<4} nmse {worst:.3e} tokens {} prompt {:?}",
+            if pass { "ok" } else { "FAIL" },
+            diff.map_or("identical".to_string(), |i| format!("differ at {i}")),
+            p.chars().take(30).collect::<String>()
+        );
+        if let Some(c) = cpu.as_mut() {
+            let c = run_strata(c, &prompt, a.n_gen)?;
+            let (worst, diff) = compare(&s, &c);
+            let pass = worst <= a.max_nmse && diff.is_none();
+            ok &= pass;
+            println!(
+                "  vs strata CPU: {:<4} nmse {worst:.3e} tokens {}",
+                if pass { "ok" } else { "FAIL" },
+                diff.map_or("identical".to_string(), |i| format!("differ at {i}"))
+            );
+        }
+    }
+    anyhow::ensure!(ok, "strata check failed");
+    println!("strata check: all passed");
+    Ok(())
+}

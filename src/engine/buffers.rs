@@ -1,0 +1,124 @@
+//! Persistent device tensors: the residual stream and step inputs that
+//! every group graph views, and the per-layer K/V cache tensors.
+
+use super::EngineError;
+use crate::ggml::{Buffer, BufferUsage, Context, Device, Tensor};
+use crate::gguf::GgmlType;
+use crate::graph::{Binding, Dims, Externals, Limits};
+use std::ptr::NonNull;
+
+fn alignment(dev: Device) -> usize {
+    // SAFETY: pure query of the buffer type.
+    unsafe { crate::sys::ggml_backend_buft_get_alignment(dev.buffer_type()) }.max(1)
+}
+
+/// x, pos, mask, kv_idx, out_ids (in `Externals::all` order).
+pub struct Persistent {
+    ctx: Context,
+    _buf: Buffer,
+    pub bindings: Vec<Binding>,
+    tensors: Vec<NonNull<crate::sys::ggml_tensor>>,
+    pub bytes: u64,
+}
+
+pub const X: usize = 0;
+pub const POS: usize = 1;
+pub const MASK: usize = 2;
+pub const KV_IDX: usize = 3;
+pub const OUT_IDS: usize = 4;
+
+impl Persistent {
+    pub fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<Persistent, EngineError> {
+        let ctx = Context::new(8, 0)?;
+        let ext = Externals::new(&ctx, d, lim);
+        let list = [ext.x, ext.pos, ext.mask, ext.kv_idx, ext.out_ids];
+        let align = alignment(dev);
+        let sizes: Vec<usize> = list
+            .iter()
+            .map(|t| t.nbytes().div_ceil(align) * align)
+            .collect();
+        let total: usize = sizes.iter().sum();
+        let buf = Buffer::alloc(dev.buffer_type(), total, BufferUsage::Compute)?;
+        buf.clear(0);
+        let mut off = 0;
+        let mut bindings = Vec::new();
+        for (t, s) in list.iter().zip(&sizes) {
+            buf.place(*t, off)?;
+            off += s;
+            // SAFETY: t was just placed.
+            bindings.push(Binding {
+                data: unsafe { (*t.raw()).data },
+                buffer: buf.raw(),
+            });
+        }
+        let tensors = list.iter().filter_map(|t| NonNull::new(t.raw())).collect();
+        Ok(Persistent {
+            ctx,
+            _buf: buf,
+            bindings,
+            tensors,
+            bytes: total as u64,
+        })
+    }
+    pub fn tensor(&self, i: usize) -> Tensor<'_> {
+        // SAFETY: the tensor lives in self.ctx.
+        unsafe { Tensor::from_raw(&self.ctx, self.tensors[i]) }
+    }
+}
+
+/// K and V per layer, F16 [n_embd_kv, n_ctx], in one device buffer.
+pub struct KvStore {
+    _ctx: Context,
+    _buf: Buffer,
+    pub layers: Vec<[Binding; 2]>,
+    pub bytes: u64,
+}
+
+impl KvStore {
+    pub fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<KvStore, EngineError> {
+        let n_layer = d.hp.n_layer as usize;
+        let ctx = Context::new(2 * n_layer, 0)?;
+        let shape = [d.hp.n_embd_kv() as i64, lim.n_ctx as i64];
+        let ts: Vec<_> = (0..2 * n_layer)
+            .map(|_| ctx.new_tensor(GgmlType::F16, &shape))
+            .collect();
+        let align = alignment(dev);
+        let each = ts[0].nbytes().div_ceil(align) * align;
+        let buf = Buffer::alloc(dev.buffer_type(), each * ts.len(), BufferUsage::Any)?;
+        buf.clear(0);
+        let mut layers = Vec::with_capacity(n_layer);
+        for (i, pair) in ts.chunks(2).enumerate() {
+            buf.place(pair[0], 2 * i * each)?;
+            buf.place(pair[1], (2 * i + 1) * each)?;
+            // SAFETY: both were just placed.
+            let b = |t: &Tensor<'_>| Binding {
+                data: unsafe { (*t.raw()).data },
+                buffer: buf.raw(),
+            };
+            layers.push([b(&pair[0]), b(&pair[1])]);
+        }
+        let bytes = (each * ts.len()) as u64;
+        drop(ts);
+        Ok(KvStore {
+            _ctx: ctx,
+            _buf: buf,
+            layers,
+            bytes,
+        })
+    }
+    /// Bytes the KV cache takes for these dimensions (before allocating).
+    pub fn bytes_for(d: &Dims, lim: Limits) -> u64 {
+        2 * d.hp.n_layer as u64 * d.hp.n_embd_kv() as u64 * lim.n_ctx as u64 * 2
+    }
+}
+
+/// Rough activation bytes of the largest step (three graph kinds, each with
+/// its own allocator), used to plan before the graphs exist.
+pub fn activation_estimate(d: &Dims, lim: Limits) -> u64 {
+    let hp = &d.hp;
+    let b = lim.n_batch as u64;
+    let attn = 4 * (4 * hp.n_embd as u64 + 4 * hp.n_embd_q() as u64 + 4 * hp.n_embd_kv() as u64);
+    let ffn = 4 * (4 * hp.n_embd as u64 + 3 * hp.n_ff as u64);
+    let head = 4 * (2 * hp.n_embd as u64 + hp.n_vocab as u64);
+    b * (attn + ffn + head) * 5 / 4
+}

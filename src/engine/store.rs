@@ -1,0 +1,331 @@
+//! Where every weight lives: resident in a device buffer, or in pinned host
+//! memory laid out exactly like a slot, so streaming a group into a slot is
+//! one contiguous copy.
+
+use super::EngineError;
+use crate::ggml::{Buffer, BufferUsage, Context, Device, GgmlError};
+use crate::graph::Binding;
+use crate::model::{GroupKind, ModelSpec, WeightSpec};
+use crate::paging::Plan;
+use indicatif::{ProgressBar, ProgressStyle};
+use memmap2::Mmap;
+use std::path::Path;
+
+/// The model file, mapped read-only.
+pub struct ModelFile {
+    pub map: Mmap,
+}
+
+impl ModelFile {
+    pub fn open(path: &Path) -> Result<ModelFile, EngineError> {
+        let f = std::fs::File::open(path)
+            .map_err(|e| EngineError::Io(path.display().to_string(), e))?;
+        // SAFETY: the file is opened read-only and strata never writes it. A
+        // concurrent truncation by another process would fault, as with any
+        // mmap-based loader (llama.cpp's included).
+        let map =
+            unsafe { Mmap::map(&f) }.map_err(|e| EngineError::Io(path.display().to_string(), e))?;
+        Ok(ModelFile { map })
+    }
+    /// The bytes of a tensor (validated to lie inside the file by the GGUF reader).
+    pub fn bytes(&self, w: &WeightSpec) -> &[u8] {
+        &self.map[w.offset as usize..(w.offset + w.size) as usize]
+    }
+}
+
+/// Byte layout of one group inside a slot (and inside its pinned extent).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupLayout {
+    /// Offset of each weight, in the group's signature order.
+    pub offsets: Vec<usize>,
+    /// Bytes of the extent, padding included.
+    pub bytes: usize,
+}
+
+/// Where a layer group's weights are.
+pub enum Location {
+    Resident(Vec<Binding>),
+    /// In pinned memory at `host` (same layout as a slot), streamed through ring `ring`.
+    Streamed {
+        ring: usize,
+        host: usize,
+    },
+}
+
+/// A ring's device slots: one buffer each, and a byte tensor spanning it
+/// that uploads target.
+pub struct RingBuffers {
+    pub slot_bytes: usize,
+    pub slots: Vec<Buffer>,
+    ctx: Context,
+    tensors: Vec<std::ptr::NonNull<crate::sys::ggml_tensor>>,
+}
+
+impl RingBuffers {
+    pub fn slot_tensor(&self, s: usize) -> crate::ggml::Tensor<'_> {
+        // SAFETY: the tensor lives in self.ctx.
+        unsafe { crate::ggml::Tensor::from_raw(&self.ctx, self.tensors[s]) }
+    }
+}
+
+pub struct WeightStore {
+    pub groups: Vec<Location>,
+    pub layouts: Vec<GroupLayout>,
+    /// output_norm, output.
+    pub head: Vec<Binding>,
+    pub rope_freqs: Option<Binding>,
+    pub resident_bytes: u64,
+    pub pinned_bytes: u64,
+    /// Whether the host copy is really pinned (page-locked) memory.
+    pub pinned_is_pinned: bool,
+    pub pinned: Option<Buffer>,
+    /// Per kind (0 attn, 1 ffn): the slot ring, if that kind streams.
+    pub rings: [Option<RingBuffers>; 2],
+    _ctx: Context,
+    _resident: Buffer,
+}
+
+fn align_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+/// Per-group layouts with the device buffer type's sizes and alignment.
+pub fn layouts(spec: &ModelSpec, dev: Device) -> Result<Vec<GroupLayout>, EngineError> {
+    let n: usize = spec.groups.iter().map(|g| g.weights.len()).sum();
+    let ctx = Context::new(n + 1, 0)?;
+    let buft = dev.buffer_type();
+    // SAFETY: pure query.
+    let align = unsafe { crate::sys::ggml_backend_buft_get_alignment(buft) }.max(1);
+    let mut out = Vec::with_capacity(spec.groups.len());
+    for g in &spec.groups {
+        let mut offsets = Vec::with_capacity(g.weights.len());
+        let mut off = 0usize;
+        for w in &g.weights {
+            let t = ctx.new_tensor(w.ty, &w.ne[..]);
+            offsets.push(off);
+            // SAFETY: t is a valid tensor header.
+            off += align_up(
+                unsafe { crate::sys::ggml_backend_buft_get_alloc_size(buft, t.raw()) },
+                align,
+            );
+        }
+        out.push(GroupLayout {
+            offsets,
+            bytes: off.max(align),
+        });
+    }
+    Ok(out)
+}
+
+fn progress(total: u64, on: bool) -> ProgressBar {
+    if !on {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    b
+}
+
+impl WeightStore {
+    /// Loads the weights as `plan` places them.
+    pub fn load(
+        spec: &ModelSpec,
+        file: &ModelFile,
+        dev: Device,
+        plan: &Plan,
+        layouts: Vec<GroupLayout>,
+        show_progress: bool,
+    ) -> Result<WeightStore, EngineError> {
+        let buft = dev.buffer_type();
+        // SAFETY: pure query.
+        let align = unsafe { crate::sys::ggml_backend_buft_get_alignment(buft) }.max(1);
+        let total: u64 = spec.groups.iter().map(|g| g.bytes()).sum::<u64>() + spec.output.size;
+        let bar = progress(total, show_progress);
+
+        // resident: globals + resident groups, tensor by tensor into one buffer
+        let mut resident_specs: Vec<&WeightSpec> = vec![&spec.output_norm, &spec.output];
+        resident_specs.extend(spec.rope_freqs.iter());
+        for (g, r) in spec.groups.iter().zip(&plan.resident) {
+            if *r {
+                resident_specs.extend(g.weights.iter());
+            }
+        }
+        let ctx = Context::new(resident_specs.len() + 8, 0)?;
+        let tensors: Vec<_> = resident_specs
+            .iter()
+            .map(|w| ctx.new_tensor(w.ty, &w.ne[..]).named(&w.name))
+            .collect();
+        let mut offs = Vec::with_capacity(tensors.len());
+        let mut size = 0usize;
+        for t in &tensors {
+            offs.push(size);
+            // SAFETY: valid tensor header.
+            size += align_up(
+                unsafe { crate::sys::ggml_backend_buft_get_alloc_size(buft, t.raw()) },
+                align,
+            );
+        }
+        let resident = Buffer::alloc(buft, size, BufferUsage::Weights)?;
+        // zero the padding quantized kernels may read past a row
+        resident.clear(0);
+        let mut bindings = Vec::with_capacity(tensors.len());
+        for ((t, w), off) in tensors.iter().zip(&resident_specs).zip(&offs) {
+            resident.place(*t, *off)?;
+            t.set_bytes(file.bytes(w), 0)?;
+            bar.inc(w.size);
+            // SAFETY: t was just placed.
+            bindings.push(Binding {
+                data: unsafe { (*t.raw()).data },
+                buffer: resident.raw(),
+            });
+        }
+        let mut it = bindings.into_iter();
+        let head: Vec<Binding> = it.by_ref().take(2).collect();
+        let rope_freqs = if spec.rope_freqs.is_some() {
+            it.next()
+        } else {
+            None
+        };
+
+        // streamed: pinned host extents with the slot layout
+        let streamed_bytes: usize = spec
+            .groups
+            .iter()
+            .zip(&plan.resident)
+            .zip(&layouts)
+            .filter(|((_, r), _)| !**r)
+            .map(|(_, l)| l.bytes)
+            .sum();
+        let (pinned, pinned_is_pinned) = if streamed_bytes > 0 {
+            let (hbuft, real) = match dev.host_buffer_type() {
+                Some(h) if !dev.is_cpu() => (h, true),
+                // the CPU device computes from host memory directly
+                _ => (crate::ggml::cpu_device()?.buffer_type(), dev.is_cpu()),
+            };
+            let b = Buffer::alloc(hbuft, streamed_bytes, BufferUsage::Weights)?;
+            // ggml falls back to pageable memory silently when pinning fails
+            let really = real && (dev.is_cpu() || b.name().contains("Host"));
+            if !really {
+                tracing::warn!(
+                    "pinned host allocation of {streamed_bytes} bytes fell back to pageable memory ({}); uploads will be slow and synchronous",
+                    b.name()
+                );
+                eprintln!("warning: host memory for streamed weights is NOT pinned ({}); copies will be slow", b.name());
+            }
+            (Some(b), really)
+        } else {
+            (None, true)
+        };
+        let mut groups = Vec::with_capacity(spec.groups.len());
+        let mut res_iter = it;
+        let mut host = 0usize;
+        for ((g, r), l) in spec.groups.iter().zip(&plan.resident).zip(&layouts) {
+            if *r {
+                groups.push(Location::Resident(
+                    res_iter.by_ref().take(g.weights.len()).collect(),
+                ));
+                continue;
+            }
+            let p = pinned
+                .as_ref()
+                .expect("pinned buffer exists when groups stream");
+            // SAFETY: [host, host + l.bytes) lies inside the pinned buffer
+            // (sized as the sum of streamed extents); nothing else uses it yet.
+            let dst = unsafe { std::slice::from_raw_parts_mut(p.base().add(host), l.bytes) };
+            dst.fill(0);
+            for (w, off) in g.weights.iter().zip(&l.offsets) {
+                let src = file.bytes(w);
+                dst[*off..*off + src.len()].copy_from_slice(src);
+                bar.inc(w.size);
+            }
+            groups.push(Location::Streamed {
+                ring: usize::from(g.kind == GroupKind::Ffn),
+                host,
+            });
+            host += l.bytes;
+        }
+        bar.finish_and_clear();
+
+        let mut rings: [Option<RingBuffers>; 2] = [None, None];
+        for (ri, kind) in [GroupKind::Attn, GroupKind::Ffn].into_iter().enumerate() {
+            let n_slots = if ri == 0 { plan.slots.0 } else { plan.slots.1 };
+            if n_slots == 0 {
+                continue;
+            }
+            let slot_bytes = spec
+                .groups
+                .iter()
+                .zip(&layouts)
+                .filter(|(g, _)| g.kind == kind)
+                .map(|(_, l)| l.bytes)
+                .max()
+                .unwrap_or(0);
+            let rctx = Context::new(n_slots + 1, 0)?;
+            let mut slots = Vec::new();
+            let mut ts = Vec::new();
+            for _ in 0..n_slots {
+                // COMPUTE usage: padding past rows stays zeroed / harmless
+                let b = Buffer::alloc(buft, slot_bytes, BufferUsage::Compute)?;
+                b.clear(0);
+                let t = rctx
+                    .new_tensor(crate::gguf::GgmlType::I8, &[slot_bytes as i64])
+                    .named("slot");
+                b.place(t, 0)?;
+                ts.push(std::ptr::NonNull::new(t.raw()).ok_or(GgmlError::ContextAlloc(0))?);
+                slots.push(b);
+            }
+            rings[ri] = Some(RingBuffers {
+                slot_bytes,
+                slots,
+                ctx: rctx,
+                tensors: ts,
+            });
+        }
+        drop(tensors);
+        Ok(WeightStore {
+            groups,
+            layouts,
+            head,
+            rope_freqs,
+            resident_bytes: size as u64,
+            pinned_bytes: streamed_bytes as u64,
+            pinned_is_pinned,
+            pinned,
+            rings,
+            _ctx: ctx,
+            _resident: resident,
+        })
+    }
+
+    /// The pinned extent of a streamed group.
+    pub fn host_extent(&self, gi: usize) -> &[u8] {
+        match (&self.groups[gi], &self.pinned) {
+            (Location::Streamed { host, .. }, Some(p)) => {
+                // SAFETY: the extent lies inside the pinned buffer; it is only
+                // written at load time.
+                unsafe { std::slice::from_raw_parts(p.base().add(*host), self.layouts[gi].bytes) }
+            }
+            _ => &[],
+        }
+    }
+
+    /// Bindings of group `gi` placed in slot `s` of its ring.
+    pub fn slot_bindings(&self, gi: usize, ring: usize, s: usize) -> Vec<Binding> {
+        let r = self.rings[ring]
+            .as_ref()
+            .expect("ring exists for a streamed group");
+        let b = &r.slots[s];
+        self.layouts[gi]
+            .offsets
+            .iter()
+            // SAFETY: offsets lie inside the slot (slot_bytes is the max extent).
+            .map(|&o| Binding {
+                data: unsafe { b.base().add(o) }.cast(),
+                buffer: b.raw(),
+            })
+            .collect()
+    }
+}

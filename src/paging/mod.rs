@@ -1,0 +1,57 @@
+//! Paging and placement: deciding which layer groups live on the GPU, and
+//! streaming the others through a small ring of slots while earlier groups
+//! compute. Plain Rust (no FFI); the engine executes what these decide.
+
+mod plan;
+mod ring;
+
+pub use plan::{plan, GroupInfo, Plan, PlanError, PlanInput};
+pub use ring::{simulate, Op, SlotRing, SlotState, Violation};
+
+/// Parses a size like "12G", "512M", "1.5GiB", "4096" (bytes). K/M/G/T are
+/// binary multiples (KiB, MiB, ...), as GPU memory is reported.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 12G, 512M, 4096)"))?;
+    let mult: u64 = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "'{s}': unknown size unit '{unit}' (use K, M, G or T)"
+            ))
+        }
+    };
+    if !x.is_finite() || x < 0.0 {
+        return Err(format!("'{s}' is not a size"));
+    }
+    Ok((x * mult as f64) as u64)
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("12G"), Ok(12 << 30));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+}

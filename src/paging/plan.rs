@@ -1,0 +1,257 @@
+//! Placement: which layer groups stay on the GPU, how many slots the rest
+//! stream through, and how far ahead uploads run. Plain Rust.
+//!
+//! The floor of a step is max(bytes streamed / copy bandwidth, compute time):
+//! with enough slots and prefetch the copies hide under compute or the
+//! compute hides under the copies, never less than that.
+
+use crate::model::GroupKind;
+
+/// What the planner knows about one layer group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupInfo {
+    pub kind: GroupKind,
+    /// Bytes the group occupies in a slot (device alloc sizes, padded).
+    pub bytes: u64,
+}
+
+/// Inputs of a placement decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanInput {
+    pub groups: Vec<GroupInfo>,
+    /// Bytes that must be on the device whatever happens: output head,
+    /// KV cache, persistent tensors, activations.
+    pub fixed_bytes: u64,
+    /// Total device budget (None: everything that fits stays resident).
+    pub budget: Option<u64>,
+    /// Measured host-to-device copy bandwidth, bytes/s.
+    pub copy_bw: f64,
+    /// Measured (or estimated) compute seconds per step, all groups.
+    pub compute_s: f64,
+    /// Slots per kind when streaming (>= 2 so copy and compute overlap).
+    pub slots: usize,
+    /// Stream every group, whatever the budget (tests, benchmarks).
+    pub stream_all: bool,
+}
+
+/// A placement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub resident: Vec<bool>,
+    /// Slots of each kind: (attn, ffn); 0 when nothing of that kind streams.
+    pub slots: (usize, usize),
+    /// Uploads in flight ahead of the group computing.
+    pub prefetch: usize,
+    pub resident_bytes: u64,
+    pub slot_bytes: u64,
+    pub streamed_bytes_per_step: u64,
+    pub fixed_bytes: u64,
+    pub predicted_copy_s: f64,
+    pub predicted_compute_s: f64,
+}
+
+impl Plan {
+    /// The floor of one step: copies and compute overlap perfectly.
+    pub fn floor_s(&self) -> f64 {
+        self.predicted_copy_s.max(self.predicted_compute_s)
+    }
+    pub fn n_streamed(&self) -> usize {
+        self.resident.iter().filter(|r| !**r).count()
+    }
+    pub fn device_bytes(&self) -> u64 {
+        self.fixed_bytes + self.resident_bytes + self.slot_bytes
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error("GPU budget {budget} bytes is below the working minimum of {minimum} bytes (fixed {fixed} + {slots} slots per group kind); raise --gpu-budget to at least {minimum_gib:.2} GiB")]
+    BudgetTooSmall {
+        budget: u64,
+        minimum: u64,
+        fixed: u64,
+        slots: usize,
+        minimum_gib: f64,
+    },
+    #[error("the model has no layer groups")]
+    Empty,
+}
+
+fn max_bytes(groups: &[GroupInfo], kind: GroupKind) -> u64 {
+    groups
+        .iter()
+        .filter(|g| g.kind == kind)
+        .map(|g| g.bytes)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Chooses the placement. Groups are kept resident from the first layer on
+/// (streamed groups are then one run at the end, which keeps the ring
+/// simple); everything else streams through `slots` slots per kind.
+pub fn plan(inp: &PlanInput) -> Result<Plan, PlanError> {
+    if inp.groups.is_empty() {
+        return Err(PlanError::Empty);
+    }
+    let total: u64 = inp.groups.iter().map(|g| g.bytes).sum();
+    let slots = inp.slots.max(2);
+    let ring = slots as u64
+        * (max_bytes(&inp.groups, GroupKind::Attn) + max_bytes(&inp.groups, GroupKind::Ffn));
+    let budget = inp.budget.unwrap_or(u64::MAX);
+    let mut resident = vec![true; inp.groups.len()];
+    let mut resident_bytes = total;
+    let mut slot_bytes = 0;
+    if inp.stream_all || inp.fixed_bytes.saturating_add(total) > budget {
+        let minimum = inp.fixed_bytes + ring;
+        if budget < minimum {
+            return Err(PlanError::BudgetTooSmall {
+                budget,
+                minimum,
+                fixed: inp.fixed_bytes,
+                slots,
+                minimum_gib: minimum as f64 / (1u64 << 30) as f64,
+            });
+        }
+        // fill what is left after the ring with groups, first layers first
+        let mut room = budget - minimum;
+        resident_bytes = 0;
+        for (i, g) in inp.groups.iter().enumerate() {
+            let fits = !inp.stream_all && g.bytes <= room && resident[..i].iter().all(|&r| r);
+            resident[i] = fits;
+            if fits {
+                room -= g.bytes;
+                resident_bytes += g.bytes;
+            }
+        }
+        slot_bytes = ring;
+    }
+    let streamed: u64 = inp
+        .groups
+        .iter()
+        .zip(&resident)
+        .filter(|(_, r)| !**r)
+        .map(|(g, _)| g.bytes)
+        .sum();
+    let kind_streams = |k| {
+        inp.groups
+            .iter()
+            .zip(&resident)
+            .any(|(g, r)| !*r && g.kind == k)
+    };
+    let slots_of = |k| if kind_streams(k) { slots } else { 0 };
+    Ok(Plan {
+        slots: (slots_of(GroupKind::Attn), slots_of(GroupKind::Ffn)),
+        prefetch: slots - 1,
+        resident,
+        resident_bytes,
+        slot_bytes,
+        streamed_bytes_per_step: streamed,
+        fixed_bytes: inp.fixed_bytes,
+        predicted_copy_s: streamed as f64 / inp.copy_bw.max(1.0),
+        predicted_compute_s: inp.compute_s,
+    })
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "plan: {} of {} groups resident ({:.1} MiB), {} streamed through {}+{} slots ({:.1} MiB), prefetch {}, fixed {:.1} MiB; \
+             streamed {:.1} MiB/step, predicted copy {:.2} ms, compute {:.2} ms, floor {:.2} ms/step",
+            self.resident.len() - self.n_streamed(),
+            self.resident.len(),
+            mib(self.resident_bytes),
+            self.n_streamed(),
+            self.slots.0,
+            self.slots.1,
+            mib(self.slot_bytes),
+            self.prefetch,
+            mib(self.fixed_bytes),
+            mib(self.streamed_bytes_per_step),
+            self.predicted_copy_s * 1e3,
+            self.predicted_compute_s * 1e3,
+            self.floor_s() * 1e3
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn groups(n_layers: usize, a: u64, f: u64) -> Vec<GroupInfo> {
+        (0..n_layers)
+            .flat_map(|_| {
+                [
+                    GroupInfo {
+                        kind: GroupKind::Attn,
+                        bytes: a,
+                    },
+                    GroupInfo {
+                        kind: GroupKind::Ffn,
+                        bytes: f,
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    fn input(budget: Option<u64>) -> PlanInput {
+        PlanInput {
+            groups: groups(4, 10, 30),
+            fixed_bytes: 5,
+            budget,
+            copy_bw: 100.0,
+            compute_s: 0.5,
+            slots: 2,
+            stream_all: false,
+        }
+    }
+
+    #[test]
+    fn no_budget_keeps_everything() {
+        let p = plan(&input(None)).unwrap();
+        assert!(p.resident.iter().all(|&r| r));
+        assert_eq!(p.streamed_bytes_per_step, 0);
+        assert_eq!(p.slots, (0, 0));
+    }
+
+    #[test]
+    fn minimum_budget_streams_everything() {
+        // fixed 5 + 2 slots * (10 + 30)
+        let p = plan(&input(Some(85))).unwrap();
+        assert_eq!(p.n_streamed(), 8);
+        assert_eq!(p.streamed_bytes_per_step, 160);
+        assert!((p.floor_s() - 1.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn too_small_names_the_minimum() {
+        let e = plan(&input(Some(84))).unwrap_err();
+        assert!(matches!(e, PlanError::BudgetTooSmall { minimum: 85, .. }));
+        assert!(e.to_string().contains("85 bytes"));
+    }
+
+    proptest! {
+        #[test]
+        fn plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, slots in 2usize..5) {
+            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots, stream_all: false };
+            match plan(&inp) {
+                Ok(p) => {
+                    prop_assert!(p.device_bytes() <= budget);
+                    let r: u64 = inp.groups.iter().zip(&p.resident).filter(|(_, r)| **r).map(|(g, _)| g.bytes).sum();
+                    prop_assert_eq!(r, p.resident_bytes);
+                    prop_assert_eq!(r + p.streamed_bytes_per_step, inp.groups.iter().map(|g| g.bytes).sum::<u64>());
+                    if p.n_streamed() > 0 { prop_assert!(p.prefetch >= 1 && p.prefetch < slots); }
+                    // resident groups form a prefix
+                    let first_streamed = p.resident.iter().position(|r| !r).unwrap_or(p.resident.len());
+                    prop_assert!(p.resident[first_streamed..].iter().all(|r| !r));
+                }
+                Err(PlanError::BudgetTooSmall { minimum, .. }) => prop_assert!(budget < minimum),
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! The slot ring and its residency state machine, plain Rust.
+//!
+//! Streamed groups of a step are numbered 0..n in compute order; upload j
+//! goes to slot (base + j) mod S. The ring emits the operations the engine
+//! enqueues on two streams, in host order:
+//!
+//! copy stream:    [wait free(s)] upload j -> s, record loaded(s)
+//! compute stream: wait loaded(s), compute j on s, [poison s], record free(s)
+//!
+//! Before compute j, uploads up to j + depth are issued (depth < S, so an
+//! upload never targets the slot of a group still waiting to compute). The
+//! compute stream waits `loaded(s)`, so a group is only read once its copy
+//! completed; a copy into s waits `free(s)`, so a slot is only overwritten
+//! after the computation that reads it finished. `simulate` checks both for
+//! any interleaving of the two streams, and that no interleaving deadlocks.
+
+/// Host-side state of a slot (what has been enqueued, not what completed:
+/// completion is enforced on the device by the event waits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    Empty,
+    /// Copy of streamed group `j` enqueued, loaded(s) recorded after it.
+    Uploading(usize),
+    /// Copy of `j` known complete (synchronous copy path).
+    Resident(usize),
+    /// Computation of `j` enqueued after waiting loaded(s).
+    InUse(usize),
+    /// Computation of `j` enqueued and free(s) recorded: may be overwritten
+    /// by a copy that first waits free(s).
+    Evictable(usize),
+}
+
+/// One operation on a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Copy stream waits the last recorded free(slot).
+    WaitFree(usize),
+    /// Debug: fill a slot with NaN once its reader finished, so a read
+    /// before the next upload completes shows in the output.
+    Poison(usize),
+    /// Copy the upload numbered `j` (counted over all steps; see
+    /// [`SlotRing::local`]) into `slot`.
+    Upload {
+        j: usize,
+        slot: usize,
+    },
+    RecordLoaded(usize),
+    /// Compute stream waits the last recorded loaded(slot).
+    WaitLoaded(usize),
+    Compute {
+        j: usize,
+        slot: usize,
+    },
+    RecordFree(usize),
+}
+
+impl Op {
+    pub fn on_copy_stream(&self) -> bool {
+        matches!(
+            self,
+            Op::WaitFree(_) | Op::Upload { .. } | Op::RecordLoaded(_)
+        )
+    }
+}
+
+/// A ring of `slots` slots with uploads `depth` ahead of compute.
+#[derive(Clone, Debug)]
+pub struct SlotRing {
+    slots: usize,
+    depth: usize,
+    /// Global upload counter at the start of this step.
+    base: usize,
+    /// Streamed groups in this step.
+    n: usize,
+    /// Uploads issued in this step.
+    issued: usize,
+    state: Vec<SlotState>,
+    ever_freed: Vec<bool>,
+    pub poison: bool,
+    /// Debug fault: computations do not wait for their upload.
+    pub skip_load_wait: bool,
+}
+
+impl SlotRing {
+    /// `depth` is clamped to 1..slots-1 (slots >= 2).
+    pub fn new(slots: usize, depth: usize) -> SlotRing {
+        let slots = slots.max(2);
+        SlotRing {
+            slots,
+            depth: depth.clamp(1, slots - 1),
+            base: 0,
+            n: 0,
+            issued: 0,
+            state: vec![SlotState::Empty; slots],
+            ever_freed: vec![false; slots],
+            poison: false,
+            skip_load_wait: false,
+        }
+    }
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+    pub fn state(&self, slot: usize) -> SlotState {
+        self.state[slot]
+    }
+    /// Slot of streamed group `j` of the current step.
+    pub fn slot_of(&self, j: usize) -> usize {
+        (self.base + j) % self.slots
+    }
+
+    /// The streamed group (index within the current step) of an op's `j`.
+    pub fn local(&self, j: usize) -> usize {
+        j - self.base
+    }
+
+    /// Starts a step with `n` streamed groups.
+    pub fn begin_step(&mut self, n: usize) {
+        self.base += self.issued;
+        self.n = n;
+        self.issued = 0;
+    }
+
+    fn upload_ops(&mut self, j: usize, ops: &mut Vec<Op>) {
+        let slot = self.slot_of(j);
+        if self.ever_freed[slot] {
+            ops.push(Op::WaitFree(slot));
+        }
+        ops.push(Op::Upload {
+            j: self.base + j,
+            slot,
+        });
+        ops.push(Op::RecordLoaded(slot));
+        self.state[slot] = SlotState::Uploading(j);
+    }
+
+    /// Operations to enqueue before computing streamed group `j`.
+    pub fn before_compute(&mut self, j: usize) -> Vec<Op> {
+        assert!(
+            j < self.n && j <= self.issued,
+            "groups must compute in order"
+        );
+        let mut ops = Vec::new();
+        let last = (j + self.depth).min(self.n - 1);
+        while self.issued <= last {
+            let k = self.issued;
+            self.upload_ops(k, &mut ops);
+            self.issued += 1;
+        }
+        let slot = self.slot_of(j);
+        if !self.skip_load_wait {
+            ops.push(Op::WaitLoaded(slot));
+        }
+        ops.push(Op::Compute {
+            j: self.base + j,
+            slot,
+        });
+        self.state[slot] = SlotState::InUse(j);
+        ops
+    }
+
+    /// Operations to enqueue after computing streamed group `j`.
+    pub fn after_compute(&mut self, j: usize) -> Vec<Op> {
+        let slot = self.slot_of(j);
+        self.ever_freed[slot] = true;
+        self.state[slot] = SlotState::Evictable(j);
+        if self.poison {
+            vec![Op::Poison(slot), Op::RecordFree(slot)]
+        } else {
+            vec![Op::RecordFree(slot)]
+        }
+    }
+
+    /// Marks a copy as complete (synchronous copy path, or after waiting
+    /// its loaded event on the host).
+    pub fn mark_resident(&mut self, slot: usize) {
+        if let SlotState::Uploading(j) = self.state[slot] {
+            self.state[slot] = SlotState::Resident(j);
+        }
+    }
+}
+
+/// A violation found by [`simulate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// Group j computed from a slot that did not hold its completed copy.
+    EarlyRead {
+        j: usize,
+        slot: usize,
+    },
+    /// A copy overwrote a slot whose reader had not computed yet.
+    Overwrite {
+        j: usize,
+        slot: usize,
+    },
+    Deadlock,
+}
+
+/// Executes host-ordered `ops` on two FIFO streams with CUDA event
+/// semantics (a wait covers the records enqueued before it), choosing which
+/// stream advances from `choices` (cycled). Returns the first violation.
+pub fn simulate(ops: &[Op], slots: usize, choices: &[bool]) -> Result<(), Violation> {
+    #[derive(Clone, Copy)]
+    enum Q {
+        Op(Op),
+        Wait {
+            loaded: bool,
+            slot: usize,
+            gen: usize,
+        },
+    }
+    let (mut copy, mut comp): (Vec<Q>, Vec<Q>) = (Vec::new(), Vec::new());
+    let mut rec_loaded = vec![0usize; slots];
+    let mut rec_free = vec![0usize; slots];
+    // pending computations per slot, in enqueue order
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); slots];
+    for op in ops {
+        let q = match *op {
+            Op::WaitFree(s) => Q::Wait {
+                loaded: false,
+                slot: s,
+                gen: rec_free[s],
+            },
+            Op::WaitLoaded(s) => Q::Wait {
+                loaded: true,
+                slot: s,
+                gen: rec_loaded[s],
+            },
+            Op::RecordLoaded(s) => {
+                rec_loaded[s] += 1;
+                Q::Op(*op)
+            }
+            Op::RecordFree(s) => {
+                rec_free[s] += 1;
+                Q::Op(*op)
+            }
+            Op::Compute { j, slot } => {
+                readers[slot].push(j);
+                Q::Op(*op)
+            }
+            other => Q::Op(other),
+        };
+        if op.on_copy_stream() {
+            copy.push(q);
+        } else {
+            comp.push(q);
+        }
+    }
+    let (mut done_loaded, mut done_free) = (vec![0usize; slots], vec![0usize; slots]);
+    let mut content: Vec<Option<usize>> = vec![None; slots];
+    let mut complete: Vec<bool> = vec![false; slots];
+    let (mut ci, mut pi) = (0usize, 0usize);
+    let mut step = 0usize;
+    let ready = |q: &Q, dl: &[usize], df: &[usize]| match *q {
+        Q::Wait {
+            loaded: true,
+            slot,
+            gen,
+        } => dl[slot] >= gen,
+        Q::Wait {
+            loaded: false,
+            slot,
+            gen,
+        } => df[slot] >= gen,
+        Q::Op(_) => true,
+    };
+    while ci < copy.len() || pi < comp.len() {
+        let c_ok = ci < copy.len() && ready(&copy[ci], &done_loaded, &done_free);
+        let p_ok = pi < comp.len() && ready(&comp[pi], &done_loaded, &done_free);
+        let pick_copy = match (c_ok, p_ok) {
+            (false, false) => return Err(Violation::Deadlock),
+            (true, false) => true,
+            (false, true) => false,
+            (true, true) => choices
+                .get(step % choices.len().max(1))
+                .copied()
+                .unwrap_or(true),
+        };
+        step += 1;
+        let q = if pick_copy {
+            ci += 1;
+            copy[ci - 1]
+        } else {
+            pi += 1;
+            comp[pi - 1]
+        };
+        match q {
+            Q::Wait { .. } => {}
+            Q::Op(Op::Poison(s)) => {
+                content[s] = None;
+                complete[s] = false;
+            }
+            Q::Op(Op::Upload { j, slot }) => {
+                if readers[slot].iter().any(|&r| r < j) {
+                    return Err(Violation::Overwrite { j, slot });
+                }
+                content[slot] = Some(j);
+                complete[slot] = false;
+            }
+            Q::Op(Op::RecordLoaded(s)) => {
+                complete[s] = true;
+                done_loaded[s] += 1;
+            }
+            Q::Op(Op::Compute { j, slot }) => {
+                if content[slot] != Some(j) || !complete[slot] {
+                    return Err(Violation::EarlyRead { j, slot });
+                }
+                readers[slot].retain(|&r| r != j);
+            }
+            Q::Op(Op::RecordFree(s)) => done_free[s] += 1,
+            Q::Op(_) => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn schedule(ring: &mut SlotRing, steps: &[usize]) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for &n in steps {
+            ring.begin_step(n);
+            for j in 0..n {
+                ops.extend(ring.before_compute(j));
+                ops.extend(ring.after_compute(j));
+            }
+        }
+        ops
+    }
+
+    #[test]
+    fn uploads_run_depth_ahead() {
+        let mut r = SlotRing::new(3, 2);
+        r.begin_step(5);
+        let ops = r.before_compute(0);
+        let uploads: Vec<_> = ops
+            .iter()
+            .filter(|o| matches!(o, Op::Upload { .. }))
+            .collect();
+        assert_eq!(uploads.len(), 3);
+        assert_eq!(r.state(2), SlotState::Uploading(2));
+        assert_eq!(r.state(0), SlotState::InUse(0));
+        r.after_compute(0);
+        assert_eq!(r.state(0), SlotState::Evictable(0));
+        let ops = r.before_compute(1);
+        assert_eq!(
+            ops[0],
+            Op::WaitFree(0),
+            "slot 0 is reused only after its free event"
+        );
+    }
+
+    #[test]
+    fn simulator_catches_a_missing_load_wait() {
+        let mut r = SlotRing::new(2, 1);
+        r.skip_load_wait = true;
+        let ops = schedule(&mut r, &[4]);
+        // the compute stream runs ahead of the copy stream
+        assert!(matches!(
+            simulate(&ops, 2, &[false]),
+            Err(Violation::EarlyRead { .. })
+        ));
+    }
+
+    #[test]
+    fn simulator_catches_a_missing_free_wait() {
+        let mut r = SlotRing::new(2, 1);
+        let ops: Vec<Op> = schedule(&mut r, &[4])
+            .into_iter()
+            .filter(|o| !matches!(o, Op::WaitFree(_)))
+            .collect();
+        assert!(matches!(
+            simulate(&ops, 2, &[true]),
+            Err(Violation::Overwrite { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn any_interleaving_is_safe_and_live(
+            slots in 2usize..6,
+            depth in 1usize..6,
+            steps in proptest::collection::vec(1usize..12, 1..4),
+            poison in any::<bool>(),
+            choices in proptest::collection::vec(any::<bool>(), 1..64),
+        ) {
+            let mut r = SlotRing::new(slots, depth);
+            r.poison = poison;
+            prop_assert!(r.depth() < r.slots());
+            let ops = schedule(&mut r, &steps);
+            prop_assert_eq!(simulate(&ops, r.slots(), &choices), Ok(()));
+        }
+    }
+}

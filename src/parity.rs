@@ -1,0 +1,115 @@
+//! Side-by-side runs of strata and llama.cpp on the same prompt: greedy
+//! continuations with the logits of every position. Used by `strata check`
+//! (on any device) and the parity tests.
+
+use crate::engine::{BatchToken, Engine, EngineError};
+use crate::llama::{LlamaError, Reference};
+
+/// Greedy tokens and the logits that chose them (prompt positions first).
+#[derive(Clone, Debug, Default)]
+pub struct Run {
+    pub tokens: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    crate::sample::argmax(v).unwrap_or(0)
+}
+
+/// strata: all prompt positions' logits, then `n_gen` greedy tokens.
+pub fn run_strata(e: &mut Engine, prompt: &[u32], n_gen: usize) -> Result<Run, EngineError> {
+    e.clear();
+    let nv = e.n_vocab() as usize;
+    let batch: Vec<_> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchToken {
+            token: t,
+            pos: i as i32,
+            seq: 0,
+            logits: true,
+        })
+        .collect();
+    let mut run = Run {
+        tokens: Vec::new(),
+        logits: e.decode(&batch)?.chunks(nv).map(|c| c.to_vec()).collect(),
+    };
+    for step in 0..n_gen {
+        let t = argmax(run.logits.last().map_or(&[][..], |v| v));
+        run.tokens.push(t);
+        if step + 1 == n_gen {
+            break;
+        }
+        let pos = (prompt.len() + step) as i32;
+        run.logits.push(e.decode(&[BatchToken {
+            token: t,
+            pos,
+            seq: 0,
+            logits: true,
+        }])?);
+    }
+    Ok(run)
+}
+
+/// llama.cpp: the same, through libllama.
+pub fn run_reference(
+    r: &mut Reference,
+    prompt: &[u32],
+    n_gen: usize,
+    n_vocab: usize,
+) -> Result<Run, LlamaError> {
+    r.clear();
+    let batch: Vec<_> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (t, i as i32, 0, true))
+        .collect();
+    let mut run = Run {
+        tokens: Vec::new(),
+        logits: r
+            .decode(&batch)?
+            .chunks(n_vocab)
+            .map(|c| c.to_vec())
+            .collect(),
+    };
+    for step in 0..n_gen {
+        let t = argmax(run.logits.last().map_or(&[][..], |v| v));
+        run.tokens.push(t);
+        if step + 1 == n_gen {
+            break;
+        }
+        run.logits
+            .push(r.decode(&[(t, (prompt.len() + step) as i32, 0, true)])?);
+    }
+    Ok(run)
+}
+
+/// Normalized mean squared error of `a` against reference `b`.
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    num / den.max(1e-30)
+}
+
+/// Worst per-position NMSE, and the first step where greedy tokens differ.
+pub fn compare(a: &Run, b: &Run) -> (f64, Option<usize>) {
+    let worst = a
+        .logits
+        .iter()
+        .zip(&b.logits)
+        .map(|(x, y)| nmse(x, y))
+        .fold(0.0, f64::max);
+    let worst = if a.logits.len() != b.logits.len() {
+        f64::INFINITY
+    } else {
+        worst
+    };
+    let first_diff = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y);
+    (worst, first_diff)
+}
