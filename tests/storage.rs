@@ -162,7 +162,9 @@ fn a_file_truncated_after_open_stops_the_reader() {
                 size_now,
                 ..
             } => {
-                assert_eq!((offset, size_at_open, size_now), (2 << 20, SIZE, 1 << 20));
+                // Chunks run in parallel: any of them may hit the end first.
+                assert!((2 << 20..(2 << 20) + 100_000).contains(&offset), "{offset}");
+                assert_eq!((size_at_open, size_now), (SIZE, 1 << 20));
             }
             e => panic!("{backend:?}: expected Truncated, got {e}"),
         }

@@ -132,7 +132,7 @@ fn simulated_truncation_is_reported_as_shrinking() {
                 size_now,
                 ..
             } => {
-                assert!(offset <= 2 * CHUNK + 100 && offset >= 2 * CHUNK, "{offset}");
+                assert!((2 * CHUNK..=2 * CHUNK + 100).contains(&offset), "{offset}");
                 assert_eq!((need_end, size_now), (3 * CHUNK, 2 * CHUNK + 100));
             }
             e => panic!("{b:?}: expected Truncated, got {e}"),

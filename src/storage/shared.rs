@@ -262,8 +262,11 @@ impl Shared {
         match step {
             Step::Done => c.read.finish_chunk(Ok(())),
             Step::Failed(e) => {
-                self.stop(e.clone());
-                c.read.finish_chunk(Err(e));
+                // Record the error before stopping, so that chunks of this
+                // read cancelled by the stop cannot report first.
+                c.read.cancel(e.clone());
+                self.stop(e);
+                c.read.finish_chunk(Ok(()));
             }
             Step::Again => unreachable!("finish called with Step::Again"),
         }

@@ -52,10 +52,16 @@ impl ReadState {
         self.cancelled.load(Ordering::Acquire)
     }
 
-    /// Stops the chunks not yet issued; the first error is what `wait` says.
+    /// Stops the chunks not yet issued. `wait` reports the first real error,
+    /// else the first cancellation.
     pub fn cancel(&self, why: StorageError) {
         let mut e = lock(&self.error);
-        if e.is_none() {
+        let replace = match &*e {
+            None => true,
+            Some(StorageError::Cancelled { .. }) => !matches!(why, StorageError::Cancelled { .. }),
+            Some(_) => false,
+        };
+        if replace {
             *e = Some(why);
         }
         self.cancelled.store(true, Ordering::Release);
@@ -211,10 +217,14 @@ impl CompletedRead {
         self.data_offsets[i]
     }
 
-    /// The wanted bytes of request `i`.
+    /// The wanted bytes of request `i` (empty for an empty request, whose
+    /// offset may lie past a buffer sized for its empty window).
     pub fn data(&self, i: usize) -> &[u8] {
-        let o = self.data_offsets[i];
-        &self.buf[o..o + self.data_lens[i]]
+        let (o, n) = (self.data_offsets[i], self.data_lens[i]);
+        if n == 0 {
+            return &[];
+        }
+        &self.buf[o..o + n]
     }
 
     pub fn buf(&self) -> &AlignedBuf {
