@@ -31,11 +31,23 @@ fn extents_match_the_file_on_every_backend() {
         (12_345, 0),
     ];
     for backend in backends(&path) {
-        let r = Reader::open(&path, small_cfg(backend)).unwrap();
-        assert_eq!(r.backend(), backend);
-        for &(off, len) in &cases {
-            let got = read_one(&r, off, len).unwrap();
-            assert!(got == expected(off, len), "{backend:?} {off}+{len}");
+        // direct: false is the path taken where O_DIRECT is refused.
+        for direct in [true, false] {
+            let cfg = ReaderConfig {
+                direct,
+                ..small_cfg(backend)
+            };
+            let r = Reader::open(&path, cfg).unwrap();
+            assert_eq!(r.backend(), backend);
+            if direct {
+                direct_or_skip(&r);
+            } else {
+                assert!(!r.is_direct());
+            }
+            for &(off, len) in &cases {
+                let got = read_one(&r, off, len).unwrap();
+                assert!(got == expected(off, len), "{backend:?} {off}+{len}");
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compares the SSD-tier reader with fio on the same file: O_DIRECT
 # sequential reads at the same queue depth and chunk size, alternating
-# ROUNDS times, best of each. Prints both figures and reader/fio (target
+# ROUNDS times; prints the best and median of each and reader/fio (target
 # >= 0.90, issue 6).
 #
 #   tools/fio-compare.sh FILE            # QD=8 BS=1M ROUNDS=3 WORKERS=1
@@ -48,22 +48,30 @@ reader_gbps() {
     --backend "$BACKEND" | awk '/^pass/ {print > "/dev/stderr"} /^GBPS/ {print $2}'
 }
 
-best_fio=0
-best_reader=0
-max() { awk -v a="$1" -v b="$2" 'BEGIN {print (a > b) ? a : b}'; }
+fio_all=()
+reader_all=()
 for r in $(seq 1 "$ROUNDS"); do
   f=$(fio_gbps)
   g=$(reader_gbps)
   printf 'round %d: fio %.3f GB/s, reader %.3f GB/s\n' "$r" "$f" "$g"
-  best_fio=$(max "$best_fio" "$f")
-  best_reader=$(max "$best_reader" "$g")
+  fio_all+=("$f")
+  reader_all+=("$g")
 done
 
+# best and median of a list of numbers
+stats() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {
+  m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+  printf "%.3f %.3f\n", v[NR], m }'; }
+read -r fio_best fio_med < <(stats "${fio_all[@]}")
+read -r rd_best rd_med < <(stats "${reader_all[@]}")
+
 size=$(stat -c %s "$FILE")
-echo "file: $FILE ($size bytes), O_DIRECT sequential read, qd $QD, chunk $BS, best of $ROUNDS"
-printf 'fio    (%s, 1 job):       %.3f GB/s\n' "$ENGINE" "$best_fio"
-printf 'reader (%s, %s worker(s)): %.3f GB/s\n' "$BACKEND" "$WORKERS" "$best_reader"
-awk -v g="$best_reader" -v f="$best_fio" 'BEGIN {
-  r = (f > 0) ? g / f : 0
-  printf "ratio reader/fio: %.3f (target >= 0.90): %s\n", r, (r >= 0.9) ? "ok" : "BELOW TARGET"
+echo "file: $FILE ($size bytes), O_DIRECT sequential read, qd $QD, chunk $BS, $ROUNDS rounds"
+echo "fio    ($ENGINE, 1 job):        best $fio_best GB/s, median $fio_med GB/s"
+echo "reader ($BACKEND, $WORKERS worker(s)): best $rd_best GB/s, median $rd_med GB/s"
+awk -v gb="$rd_best" -v fb="$fio_best" -v gm="$rd_med" -v fm="$fio_med" 'BEGIN {
+  rb = (fb > 0) ? gb / fb : 0
+  rm = (fm > 0) ? gm / fm : 0
+  printf "ratio reader/fio: best %.3f, median %.3f (target >= 0.90): %s\n", rb, rm,
+    (rb >= 0.9 && rm >= 0.9) ? "ok" : "BELOW TARGET"
 }'

@@ -12,6 +12,7 @@
 mod buffers;
 mod pager;
 mod store;
+pub mod timeline;
 
 pub use pager::PagerStats;
 pub use store::{GroupLayout, Location, ModelFile, WeightStore};
@@ -135,6 +136,7 @@ pub struct Engine {
     embd: Vec<f32>,
     mask: Vec<u16>,
     pub last_step: StepStats,
+    timeline: Option<timeline::Timeline>,
 }
 
 impl Engine {
@@ -214,6 +216,7 @@ impl Engine {
             embd: Vec::new(),
             mask: Vec::new(),
             last_step: StepStats::default(),
+            timeline: None,
         })
     }
 
@@ -265,6 +268,17 @@ impl Engine {
                 "PAGEABLE"
             }
         )
+    }
+
+    /// Starts recording a timeline of copies and computations.
+    pub fn start_timeline(&mut self) {
+        self.timeline = Some(timeline::Timeline::new(self.device));
+    }
+    /// Stops recording and returns the spans recorded.
+    pub fn finish_timeline(&mut self) -> Vec<timeline::Span> {
+        self.backend.synchronize();
+        self.pager.synchronize();
+        self.timeline.take().map(|t| t.finish()).unwrap_or_default()
     }
 
     /// Frees the KV cells of a sequence.
@@ -481,7 +495,7 @@ impl Engine {
             Location::Streamed { ring, .. } => {
                 let slot = self
                     .pager
-                    .before_compute(gi, ring, &self.store, &self.backend)?;
+                    .before_compute(gi, ring, &self.store, &self.backend, &mut self.timeline)?;
                 let b = self.store.slot_bindings(gi, ring, slot);
                 let t = self.templates.get_mut(&key).expect("template exists");
                 t.bind((gi as u32, 1 + slot as u64), &b, kv);
@@ -491,10 +505,16 @@ impl Engine {
         // bound before allocating so the allocator sees weights as external
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.begin(timeline::Stream::Compute, &self.backend, format!("{} {layer}", kind.name()), 0);
+        }
         self.backend.compute_async(&t.graph())?;
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.end(&self.backend);
+        }
         if let Some(ring) = streamed {
             self.pager
-                .after_compute(gi, ring, &self.store, &self.backend)?;
+                .after_compute(gi, ring, &self.store, &self.backend, &mut self.timeline)?;
         }
         Ok(())
     }
@@ -512,7 +532,13 @@ impl Engine {
             .bind((u32::MAX, 0), &head, None);
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.begin(timeline::Stream::Compute, &self.backend, "head", 0);
+        }
         self.backend.compute_async(&t.graph())?;
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.end(&self.backend);
+        }
         self.backend.synchronize();
         let start = out.len();
         out.resize(start + (n_rows * self.spec.hp.n_vocab) as usize, 0.0);
@@ -542,4 +568,37 @@ fn alloc_key(k: &TemplateKey) -> u8 {
 fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
     // SAFETY: plain numeric slices viewed as bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+impl Engine {
+    /// Measures host-to-device copy bandwidth (bytes/s) from pinned memory
+    /// on a separate backend instance, as the pager copies. On the CPU it
+    /// measures a plain memory copy.
+    pub fn measure_h2d(&self, bytes: usize, reps: usize) -> Result<f64, EngineError> {
+        use crate::ggml::{Buffer, BufferUsage, Context};
+        let host_buft = match self.device.host_buffer_type() {
+            Some(h) if !self.device.is_cpu() => h,
+            _ => self.device.buffer_type(),
+        };
+        let host = Buffer::alloc(host_buft, bytes, BufferUsage::Any)?;
+        let dev = Buffer::alloc(self.device.buffer_type(), bytes, BufferUsage::Any)?;
+        let ctx = Context::new(2, 0)?;
+        let t = ctx.new_tensor(crate::gguf::GgmlType::I8, &[bytes as i64]);
+        dev.place(t, 0)?;
+        // SAFETY: the host buffer holds `bytes` bytes and outlives the copies,
+        // which complete before `copy.synchronize()` returns.
+        let src = unsafe { std::slice::from_raw_parts_mut(host.base(), bytes) };
+        src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let copy = self.device.init_backend()?;
+        // SAFETY: as above.
+        unsafe { copy.tensor_set_async(t, src, 0) };
+        copy.synchronize();
+        let start = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: as above.
+            unsafe { copy.tensor_set_async(t, src, 0) };
+        }
+        copy.synchronize();
+        Ok((bytes * reps) as f64 / start.elapsed().as_secs_f64())
+    }
 }

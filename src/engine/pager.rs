@@ -7,6 +7,7 @@
 //! asynchronous copy engine looks like to the computation.
 
 use super::store::WeightStore;
+use super::timeline::{Stream, Timeline};
 use super::EngineError;
 use crate::ggml::{Backend, Device, Event};
 use crate::paging::{Op, Plan, SlotRing};
@@ -99,20 +100,36 @@ impl Pager {
         self.stats = PagerStats::default();
     }
 
-    fn upload(&mut self, ring: usize, slot: usize, gi: usize, store: &WeightStore) {
+    fn upload(&mut self, ring: usize, slot: usize, gi: usize, store: &WeightStore, compute: &Backend, tl: &mut Option<Timeline>) {
         let src = store.host_extent(gi);
         let t = store.rings[ring].as_ref().expect("ring").slot_tensor(slot);
         self.stats.uploads += 1;
         self.stats.bytes += src.len() as u64;
+        let name = || format!("upload g{gi} -> {}{slot}", if ring == 0 { "a" } else { "f" });
         match &self.streams {
-            // SAFETY: src is pinned memory owned by the store, never written
-            // after load; the slot is free (the copy stream waited free(s)).
-            Streams::Async { copy, .. } => unsafe { copy.tensor_set_async(t, src, 0) },
+            Streams::Async { copy, .. } => {
+                if let Some(tl) = tl.as_mut() {
+                    tl.begin(Stream::Copy, copy, name(), src.len() as u64);
+                }
+                // SAFETY: src is pinned memory owned by the store, never
+                // written after load; the slot is free (the copy stream
+                // waited free(s)).
+                unsafe { copy.tensor_set_async(t, src, 0) };
+                if let Some(tl) = tl.as_mut() {
+                    tl.end(copy);
+                }
+            }
             Streams::Sync { .. } => {
+                if let Some(tl) = tl.as_mut() {
+                    tl.begin(Stream::Copy, compute, name(), src.len() as u64);
+                }
                 let t0 = Instant::now();
                 // slot fits the extent; the compute side is idle (sync path)
                 let _ = t.set_bytes(src, 0);
                 self.stats.copy_wait += t0.elapsed();
+                if let Some(tl) = tl.as_mut() {
+                    tl.end(compute);
+                }
             }
         }
     }
@@ -123,6 +140,7 @@ impl Pager {
         ops: Vec<Op>,
         store: &WeightStore,
         compute: &Backend,
+        tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
         for op in ops {
             match op {
@@ -131,7 +149,7 @@ impl Pager {
                     let gi = self.lists[ring][local];
                     match &mut self.streams {
                         Streams::Sync { pending } => pending.push_back((ring, slot, gi)),
-                        Streams::Async { .. } => self.upload(ring, slot, gi, store),
+                        Streams::Async { .. } => self.upload(ring, slot, gi, store, compute, tl),
                     }
                 }
                 Op::WaitFree(s) => {
@@ -153,7 +171,7 @@ impl Pager {
                         {
                             let todo: Vec<_> = pending.drain(..=pos).collect();
                             for (r, sl, gi) in todo {
-                                self.upload(r, sl, gi, store);
+                                self.upload(r, sl, gi, store, compute, tl);
                                 if let Some(rg) = self.rings[r].as_mut() {
                                     rg.mark_resident(sl);
                                 }
@@ -187,6 +205,7 @@ impl Pager {
         ring: usize,
         store: &WeightStore,
         compute: &Backend,
+        tl: &mut Option<Timeline>,
     ) -> Result<usize, EngineError> {
         let j = self.lists[ring]
             .iter()
@@ -195,7 +214,7 @@ impl Pager {
         let r = self.rings[ring].as_mut().expect("ring");
         let ops = r.before_compute(j);
         let slot = r.slot_of(j);
-        self.run_ops(ring, ops, store, compute)?;
+        self.run_ops(ring, ops, store, compute, tl)?;
         Ok(slot)
     }
 
@@ -206,13 +225,14 @@ impl Pager {
         ring: usize,
         store: &WeightStore,
         compute: &Backend,
+        tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
         let j = self.lists[ring]
             .iter()
             .position(|&g| g == gi)
             .expect("group is in this step's order");
         let ops = self.rings[ring].as_mut().expect("ring").after_compute(j);
-        self.run_ops(ring, ops, store, compute)
+        self.run_ops(ring, ops, store, compute, tl)
     }
 
     /// Waits for the copy stream (before host-side writes to shared inputs).

@@ -122,6 +122,11 @@ impl LlamaModel {
         Vec::new()
     }
 
+    pub fn n_vocab(&self) -> u32 {
+        // SAFETY: plain query.
+        unsafe { sys::llama_vocab_n_tokens(self.vocab()) as u32 }
+    }
+
     pub fn is_eog(&self, token: u32) -> bool {
         // SAFETY: plain query.
         unsafe { sys::llama_vocab_is_eog(self.vocab(), token as i32) }

@@ -9,6 +9,7 @@ use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
 
+mod bench;
 mod check;
 
 #[derive(Parser)]
@@ -28,6 +29,8 @@ enum Cmd {
     Run(RunArgs),
     /// Compare greedy tokens and logits with llama.cpp on this device.
     Check(check::CheckArgs),
+    /// Measure prompt processing, generation and batched decode (vs llama.cpp).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -57,13 +60,13 @@ pub struct ModelArgs {
     /// GPU memory strata may use (e.g. 12G); layer groups beyond it stream
     /// from pinned host memory. Default: everything that fits stays resident.
     #[arg(long = "gpu-budget", value_parser = strata::paging::parse_size)]
-    gpu_budget: Option<u64>,
+    pub gpu_budget: Option<u64>,
     /// Device slots per group kind for streamed groups.
     #[arg(long, default_value_t = 3)]
     slots: usize,
     /// Stream every layer group whatever the budget.
     #[arg(long = "stream-all")]
-    stream_all: bool,
+    pub stream_all: bool,
     /// Debug: fill each slot with NaN after use, so a read before its upload
     /// completed shows as NaN.
     #[arg(long = "poison-slots")]
@@ -113,6 +116,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Check(a) => check::check(a),
+        Cmd::Bench(a) => bench::bench(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

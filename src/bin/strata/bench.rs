@@ -1,0 +1,257 @@
+//! `strata bench`: prompt processing, generation and batched decode at a
+//! GPU budget, side by side with llama.cpp on the same file, printing
+//! tokens/s and what each step streamed, waited and overlapped.
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Instant;
+use strata::engine::timeline::{write_chrome_trace, Overlap, Span, Stream};
+use strata::engine::{BatchToken, Engine};
+use strata::llama::{LlamaModel, Reference, ReferenceConfig};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: super::ModelArgs,
+    /// Prompt-processing tests (tokens), comma separated.
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    pub pp: Vec<u32>,
+    /// Generation test (tokens); 0 skips it.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
+    pub tg: u32,
+    /// Batched decode tests: number of sequences, comma separated.
+    #[arg(short = 'B', long = "batch-seqs", value_delimiter = ',', default_value = "8")]
+    pub batched: Vec<u32>,
+    /// Decode steps per batched test.
+    #[arg(long = "batch-steps", default_value_t = 8)]
+    pub batch_steps: u32,
+    /// Repetitions per test (the median is reported).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub reps: usize,
+    /// Also time llama.cpp with these numbers of GPU layers (e.g. 24,99).
+    #[arg(long = "llama-ngl", value_delimiter = ',')]
+    pub llama_ngl: Vec<i32>,
+    /// Skip strata (time llama.cpp only).
+    #[arg(long = "no-strata")]
+    pub no_strata: bool,
+    /// Print results as JSON lines.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a Chrome/Perfetto trace of the last generation step(s).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+}
+
+/// One measured test.
+struct Row {
+    engine: String,
+    test: String,
+    tps: f64,
+    tps_all: Vec<f64>,
+    step: Option<StepFigures>,
+}
+
+struct StepFigures {
+    step_ms: f64,
+    mib_up: f64,
+    copy_gbs: f64,
+    wait_ms: f64,
+    overlap: f64,
+    floor_ms: f64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// A decode workload: (token batch) steps; returns tokens processed.
+fn workloads(test: &str, n: u32, n_vocab: u32) -> (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>) {
+    // deterministic pseudo-random tokens in the vocabulary
+    let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
+    match test {
+        "pp" => {
+            let b = (0..n).map(|i| BatchToken { token: tok(i), pos: i as i32, seq: 0, logits: i + 1 == n }).collect();
+            (Vec::new(), vec![b])
+        }
+        "tg" => {
+            let steps = (0..n).map(|i| vec![BatchToken { token: tok(i), pos: i as i32, seq: 0, logits: true }]).collect();
+            (Vec::new(), steps)
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn batched(seqs: u32, steps: u32, n_vocab: u32) -> (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>) {
+    let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
+    let prompt = 16;
+    let pre = vec![(0..seqs)
+        .flat_map(|s| (0..prompt).map(move |i| BatchToken { token: tok(s * 97 + i), pos: i as i32, seq: s, logits: i + 1 == prompt }))
+        .collect()];
+    let run = (0..steps)
+        .map(|k| (0..seqs).map(|s| BatchToken { token: tok(s + k), pos: (prompt + k) as i32, seq: s, logits: true }).collect())
+        .collect();
+    (pre, run)
+}
+
+fn time_strata(e: &mut Engine, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>], bw: f64) -> Result<(f64, Option<StepFigures>, Vec<Span>)> {
+    e.clear();
+    for b in pre {
+        e.decode(b)?;
+    }
+    e.start_timeline();
+    let t0 = Instant::now();
+    let mut tokens = 0usize;
+    for b in run {
+        e.decode(b)?;
+        tokens += b.len();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let spans = e.finish_timeline();
+    let steps = run.iter().map(|b| b.len().div_ceil(e.n_batch() as usize)).sum::<usize>().max(1);
+    let o = Overlap::of(&spans);
+    let fig = StepFigures {
+        step_ms: secs * 1e3 / steps as f64,
+        mib_up: o.bytes as f64 / steps as f64 / (1u64 << 20) as f64,
+        copy_gbs: o.copy_bw() / 1e9,
+        wait_ms: ((secs - o.compute_s).max(0.0)) * 1e3 / steps as f64,
+        overlap: if o.copy_s > 0.0 { o.overlapped_s / o.copy_s } else { 0.0 },
+        floor_ms: (o.bytes as f64 / bw).max(o.compute_s) * 1e3 / steps as f64,
+    };
+    Ok((tokens as f64 / secs, Some(fig), spans))
+}
+
+fn time_llama(r: &mut Reference, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>]) -> Result<f64> {
+    let conv = |b: &Vec<BatchToken>| b.iter().map(|t| (t.token, t.pos, t.seq, t.logits)).collect::<Vec<_>>();
+    r.clear();
+    for b in pre {
+        r.decode(&conv(b))?;
+    }
+    let t0 = Instant::now();
+    let mut tokens = 0usize;
+    for b in run {
+        r.decode(&conv(b))?;
+        tokens += b.len();
+    }
+    Ok(tokens as f64 / t0.elapsed().as_secs_f64())
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let mut cfg = super::engine_config(&a.model, true);
+    let max_pp = a.pp.iter().copied().max().unwrap_or(0);
+    let max_seqs = a.batched.iter().copied().max().unwrap_or(1);
+    cfg.n_ctx = cfg.n_ctx.max(max_pp + a.tg + 16).max(max_seqs * (16 + a.batch_steps) + 16);
+    let mut tests: Vec<(String, (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>))> = Vec::new();
+    let mut rows = Vec::new();
+    let mut trace_spans: Vec<Span> = Vec::new();
+    if !a.no_strata {
+        let mut e = Engine::load(&a.model.model, &cfg).context("loading strata")?;
+        let n_vocab = e.n_vocab();
+        let bw = e.measure_h2d(256 << 20, 8).unwrap_or(0.0);
+        eprintln!("strata: {} on {}: {}", e.spec.name, e.device().description(), e.placement_summary());
+        eprintln!("{}", e.plan);
+        eprintln!("measured pinned host-to-device copy: {:.1} GB/s", bw / 1e9);
+        build_tests(&a, n_vocab, &mut tests);
+        for (name, (pre, run)) in &tests {
+            let mut all = Vec::new();
+            let mut fig = None;
+            for _ in 0..a.reps.max(1) {
+                let (tps, f, spans) = time_strata(&mut e, pre, run, bw.max(1.0))?;
+                all.push(tps);
+                fig = f;
+                if name.starts_with("tg") {
+                    trace_spans = spans;
+                }
+            }
+            let mut s = all.clone();
+            rows.push(Row { engine: format!("strata {}", budget_label(&a.model)), test: name.clone(), tps: median(&mut s), tps_all: all, step: fig });
+            print_row(rows.last().expect("row"), a.json);
+        }
+    }
+    for &ngl in &a.llama_ngl {
+        let lm = LlamaModel::load(&a.model.model, false, ngl).context("loading llama.cpp")?;
+        if tests.is_empty() {
+            build_tests(&a, lm.n_vocab(), &mut tests);
+        }
+        let rcfg = ReferenceConfig { n_ctx: cfg.n_ctx, n_batch: cfg.n_batch, n_seq: max_seqs.max(1), n_threads: cfg.n_threads as i32 };
+        let mut r = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
+        for (name, (pre, run)) in &tests {
+            let mut all = Vec::new();
+            for _ in 0..a.reps.max(1) {
+                all.push(time_llama(&mut r, pre, run)?);
+            }
+            let mut s = all.clone();
+            rows.push(Row { engine: format!("llama.cpp ngl={ngl}"), test: name.clone(), tps: median(&mut s), tps_all: all, step: None });
+            print_row(rows.last().expect("row"), a.json);
+        }
+    }
+    if !a.json {
+        print_ratios(&rows);
+    }
+    if let Some(p) = &a.trace {
+        write_chrome_trace(&trace_spans, p).with_context(|| format!("writing {}", p.display()))?;
+        let copies = trace_spans.iter().filter(|s| s.stream == Stream::Copy).count();
+        eprintln!("trace: {} spans ({copies} copies) written to {}", trace_spans.len(), p.display());
+    }
+    Ok(())
+}
+
+fn budget_label(m: &super::ModelArgs) -> String {
+    if m.stream_all {
+        return "stream-all".into();
+    }
+    match m.gpu_budget {
+        Some(b) => format!("budget={:.1}G", b as f64 / (1u64 << 30) as f64),
+        None => "all-resident".into(),
+    }
+}
+
+fn build_tests(a: &BenchArgs, n_vocab: u32, tests: &mut Vec<(String, (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>))>) {
+    tests.clear();
+    for &p in &a.pp {
+        tests.push((format!("pp{p}"), workloads("pp", p, n_vocab)));
+    }
+    if a.tg > 0 {
+        tests.push((format!("tg{}", a.tg), workloads("tg", a.tg, n_vocab)));
+    }
+    for &b in &a.batched {
+        tests.push((format!("batched{b}x{}", a.batch_steps), batched(b, a.batch_steps, n_vocab)));
+    }
+}
+
+fn print_row(r: &Row, json: bool) {
+    if json {
+        let step = r.step.as_ref().map_or("null".to_string(), |f| {
+            format!(
+                "{{\"step_ms\":{:.3},\"mib_uploaded\":{:.2},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3}}}",
+                f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms
+            )
+        });
+        println!(
+            "{{\"engine\":\"{}\",\"test\":\"{}\",\"tokens_per_s\":{:.3},\"runs\":{:?},\"step\":{step}}}",
+            r.engine, r.test, r.tps, r.tps_all
+        );
+        return;
+    }
+    match &r.step {
+        Some(f) => println!(
+            "{:<28} {:<14} {:>10.2} t/s | step {:>9.2} ms, up {:>8.1} MiB, copy {:>6.1} GB/s, compute waited {:>8.2} ms, overlap {:>4.0}%, floor {:>9.2} ms",
+            r.engine, r.test, r.tps, f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap * 100.0, f.floor_ms
+        ),
+        None => println!("{:<28} {:<14} {:>10.2} t/s", r.engine, r.test, r.tps),
+    }
+}
+
+fn print_ratios(rows: &[Row]) {
+    let strata: Vec<&Row> = rows.iter().filter(|r| r.engine.starts_with("strata")).collect();
+    for r in rows.iter().filter(|r| r.engine.starts_with("llama")) {
+        if let Some(s) = strata.iter().find(|s| s.test == r.test) {
+            println!("ratio {:<14} {} / {}: {:.2}x", r.test, s.engine, r.engine, s.tps / r.tps.max(1e-9));
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! A timeline of copies and computations per stream, for `strata bench`
+//! and its Chrome-trace output.
+//!
+//! On a GPU each operation is bracketed by two events recorded on its
+//! stream; one watcher thread per stream waits for them in order and notes
+//! when each completed, which is when the operation started and ended on
+//! the device (within the wake-up latency of the watcher). The streams run
+//! undisturbed. On the CPU backend operations are synchronous and are timed
+//! on the host directly.
+
+use crate::ggml::{Backend, Device, Event};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stream {
+    Copy,
+    Compute,
+}
+
+/// One operation on one stream.
+#[derive(Clone, Debug)]
+pub struct Span {
+    pub stream: Stream,
+    pub name: String,
+    /// Seconds since the timeline started.
+    pub start: f64,
+    pub end: f64,
+    pub bytes: u64,
+}
+
+struct Pending {
+    name: String,
+    bytes: u64,
+    begin: Event,
+    end: Event,
+}
+
+struct Watcher {
+    tx: Sender<Pending>,
+    handle: JoinHandle<()>,
+}
+
+pub struct Timeline {
+    t0: Instant,
+    spans: Arc<Mutex<Vec<Span>>>,
+    device: Option<Device>,
+    watchers: Vec<(Stream, Watcher)>,
+    /// Host-timed operation in progress (CPU path).
+    open: Option<(Stream, String, u64, f64)>,
+    /// Device-timed operation in progress: its begin event.
+    open_event: Option<(Stream, String, u64, Event)>,
+}
+
+fn spawn(stream: Stream, t0: Instant, spans: Arc<Mutex<Vec<Span>>>, rx: Receiver<Pending>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        for p in rx {
+            p.begin.synchronize();
+            let start = t0.elapsed().as_secs_f64();
+            p.end.synchronize();
+            let end = t0.elapsed().as_secs_f64();
+            if let Ok(mut s) = spans.lock() {
+                s.push(Span { stream, name: p.name, start, end, bytes: p.bytes });
+            }
+        }
+    })
+}
+
+impl Timeline {
+    /// A timeline for `device`; device events are used unless it is the CPU.
+    pub fn new(device: Device) -> Timeline {
+        let t0 = Instant::now();
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let mut watchers = Vec::new();
+        let dev = (!device.is_cpu()).then_some(device);
+        if dev.is_some() {
+            for s in [Stream::Copy, Stream::Compute] {
+                let (tx, rx) = channel();
+                watchers.push((s, Watcher { tx, handle: spawn(s, t0, spans.clone(), rx) }));
+            }
+        }
+        Timeline { t0, spans, device: dev, watchers, open: None, open_event: None }
+    }
+
+    fn now(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    /// Marks the start of an operation enqueued next on `backend`.
+    pub fn begin(&mut self, stream: Stream, backend: &Backend, name: impl Into<String>, bytes: u64) {
+        match self.device {
+            Some(dev) => {
+                if let Ok(ev) = Event::new(dev) {
+                    ev.record(backend);
+                    self.open_event = Some((stream, name.into(), bytes, ev));
+                }
+            }
+            None => self.open = Some((stream, name.into(), bytes, self.now())),
+        }
+    }
+
+    /// Marks the end of the operation begun last.
+    pub fn end(&mut self, backend: &Backend) {
+        if let Some((stream, name, bytes, begin)) = self.open_event.take() {
+            let Some(dev) = self.device else { return };
+            let Ok(end) = Event::new(dev) else { return };
+            end.record(backend);
+            if let Some((_, w)) = self.watchers.iter().find(|(s, _)| *s == stream) {
+                let _ = w.tx.send(Pending { name, bytes, begin, end });
+            }
+        } else if let Some((stream, name, bytes, start)) = self.open.take() {
+            let end = self.now();
+            if let Ok(mut s) = self.spans.lock() {
+                s.push(Span { stream, name, start, end, bytes });
+            }
+        }
+    }
+
+    /// Waits for every pending operation and returns all spans so far,
+    /// sorted by start time.
+    pub fn finish(self) -> Vec<Span> {
+        for (_, w) in self.watchers {
+            drop(w.tx);
+            let _ = w.handle.join();
+        }
+        let mut v = self.spans.lock().map(|s| s.clone()).unwrap_or_default();
+        v.sort_by(|a, b| a.start.total_cmp(&b.start));
+        v
+    }
+}
+
+/// Busy time, idle gaps and overlap of one window of spans.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Overlap {
+    pub copy_s: f64,
+    pub compute_s: f64,
+    /// Copy time that ran while the compute stream was busy.
+    pub overlapped_s: f64,
+    pub bytes: u64,
+}
+
+impl Overlap {
+    pub fn of(spans: &[Span]) -> Overlap {
+        let mut o = Overlap::default();
+        let comp: Vec<(f64, f64)> =
+            spans.iter().filter(|s| s.stream == Stream::Compute).map(|s| (s.start, s.end)).collect();
+        for s in spans {
+            let d = (s.end - s.start).max(0.0);
+            match s.stream {
+                Stream::Compute => o.compute_s += d,
+                Stream::Copy => {
+                    o.copy_s += d;
+                    o.bytes += s.bytes;
+                    o.overlapped_s +=
+                        comp.iter().map(|&(a, b)| (b.min(s.end) - a.max(s.start)).max(0.0)).sum::<f64>();
+                }
+            }
+        }
+        o
+    }
+    /// Achieved copy bandwidth, bytes/s.
+    pub fn copy_bw(&self) -> f64 {
+        if self.copy_s > 0.0 {
+            self.bytes as f64 / self.copy_s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Writes spans as a Chrome/Perfetto trace (JSON array format).
+pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(f, "{{\"traceEvents\":[")?;
+    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{{\"name\":\"copy stream\"}}}},")?;
+    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{{\"name\":\"compute stream\"}}}}")?;
+    for s in spans {
+        let tid = if s.stream == Stream::Copy { 1 } else { 2 };
+        writeln!(
+            f,
+            ",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":1,\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"bytes\":{}}}}}",
+            s.name.replace('"', "'"),
+            s.start * 1e6,
+            (s.end - s.start).max(0.0) * 1e6,
+            s.bytes
+        )?;
+    }
+    writeln!(f, "]}}")?;
+    f.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(stream: Stream, start: f64, end: f64, bytes: u64) -> Span {
+        Span { stream, name: "x".into(), start, end, bytes }
+    }
+
+    #[test]
+    fn overlap_counts_copy_under_compute() {
+        let spans = [
+            span(Stream::Compute, 0.0, 1.0, 0),
+            span(Stream::Copy, 0.5, 1.5, 100),
+            span(Stream::Compute, 1.5, 2.0, 0),
+        ];
+        let o = Overlap::of(&spans);
+        assert_eq!(o.copy_s, 1.0);
+        assert_eq!(o.compute_s, 1.5);
+        assert_eq!(o.overlapped_s, 0.5);
+        assert_eq!(o.copy_bw(), 100.0);
+    }
+}
