@@ -77,7 +77,7 @@ fn main() -> Result<()> {
             .with_context(|| format!("reading {}", a.file.display()))?;
         println!(
             "pass {pass}: {:?} direct={} qd={} chunk={} workers={} extent={}: \
-             {} bytes in {:.3} s = {:.3} GB/s",
+             {} bytes in {:.3} s = {:.3} GB/s ({} reads, {} into fixed buffers, {} retries)",
             r.backend,
             r.direct,
             r.queue_depth,
@@ -86,7 +86,10 @@ fn main() -> Result<()> {
             a.extent,
             r.bytes,
             r.seconds,
-            r.gb_per_s
+            r.gb_per_s,
+            r.stats.ops,
+            r.stats.fixed_ops,
+            r.stats.retries
         );
         best = best.max(r.gb_per_s);
     }

@@ -22,6 +22,7 @@ fn cfg() -> EngineConfig {
         n_threads: 2,
         device: DeviceChoice::Cpu,
         progress: false,
+        ..EngineConfig::default()
     }
 }
 
@@ -29,70 +30,20 @@ fn ref_cfg() -> ReferenceConfig {
     ReferenceConfig {
         n_ctx: 512,
         n_batch: 512,
+        n_ubatch: 0,
         n_seq: 4,
         n_threads: 2,
     }
 }
 
-/// Prompt logits at every position, then N_GEN greedy steps: (tokens, logits per step).
 fn run_strata(e: &mut Engine, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    e.clear();
-    let nv = e.n_vocab() as usize;
-    let batch: Vec<_> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchToken {
-            token: t,
-            pos: i as i32,
-            seq: 0,
-            logits: true,
-        })
-        .collect();
-    let all = e.decode(&batch).expect("strata prompt");
-    let mut logits: Vec<Vec<f32>> = all.chunks(nv).map(|c| c.to_vec()).collect();
-    let mut toks = Vec::new();
-    for step in 0..N_GEN {
-        let t = argmax(logits.last().expect("logits"));
-        toks.push(t);
-        if step + 1 == N_GEN {
-            break;
-        }
-        let pos = (prompt.len() + step) as i32;
-        logits.push(
-            e.decode(&[BatchToken {
-                token: t,
-                pos,
-                seq: 0,
-                logits: true,
-            }])
-            .expect("strata decode"),
-        );
-    }
-    (toks, logits)
+    let r = strata::parity::run_strata(e, prompt, N_GEN).expect("strata run");
+    (r.tokens, r.logits)
 }
 
 fn run_reference(r: &mut Reference, prompt: &[u32], nv: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    r.clear();
-    let batch: Vec<_> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| (t, i as i32, 0, true))
-        .collect();
-    let all = r.decode(&batch).expect("reference prompt");
-    let mut logits: Vec<Vec<f32>> = all.chunks(nv).map(|c| c.to_vec()).collect();
-    let mut toks = Vec::new();
-    for step in 0..N_GEN {
-        let t = argmax(logits.last().expect("logits"));
-        toks.push(t);
-        if step + 1 == N_GEN {
-            break;
-        }
-        logits.push(
-            r.decode(&[(t, (prompt.len() + step) as i32, 0, true)])
-                .expect("reference decode"),
-        );
-    }
-    (toks, logits)
+    let r = strata::parity::run_reference(r, prompt, N_GEN, nv).expect("reference run");
+    (r.tokens, r.logits)
 }
 
 fn parity(name: &str) {

@@ -107,6 +107,12 @@ fn registered_region_views_read_correctly() {
     };
     let done = r.submit(view, &[req]).unwrap().wait().unwrap();
     assert!(done.data(0) == expected(5000, 1_000_000));
+    let stats = r.stats();
+    if r.backend() == IoBackend::IoUring {
+        // Every chunk lies inside the region: all reads use the fixed buffer.
+        assert_eq!(stats.fixed_ops, stats.ops, "{stats:?}");
+    }
+    assert!(stats.bytes >= 1_000_000, "{stats:?}");
     drop(done);
     drop(r);
     let inner = 5000 % 4096;

@@ -119,6 +119,7 @@ pub fn activation_estimate(d: &Dims, lim: Limits) -> u64 {
     let b = lim.n_batch as u64;
     let attn = 4 * (4 * hp.n_embd as u64 + 4 * hp.n_embd_q() as u64 + 4 * hp.n_embd_kv() as u64);
     let ffn = 4 * (4 * hp.n_embd as u64 + 3 * hp.n_ff as u64);
-    let head = 4 * (2 * hp.n_embd as u64 + hp.n_vocab as u64);
-    b * (attn + ffn + head) * 5 / 4
+    // logits are rarely wanted for more than a few hundred rows at once
+    let head = 4 * (2 * hp.n_embd as u64 + hp.n_vocab as u64) * b.min(256);
+    (b * (attn + ffn) + head) * 5 / 4
 }

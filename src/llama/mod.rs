@@ -237,6 +237,8 @@ pub struct Reference<'m> {
 pub struct ReferenceConfig {
     pub n_ctx: u32,
     pub n_batch: u32,
+    /// Physical batch (llama.cpp's n_ubatch); 0 means n_batch.
+    pub n_ubatch: u32,
     pub n_seq: u32,
     pub n_threads: i32,
 }
@@ -248,7 +250,7 @@ impl<'m> Reference<'m> {
         let mut p = unsafe { sys::llama_context_default_params() };
         p.n_ctx = cfg.n_ctx;
         p.n_batch = cfg.n_batch;
-        p.n_ubatch = cfg.n_batch;
+        p.n_ubatch = if cfg.n_ubatch == 0 { cfg.n_batch } else { cfg.n_ubatch.min(cfg.n_batch) };
         p.n_seq_max = cfg.n_seq;
         p.n_threads = cfg.n_threads;
         p.n_threads_batch = cfg.n_threads;

@@ -22,6 +22,7 @@ pub struct BenchReport {
     pub queue_depth: usize,
     pub chunk_size: usize,
     pub workers: usize,
+    pub stats: super::ReaderStats,
 }
 
 /// Reads all of `path` front to back in extents of `extent` bytes, keeping
@@ -75,5 +76,6 @@ pub fn sequential_read(
         queue_depth: cfg.queue_depth,
         chunk_size: cfg.chunk_size,
         workers: cfg.workers,
+        stats: reader.stats(),
     })
 }

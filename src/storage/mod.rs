@@ -142,6 +142,19 @@ impl RegisteredRegion {
     }
 }
 
+/// What a [`Reader`] did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderStats {
+    /// Read operations issued, resubmissions included.
+    pub ops: u64,
+    /// Of those, io_uring reads into a registered (fixed) buffer.
+    pub fixed_ops: u64,
+    /// Bytes the reads returned (re-read partial blocks count twice).
+    pub bytes: u64,
+    /// Resubmissions after a short read, EINTR or EAGAIN.
+    pub retries: u64,
+}
+
 /// One extent to read: file bytes `[file_offset, file_offset + len)` into
 /// the buffer, whose aligned window starts at `buf_offset` (a multiple of
 /// 4096; room for [`AlignedWindow::len`] bytes is needed).

@@ -23,7 +23,7 @@ pub(crate) fn run(sh: &Shared, parker: Parker) {
                 sh.skip(c);
                 break;
             }
-            c.op = sh.next_op();
+            c.op = sh.begin_op(false);
             // SAFETY: dst_at_pos..+want lies inside the chunk's window of the
             // buffer owned by `c.read`, alive and written by nobody else
             // until this chunk is finished.

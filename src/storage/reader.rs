@@ -5,8 +5,8 @@ use super::file::OpenFile;
 use super::shared::{Chunk, Shared};
 use super::ticket::ReadState;
 use super::{
-    AlignedBuf, AlignedWindow, IoBackend, ReadRequest, ReadTicket, ReaderConfig, StorageError,
-    DIRECT_ALIGN,
+    AlignedBuf, AlignedWindow, IoBackend, ReadRequest, ReadTicket, ReaderConfig, ReaderStats,
+    StorageError, DIRECT_ALIGN,
 };
 use crossbeam_utils::sync::Parker;
 use std::path::Path;
@@ -137,6 +137,11 @@ impl Reader {
     /// Worker threads still running (0 once a stopped reader wound down).
     pub fn live_workers(&self) -> usize {
         self.shared.live_workers.load(Ordering::SeqCst)
+    }
+
+    /// Operations, bytes and retries so far.
+    pub fn stats(&self) -> ReaderStats {
+        self.shared.stats()
     }
 
     /// Effective configuration (worker count, depth and chunk size settled).

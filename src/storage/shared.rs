@@ -5,10 +5,10 @@
 use super::align::align_down;
 use super::file::OpenFile;
 use super::ticket::ReadState;
-use super::{ReaderConfig, StorageError};
+use super::{ReaderConfig, ReaderStats, StorageError};
 use crossbeam_deque::{Injector, Steal};
 use crossbeam_utils::sync::Unparker;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -74,6 +74,16 @@ pub(crate) struct Shared {
     stop_cause: OnceLock<StorageError>,
     pub live_workers: AtomicUsize,
     last_check: Mutex<Instant>,
+    counters: Counters,
+}
+
+/// Running totals behind [`ReaderStats`].
+#[derive(Default)]
+struct Counters {
+    ops: AtomicU64,
+    fixed_ops: AtomicU64,
+    bytes: AtomicU64,
+    retries: AtomicU64,
 }
 
 impl Shared {
@@ -87,6 +97,7 @@ impl Shared {
             stopping: AtomicBool::new(false),
             stop_cause: OnceLock::new(),
             last_check: Mutex::new(Instant::now()),
+            counters: Counters::default(),
         }
     }
 
@@ -169,9 +180,24 @@ impl Shared {
         }
     }
 
-    /// Takes the next fault-plan operation number.
-    pub fn next_op(&self) -> u64 {
+    /// Counts an operation about to be issued (`fixed`: into a registered
+    /// buffer) and takes its fault-plan number.
+    pub fn begin_op(&self, fixed: bool) -> u64 {
+        self.counters.ops.fetch_add(1, Ordering::Relaxed);
+        if fixed {
+            self.counters.fixed_ops.fetch_add(1, Ordering::Relaxed);
+        }
         self.cfg.faults.as_ref().map_or(0, |f| f.next_op())
+    }
+
+    pub fn stats(&self) -> ReaderStats {
+        let c = &self.counters;
+        ReaderStats {
+            ops: c.ops.load(Ordering::Relaxed),
+            fixed_ops: c.fixed_ops.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+        }
     }
 
     /// Applies the fault plan to the result `res` (bytes or -errno) of the
@@ -182,6 +208,18 @@ impl Shared {
             Some(f) => f.apply(c.op, c.pos, want, res),
             None => res,
         };
+        let step = self.judge(c, res, want);
+        match step {
+            Step::Again => self.counters.retries.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        if res > 0 {
+            self.counters.bytes.fetch_add(res as u64, Ordering::Relaxed);
+        }
+        step
+    }
+
+    fn judge(&self, c: &mut Chunk, res: i64, want: u64) -> Step {
         let path = || self.file.path.clone();
         if res < 0 {
             let errno = (-res) as i32;

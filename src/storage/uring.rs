@@ -113,13 +113,12 @@ impl Ring {
         u16::try_from(i).ok()
     }
 
-    fn sqe(&self, c: &Chunk, slot: usize, fd: i32) -> squeue::Entry {
+    /// The SQE reading the rest of `c`, and whether it uses a fixed buffer.
+    fn sqe(&self, c: &Chunk, slot: usize, fd: i32) -> (squeue::Entry, bool) {
         let len = c.want() as u32;
         let ptr = c.dst_at_pos();
-        let e = match (
-            self.fixed_file,
-            self.fixed_index(ptr as usize, len as usize),
-        ) {
+        let buf = self.fixed_index(ptr as usize, len as usize);
+        let e = match (self.fixed_file, buf) {
             (true, Some(b)) => opcode::ReadFixed::new(types::Fixed(0), ptr, len, b)
                 .offset(c.pos)
                 .build(),
@@ -133,7 +132,7 @@ impl Ring {
                 .offset(c.pos)
                 .build(),
         };
-        e.user_data(slot as u64)
+        (e.user_data(slot as u64), buf.is_some())
     }
 }
 
@@ -156,8 +155,8 @@ pub(crate) fn run(sh: &Shared, mut r: Ring, parker: Parker) {
                 sh.skip(c);
                 continue;
             }
-            c.op = sh.next_op();
-            let sqe = r.sqe(&c, slot, fd);
+            let (sqe, fixed) = r.sqe(&c, slot, fd);
+            c.op = sh.begin_op(fixed);
             // SAFETY: the SQE points into the chunk's buffer, kept alive by
             // `c.read` which stays in `slots[slot]` until this SQE's CQE is
             // reaped below; no other code writes that range meanwhile.

@@ -31,16 +31,8 @@ pub fn model(name: &str) -> Option<PathBuf> {
     None
 }
 
-/// Normalized mean squared error of `a` against reference `b`.
-pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    num / den.max(1e-30)
-}
+#[allow(unused_imports)]
+pub use strata::parity::nmse;
 
 pub fn argmax(v: &[f32]) -> u32 {
     strata::sample::argmax(v).expect("non-empty logits")

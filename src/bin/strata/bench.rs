@@ -32,6 +32,9 @@ pub struct BenchArgs {
     /// Also time llama.cpp with these numbers of GPU layers (e.g. 24,99).
     #[arg(long = "llama-ngl", value_delimiter = ',')]
     pub llama_ngl: Vec<i32>,
+    /// llama.cpp's physical batch (n_ubatch), as llama-bench defaults it.
+    #[arg(long = "llama-ubatch", default_value_t = 512)]
+    pub llama_ubatch: u32,
     /// Skip strata (time llama.cpp only).
     #[arg(long = "no-strata")]
     pub no_strata: bool,
@@ -178,7 +181,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         if tests.is_empty() {
             build_tests(&a, lm.n_vocab(), &mut tests);
         }
-        let rcfg = ReferenceConfig { n_ctx: cfg.n_ctx, n_batch: cfg.n_batch, n_seq: max_seqs.max(1), n_threads: cfg.n_threads as i32 };
+        let rcfg = ReferenceConfig {
+            n_ctx: cfg.n_ctx,
+            n_batch: cfg.n_batch,
+            n_ubatch: a.llama_ubatch,
+            n_seq: max_seqs.max(1),
+            n_threads: cfg.n_threads as i32,
+        };
         let mut r = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
         for (name, (pre, run)) in &tests {
             let mut all = Vec::new();

@@ -37,6 +37,7 @@ pub fn check(a: CheckArgs) -> Result<()> {
     let rcfg = ReferenceConfig {
         n_ctx: cfg.n_ctx,
         n_batch: cfg.n_batch,
+        n_ubatch: 0,
         n_seq: 1,
         n_threads: cfg.n_threads as i32,
     };
