@@ -40,7 +40,8 @@ fn main() {
             if !(n.starts_with("lib") && n.contains(".so")) {
                 continue;
             }
-            for dir in [profile_dir.clone()] {
+            {
+                let dir = profile_dir.clone();
                 let _ = std::fs::create_dir_all(&dir);
                 let dst = dir.join(&name);
                 // fs::copy follows symlinks, so SONAME links become files;

@@ -31,26 +31,44 @@ fn streamed_equals_resident(name: &str) {
     assert_eq!(resident.plan.n_streamed(), 0);
     for slots in [2, 3] {
         let mut streamed = Engine::load(&path, &cfg(true, slots)).expect("streamed engine");
-        assert_eq!(streamed.plan.n_streamed(), 2 * streamed.spec.hp.n_layer as usize);
+        assert_eq!(
+            streamed.plan.n_streamed(),
+            2 * streamed.spec.hp.n_layer as usize
+        );
         for p in PROMPTS {
             let prompt = vocab.tokenize(p, true, true).expect("tokenize");
             let a = run_strata(&mut resident, &prompt, 24).expect("resident run");
             let b = run_strata(&mut streamed, &prompt, 24).expect("streamed run");
             let (worst, diff) = compare(&b, &a);
-            assert!(worst <= 1e-6, "{name} slots={slots}: NMSE {worst} streamed vs resident");
+            assert!(
+                worst <= 1e-6,
+                "{name} slots={slots}: NMSE {worst} streamed vs resident"
+            );
             assert_eq!(diff, None, "{name} slots={slots}: tokens differ");
             let up = streamed.last_step.pager;
-            assert_eq!(up.uploads, 2 * streamed.spec.hp.n_layer as u64, "every group uploaded once per step");
+            assert_eq!(
+                up.uploads,
+                2 * streamed.spec.hp.n_layer as u64,
+                "every group uploaded once per step"
+            );
         }
     }
     // multi-sequence batch
     let mut streamed = Engine::load(&path, &cfg(true, 2)).expect("streamed engine");
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| vocab.tokenize(p, true, true).expect("tokenize")).collect();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
+        .collect();
     let batch: Vec<BatchToken> = prompts
         .iter()
         .enumerate()
         .flat_map(|(s, p)| {
-            p.iter().enumerate().map(move |(i, &t)| BatchToken { token: t, pos: i as i32, seq: s as u32, logits: true })
+            p.iter().enumerate().map(move |(i, &t)| BatchToken {
+                token: t,
+                pos: i as i32,
+                seq: s as u32,
+                logits: true,
+            })
         })
         .collect();
     resident.clear();
@@ -72,9 +90,13 @@ fn qwen2_streamed_equals_resident() {
 
 #[test]
 fn poison_switch_catches_broken_ordering() {
-    let Some(path) = model(common::SMOLLM2) else { return };
+    let Some(path) = model(common::SMOLLM2) else {
+        return;
+    };
     let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
-    let prompt = vocab.tokenize("The capital of France is", true, true).expect("tokenize");
+    let prompt = vocab
+        .tokenize("The capital of France is", true, true)
+        .expect("tokenize");
     let mut base = Engine::load(&path, &cfg(false, 2)).expect("engine");
     let want = run_strata(&mut base, &prompt, 4).expect("run");
 
@@ -97,5 +119,8 @@ fn poison_switch_catches_broken_ordering() {
     let mut silent = Engine::load(&path, &c).expect("engine");
     let got = run_strata(&mut silent, &prompt, 4).expect("run");
     assert!(!got.logits.iter().flatten().any(|x| x.is_nan()));
-    assert!(compare(&got, &want).0 > 1e-3, "the fault must change the output");
+    assert!(
+        compare(&got, &want).0 > 1e-3,
+        "the fault must change the output"
+    );
 }

@@ -8,8 +8,7 @@ use crate::graph::{Binding, Dims, Externals, Limits};
 use std::ptr::NonNull;
 
 fn alignment(dev: Device) -> usize {
-    // SAFETY: pure query of the buffer type.
-    unsafe { crate::sys::ggml_backend_buft_get_alignment(dev.buffer_type()) }.max(1)
+    dev.buffer_type().alignment()
 }
 
 /// x, pos, mask, kv_idx, out_ids (in `Externals::all` order).

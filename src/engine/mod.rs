@@ -493,9 +493,13 @@ impl Engine {
                 None
             }
             Location::Streamed { ring, .. } => {
-                let slot = self
-                    .pager
-                    .before_compute(gi, ring, &self.store, &self.backend, &mut self.timeline)?;
+                let slot = self.pager.before_compute(
+                    gi,
+                    ring,
+                    &self.store,
+                    &self.backend,
+                    &mut self.timeline,
+                )?;
                 let b = self.store.slot_bindings(gi, ring, slot);
                 let t = self.templates.get_mut(&key).expect("template exists");
                 t.bind((gi as u32, 1 + slot as u64), &b, kv);
@@ -506,7 +510,12 @@ impl Engine {
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
         if let Some(tl) = self.timeline.as_mut() {
-            tl.begin(timeline::Stream::Compute, &self.backend, format!("{} {layer}", kind.name()), 0);
+            tl.begin(
+                timeline::Stream::Compute,
+                &self.backend,
+                format!("{} {layer}", kind.name()),
+                0,
+            );
         }
         self.backend.compute_async(&t.graph())?;
         if let Some(tl) = self.timeline.as_mut() {

@@ -100,12 +100,25 @@ impl Pager {
         self.stats = PagerStats::default();
     }
 
-    fn upload(&mut self, ring: usize, slot: usize, gi: usize, store: &WeightStore, compute: &Backend, tl: &mut Option<Timeline>) {
+    fn upload(
+        &mut self,
+        ring: usize,
+        slot: usize,
+        gi: usize,
+        store: &WeightStore,
+        compute: &Backend,
+        tl: &mut Option<Timeline>,
+    ) {
         let src = store.host_extent(gi);
         let t = store.rings[ring].as_ref().expect("ring").slot_tensor(slot);
         self.stats.uploads += 1;
         self.stats.bytes += src.len() as u64;
-        let name = || format!("upload g{gi} -> {}{slot}", if ring == 0 { "a" } else { "f" });
+        let name = || {
+            format!(
+                "upload g{gi} -> {}{slot}",
+                if ring == 0 { "a" } else { "f" }
+            )
+        };
         match &self.streams {
             Streams::Async { copy, .. } => {
                 if let Some(tl) = tl.as_mut() {

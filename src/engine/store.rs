@@ -94,8 +94,7 @@ pub fn layouts(spec: &ModelSpec, dev: Device) -> Result<Vec<GroupLayout>, Engine
     let n: usize = spec.groups.iter().map(|g| g.weights.len()).sum();
     let ctx = Context::new(n + 1, 0)?;
     let buft = dev.buffer_type();
-    // SAFETY: pure query.
-    let align = unsafe { crate::sys::ggml_backend_buft_get_alignment(buft) }.max(1);
+    let align = buft.alignment();
     let mut out = Vec::with_capacity(spec.groups.len());
     for g in &spec.groups {
         let mut offsets = Vec::with_capacity(g.weights.len());
@@ -103,11 +102,7 @@ pub fn layouts(spec: &ModelSpec, dev: Device) -> Result<Vec<GroupLayout>, Engine
         for w in &g.weights {
             let t = ctx.new_tensor(w.ty, &w.ne[..]);
             offsets.push(off);
-            // SAFETY: t is a valid tensor header.
-            off += align_up(
-                unsafe { crate::sys::ggml_backend_buft_get_alloc_size(buft, t.raw()) },
-                align,
-            );
+            off += align_up(buft.alloc_size(t), align);
         }
         out.push(GroupLayout {
             offsets,
@@ -140,8 +135,7 @@ impl WeightStore {
         show_progress: bool,
     ) -> Result<WeightStore, EngineError> {
         let buft = dev.buffer_type();
-        // SAFETY: pure query.
-        let align = unsafe { crate::sys::ggml_backend_buft_get_alignment(buft) }.max(1);
+        let align = buft.alignment();
         let total: u64 = spec.groups.iter().map(|g| g.bytes()).sum::<u64>() + spec.output.size;
         let bar = progress(total, show_progress);
 
@@ -162,11 +156,7 @@ impl WeightStore {
         let mut size = 0usize;
         for t in &tensors {
             offs.push(size);
-            // SAFETY: valid tensor header.
-            size += align_up(
-                unsafe { crate::sys::ggml_backend_buft_get_alloc_size(buft, t.raw()) },
-                align,
-            );
+            size += align_up(buft.alloc_size(*t), align);
         }
         let resident = Buffer::alloc(buft, size, BufferUsage::Weights)?;
         // zero the padding quantized kernels may read past a row

@@ -54,7 +54,12 @@ pub struct Timeline {
     open_event: Option<(Stream, String, u64, Event)>,
 }
 
-fn spawn(stream: Stream, t0: Instant, spans: Arc<Mutex<Vec<Span>>>, rx: Receiver<Pending>) -> JoinHandle<()> {
+fn spawn(
+    stream: Stream,
+    t0: Instant,
+    spans: Arc<Mutex<Vec<Span>>>,
+    rx: Receiver<Pending>,
+) -> JoinHandle<()> {
     std::thread::spawn(move || {
         for p in rx {
             p.begin.synchronize();
@@ -62,7 +67,13 @@ fn spawn(stream: Stream, t0: Instant, spans: Arc<Mutex<Vec<Span>>>, rx: Receiver
             p.end.synchronize();
             let end = t0.elapsed().as_secs_f64();
             if let Ok(mut s) = spans.lock() {
-                s.push(Span { stream, name: p.name, start, end, bytes: p.bytes });
+                s.push(Span {
+                    stream,
+                    name: p.name,
+                    start,
+                    end,
+                    bytes: p.bytes,
+                });
             }
         }
     })
@@ -78,10 +89,23 @@ impl Timeline {
         if dev.is_some() {
             for s in [Stream::Copy, Stream::Compute] {
                 let (tx, rx) = channel();
-                watchers.push((s, Watcher { tx, handle: spawn(s, t0, spans.clone(), rx) }));
+                watchers.push((
+                    s,
+                    Watcher {
+                        tx,
+                        handle: spawn(s, t0, spans.clone(), rx),
+                    },
+                ));
             }
         }
-        Timeline { t0, spans, device: dev, watchers, open: None, open_event: None }
+        Timeline {
+            t0,
+            spans,
+            device: dev,
+            watchers,
+            open: None,
+            open_event: None,
+        }
     }
 
     fn now(&self) -> f64 {
@@ -89,7 +113,13 @@ impl Timeline {
     }
 
     /// Marks the start of an operation enqueued next on `backend`.
-    pub fn begin(&mut self, stream: Stream, backend: &Backend, name: impl Into<String>, bytes: u64) {
+    pub fn begin(
+        &mut self,
+        stream: Stream,
+        backend: &Backend,
+        name: impl Into<String>,
+        bytes: u64,
+    ) {
         match self.device {
             Some(dev) => {
                 if let Ok(ev) = Event::new(dev) {
@@ -108,12 +138,23 @@ impl Timeline {
             let Ok(end) = Event::new(dev) else { return };
             end.record(backend);
             if let Some((_, w)) = self.watchers.iter().find(|(s, _)| *s == stream) {
-                let _ = w.tx.send(Pending { name, bytes, begin, end });
+                let _ = w.tx.send(Pending {
+                    name,
+                    bytes,
+                    begin,
+                    end,
+                });
             }
         } else if let Some((stream, name, bytes, start)) = self.open.take() {
             let end = self.now();
             if let Ok(mut s) = self.spans.lock() {
-                s.push(Span { stream, name, start, end, bytes });
+                s.push(Span {
+                    stream,
+                    name,
+                    start,
+                    end,
+                    bytes,
+                });
             }
         }
     }
@@ -144,8 +185,11 @@ pub struct Overlap {
 impl Overlap {
     pub fn of(spans: &[Span]) -> Overlap {
         let mut o = Overlap::default();
-        let comp: Vec<(f64, f64)> =
-            spans.iter().filter(|s| s.stream == Stream::Compute).map(|s| (s.start, s.end)).collect();
+        let comp: Vec<(f64, f64)> = spans
+            .iter()
+            .filter(|s| s.stream == Stream::Compute)
+            .map(|s| (s.start, s.end))
+            .collect();
         for s in spans {
             let d = (s.end - s.start).max(0.0);
             match s.stream {
@@ -153,8 +197,10 @@ impl Overlap {
                 Stream::Copy => {
                     o.copy_s += d;
                     o.bytes += s.bytes;
-                    o.overlapped_s +=
-                        comp.iter().map(|&(a, b)| (b.min(s.end) - a.max(s.start)).max(0.0)).sum::<f64>();
+                    o.overlapped_s += comp
+                        .iter()
+                        .map(|&(a, b)| (b.min(s.end) - a.max(s.start)).max(0.0))
+                        .sum::<f64>();
                 }
             }
         }
@@ -197,7 +243,13 @@ mod tests {
     use super::*;
 
     fn span(stream: Stream, start: f64, end: f64, bytes: u64) -> Span {
-        Span { stream, name: "x".into(), start, end, bytes }
+        Span {
+            stream,
+            name: "x".into(),
+            start,
+            end,
+            bytes,
+        }
     }
 
     #[test]

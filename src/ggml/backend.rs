@@ -162,15 +162,15 @@ impl Device {
             })
             .ok_or_else(|| GgmlError::BackendInit(self.name()))
     }
-    pub fn buffer_type(&self) -> sys::ggml_backend_buffer_type_t {
+    pub fn buffer_type(&self) -> BufferType {
         // SAFETY: plain query; the buffer type lives as long as the device.
-        unsafe { sys::ggml_backend_dev_buffer_type(self.0) }
+        BufferType(unsafe { sys::ggml_backend_dev_buffer_type(self.0) })
     }
     /// The device's pinned host buffer type, if it has one.
-    pub fn host_buffer_type(&self) -> Option<sys::ggml_backend_buffer_type_t> {
+    pub fn host_buffer_type(&self) -> Option<BufferType> {
         // SAFETY: plain query.
         let t = unsafe { sys::ggml_backend_dev_host_buffer_type(self.0) };
-        (!t.is_null()).then_some(t)
+        (!t.is_null()).then_some(BufferType(t))
     }
     /// Looks up a backend-specific function by name in the device's module.
     pub fn proc_address(&self, name: &str) -> Option<*mut std::ffi::c_void> {
@@ -339,6 +339,35 @@ fn cpu_module_symbol(name: &str) -> Option<*mut std::ffi::c_void> {
     None
 }
 
+/// A device's buffer type (device memory, or pinned host memory). Buffer
+/// types are static registry entries: only obtained from a [`Device`].
+#[derive(Clone, Copy, Debug)]
+pub struct BufferType(sys::ggml_backend_buffer_type_t);
+
+// SAFETY: buffer types are immutable registry entries.
+unsafe impl Send for BufferType {}
+unsafe impl Sync for BufferType {}
+
+impl BufferType {
+    pub fn raw(&self) -> sys::ggml_backend_buffer_type_t {
+        self.0
+    }
+    pub fn name(&self) -> String {
+        // SAFETY: static name of a registered buffer type.
+        unsafe { cstr_to_string(sys::ggml_backend_buft_name(self.0)) }
+    }
+    /// Alignment of allocations (at least 1).
+    pub fn alignment(&self) -> usize {
+        // SAFETY: pure query.
+        unsafe { sys::ggml_backend_buft_get_alignment(self.0) }.max(1)
+    }
+    /// Bytes `t` needs in a buffer of this type (may exceed nbytes: padding).
+    pub fn alloc_size(&self, t: Tensor<'_>) -> usize {
+        // SAFETY: t is a valid tensor header; the query reads its shape.
+        unsafe { sys::ggml_backend_buft_get_alloc_size(self.0, t.raw()) }
+    }
+}
+
 /// How a buffer is used (the scheduler and some backends care).
 #[derive(Clone, Copy, Debug)]
 pub enum BufferUsage {
@@ -358,17 +387,12 @@ unsafe impl Send for Buffer {}
 
 impl Buffer {
     /// Allocates `size` bytes of buffer type `buft`.
-    pub fn alloc(
-        buft: sys::ggml_backend_buffer_type_t,
-        size: usize,
-        usage: BufferUsage,
-    ) -> Result<Buffer> {
+    pub fn alloc(buft: BufferType, size: usize, usage: BufferUsage) -> Result<Buffer> {
         // SAFETY: buft is a live buffer type; size may be anything.
-        let b = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, size.max(1)) };
+        let b = unsafe { sys::ggml_backend_buft_alloc_buffer(buft.0, size.max(1)) };
         let ptr = NonNull::new(b).ok_or_else(|| GgmlError::BufferAlloc {
             size,
-            // SAFETY: buft names are static strings.
-            buft: unsafe { cstr_to_string(sys::ggml_backend_buft_name(buft)) },
+            buft: buft.name(),
         })?;
         let u = match usage {
             BufferUsage::Any => sys::GGML_BACKEND_BUFFER_USAGE_ANY,

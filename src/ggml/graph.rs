@@ -118,9 +118,9 @@ pub struct GraphAllocator {
 unsafe impl Send for GraphAllocator {}
 
 impl GraphAllocator {
-    pub fn new(buft: sys::ggml_backend_buffer_type_t) -> Result<GraphAllocator> {
+    pub fn new(buft: super::BufferType) -> Result<GraphAllocator> {
         // SAFETY: buft is a live buffer type.
-        let p = unsafe { sys::ggml_gallocr_new(buft) };
+        let p = unsafe { sys::ggml_gallocr_new(buft.raw()) };
         NonNull::new(p)
             .map(|ptr| GraphAllocator { ptr })
             .ok_or_else(|| GgmlError::GraphAlloc("ggml_gallocr_new".into()))

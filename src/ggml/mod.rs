@@ -15,7 +15,7 @@ mod context;
 mod graph;
 
 pub use backend::{
-    cpu_device, gpu_device, load_backends, Backend, Buffer, BufferUsage, Device, Event,
+    cpu_device, gpu_device, load_backends, Backend, Buffer, BufferType, BufferUsage, Device, Event,
 };
 pub use context::{Context, RopeParams, Tensor};
 pub use graph::{Graph, GraphAllocator, NodeInfo};

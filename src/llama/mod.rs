@@ -250,7 +250,11 @@ impl<'m> Reference<'m> {
         let mut p = unsafe { sys::llama_context_default_params() };
         p.n_ctx = cfg.n_ctx;
         p.n_batch = cfg.n_batch;
-        p.n_ubatch = if cfg.n_ubatch == 0 { cfg.n_batch } else { cfg.n_ubatch.min(cfg.n_batch) };
+        p.n_ubatch = if cfg.n_ubatch == 0 {
+            cfg.n_batch
+        } else {
+            cfg.n_ubatch.min(cfg.n_batch)
+        };
         p.n_seq_max = cfg.n_seq;
         p.n_threads = cfg.n_threads;
         p.n_threads_batch = cfg.n_threads;

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// A piece of one request's window: file bytes `[start, end)` land at
-/// A piece of one request's window: file bytes `[start, end)` land at
 /// `dst`; done once `pos` reaches `need_end` (bytes past the wanted range
 /// may be missing at the end of the file).
 pub(crate) struct Chunk {
@@ -306,7 +305,12 @@ impl Shared {
                 self.stop(e);
                 c.read.finish_chunk(Ok(()));
             }
-            Step::Again => unreachable!("finish called with Step::Again"),
+            Step::Again => {
+                // Callers resubmit on Again; never lose a chunk if one did not.
+                debug_assert!(false, "finish called with Step::Again");
+                let e = c.read.cancelled_error("internal error: unfinished chunk");
+                c.read.finish_chunk(Err(e));
+            }
         }
     }
 }

@@ -15,13 +15,23 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub model: super::ModelArgs,
     /// Prompt-processing tests (tokens), comma separated.
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
     pub pp: Vec<u32>,
     /// Generation test (tokens); 0 skips it.
     #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
     pub tg: u32,
     /// Batched decode tests: number of sequences, comma separated.
-    #[arg(short = 'B', long = "batch-seqs", value_delimiter = ',', default_value = "8")]
+    #[arg(
+        short = 'B',
+        long = "batch-seqs",
+        value_delimiter = ',',
+        default_value = "8"
+    )]
     pub batched: Vec<u32>,
     /// Decode steps per batched test.
     #[arg(long = "batch-steps", default_value_t = 8)]
@@ -45,6 +55,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub trace: Option<PathBuf>,
 }
+
+/// Token batches: (unmeasured setup steps, measured steps).
+type Workload = (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>);
 
 /// One measured test.
 struct Row {
@@ -74,35 +87,72 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// A decode workload: (token batch) steps; returns tokens processed.
-fn workloads(test: &str, n: u32, n_vocab: u32) -> (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>) {
+fn workloads(test: &str, n: u32, n_vocab: u32) -> Workload {
     // deterministic pseudo-random tokens in the vocabulary
     let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
     match test {
         "pp" => {
-            let b = (0..n).map(|i| BatchToken { token: tok(i), pos: i as i32, seq: 0, logits: i + 1 == n }).collect();
+            let b = (0..n)
+                .map(|i| BatchToken {
+                    token: tok(i),
+                    pos: i as i32,
+                    seq: 0,
+                    logits: i + 1 == n,
+                })
+                .collect();
             (Vec::new(), vec![b])
         }
         "tg" => {
-            let steps = (0..n).map(|i| vec![BatchToken { token: tok(i), pos: i as i32, seq: 0, logits: true }]).collect();
+            let steps = (0..n)
+                .map(|i| {
+                    vec![BatchToken {
+                        token: tok(i),
+                        pos: i as i32,
+                        seq: 0,
+                        logits: true,
+                    }]
+                })
+                .collect();
             (Vec::new(), steps)
         }
         _ => unreachable!(),
     }
 }
 
-fn batched(seqs: u32, steps: u32, n_vocab: u32) -> (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>) {
+fn batched(seqs: u32, steps: u32, n_vocab: u32) -> Workload {
     let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
     let prompt = 16;
     let pre = vec![(0..seqs)
-        .flat_map(|s| (0..prompt).map(move |i| BatchToken { token: tok(s * 97 + i), pos: i as i32, seq: s, logits: i + 1 == prompt }))
+        .flat_map(|s| {
+            (0..prompt).map(move |i| BatchToken {
+                token: tok(s * 97 + i),
+                pos: i as i32,
+                seq: s,
+                logits: i + 1 == prompt,
+            })
+        })
         .collect()];
     let run = (0..steps)
-        .map(|k| (0..seqs).map(|s| BatchToken { token: tok(s + k), pos: (prompt + k) as i32, seq: s, logits: true }).collect())
+        .map(|k| {
+            (0..seqs)
+                .map(|s| BatchToken {
+                    token: tok(s + k),
+                    pos: (prompt + k) as i32,
+                    seq: s,
+                    logits: true,
+                })
+                .collect()
+        })
         .collect();
     (pre, run)
 }
 
-fn time_strata(e: &mut Engine, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>], bw: f64) -> Result<(f64, Option<StepFigures>, Vec<Span>)> {
+fn time_strata(
+    e: &mut Engine,
+    pre: &[Vec<BatchToken>],
+    run: &[Vec<BatchToken>],
+    bw: f64,
+) -> Result<(f64, Option<StepFigures>, Vec<Span>)> {
     e.clear();
     for b in pre {
         e.decode(b)?;
@@ -116,21 +166,33 @@ fn time_strata(e: &mut Engine, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>],
     }
     let secs = t0.elapsed().as_secs_f64();
     let spans = e.finish_timeline();
-    let steps = run.iter().map(|b| b.len().div_ceil(e.n_batch() as usize)).sum::<usize>().max(1);
+    let steps = run
+        .iter()
+        .map(|b| b.len().div_ceil(e.n_batch() as usize))
+        .sum::<usize>()
+        .max(1);
     let o = Overlap::of(&spans);
     let fig = StepFigures {
         step_ms: secs * 1e3 / steps as f64,
         mib_up: o.bytes as f64 / steps as f64 / (1u64 << 20) as f64,
         copy_gbs: o.copy_bw() / 1e9,
         wait_ms: ((secs - o.compute_s).max(0.0)) * 1e3 / steps as f64,
-        overlap: if o.copy_s > 0.0 { o.overlapped_s / o.copy_s } else { 0.0 },
+        overlap: if o.copy_s > 0.0 {
+            o.overlapped_s / o.copy_s
+        } else {
+            0.0
+        },
         floor_ms: (o.bytes as f64 / bw).max(o.compute_s) * 1e3 / steps as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
 
 fn time_llama(r: &mut Reference, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>]) -> Result<f64> {
-    let conv = |b: &Vec<BatchToken>| b.iter().map(|t| (t.token, t.pos, t.seq, t.logits)).collect::<Vec<_>>();
+    let conv = |b: &Vec<BatchToken>| {
+        b.iter()
+            .map(|t| (t.token, t.pos, t.seq, t.logits))
+            .collect::<Vec<_>>()
+    };
     r.clear();
     for b in pre {
         r.decode(&conv(b))?;
@@ -148,15 +210,23 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let mut cfg = super::engine_config(&a.model, true);
     let max_pp = a.pp.iter().copied().max().unwrap_or(0);
     let max_seqs = a.batched.iter().copied().max().unwrap_or(1);
-    cfg.n_ctx = cfg.n_ctx.max(max_pp + a.tg + 16).max(max_seqs * (16 + a.batch_steps) + 16);
-    let mut tests: Vec<(String, (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>))> = Vec::new();
+    cfg.n_ctx = cfg
+        .n_ctx
+        .max(max_pp + a.tg + 16)
+        .max(max_seqs * (16 + a.batch_steps) + 16);
+    let mut tests: Vec<(String, Workload)> = Vec::new();
     let mut rows = Vec::new();
     let mut trace_spans: Vec<Span> = Vec::new();
     if !a.no_strata {
         let mut e = Engine::load(&a.model.model, &cfg).context("loading strata")?;
         let n_vocab = e.n_vocab();
         let bw = e.measure_h2d(256 << 20, 8).unwrap_or(0.0);
-        eprintln!("strata: {} on {}: {}", e.spec.name, e.device().description(), e.placement_summary());
+        eprintln!(
+            "strata: {} on {}: {}",
+            e.spec.name,
+            e.device().description(),
+            e.placement_summary()
+        );
         eprintln!("{}", e.plan);
         eprintln!("measured pinned host-to-device copy: {:.1} GB/s", bw / 1e9);
         build_tests(&a, n_vocab, &mut tests);
@@ -172,7 +242,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 }
             }
             let mut s = all.clone();
-            rows.push(Row { engine: format!("strata {}", budget_label(&a.model)), test: name.clone(), tps: median(&mut s), tps_all: all, step: fig });
+            rows.push(Row {
+                engine: format!("strata {}", budget_label(&a.model)),
+                test: name.clone(),
+                tps: median(&mut s),
+                tps_all: all,
+                step: fig,
+            });
             print_row(rows.last().expect("row"), a.json);
         }
     }
@@ -195,7 +271,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 all.push(time_llama(&mut r, pre, run)?);
             }
             let mut s = all.clone();
-            rows.push(Row { engine: format!("llama.cpp ngl={ngl}"), test: name.clone(), tps: median(&mut s), tps_all: all, step: None });
+            rows.push(Row {
+                engine: format!("llama.cpp ngl={ngl}"),
+                test: name.clone(),
+                tps: median(&mut s),
+                tps_all: all,
+                step: None,
+            });
             print_row(rows.last().expect("row"), a.json);
         }
     }
@@ -204,8 +286,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     if let Some(p) = &a.trace {
         write_chrome_trace(&trace_spans, p).with_context(|| format!("writing {}", p.display()))?;
-        let copies = trace_spans.iter().filter(|s| s.stream == Stream::Copy).count();
-        eprintln!("trace: {} spans ({copies} copies) written to {}", trace_spans.len(), p.display());
+        let copies = trace_spans
+            .iter()
+            .filter(|s| s.stream == Stream::Copy)
+            .count();
+        eprintln!(
+            "trace: {} spans ({copies} copies) written to {}",
+            trace_spans.len(),
+            p.display()
+        );
     }
     Ok(())
 }
@@ -220,7 +309,7 @@ fn budget_label(m: &super::ModelArgs) -> String {
     }
 }
 
-fn build_tests(a: &BenchArgs, n_vocab: u32, tests: &mut Vec<(String, (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>))>) {
+fn build_tests(a: &BenchArgs, n_vocab: u32, tests: &mut Vec<(String, Workload)>) {
     tests.clear();
     for &p in &a.pp {
         tests.push((format!("pp{p}"), workloads("pp", p, n_vocab)));
@@ -229,7 +318,10 @@ fn build_tests(a: &BenchArgs, n_vocab: u32, tests: &mut Vec<(String, (Vec<Vec<Ba
         tests.push((format!("tg{}", a.tg), workloads("tg", a.tg, n_vocab)));
     }
     for &b in &a.batched {
-        tests.push((format!("batched{b}x{}", a.batch_steps), batched(b, a.batch_steps, n_vocab)));
+        tests.push((
+            format!("batched{b}x{}", a.batch_steps),
+            batched(b, a.batch_steps, n_vocab),
+        ));
     }
 }
 
@@ -257,10 +349,19 @@ fn print_row(r: &Row, json: bool) {
 }
 
 fn print_ratios(rows: &[Row]) {
-    let strata: Vec<&Row> = rows.iter().filter(|r| r.engine.starts_with("strata")).collect();
+    let strata: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.engine.starts_with("strata"))
+        .collect();
     for r in rows.iter().filter(|r| r.engine.starts_with("llama")) {
         if let Some(s) = strata.iter().find(|s| s.test == r.test) {
-            println!("ratio {:<14} {} / {}: {:.2}x", r.test, s.engine, r.engine, s.tps / r.tps.max(1e-9));
+            println!(
+                "ratio {:<14} {} / {}: {:.2}x",
+                r.test,
+                s.engine,
+                r.engine,
+                s.tps / r.tps.max(1e-9)
+            );
         }
     }
 }
