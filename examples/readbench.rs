@@ -2,7 +2,7 @@
 //!
 //! cargo run --release --example readbench -- FILE [--qd 8] [--chunk 1M]
 //!     [--workers 1] [--backend auto|uring|pread] [--extent 64M]
-//!     [--in-flight 2] [--buffered] [--passes 1]
+//!     [--in-flight 0] [--buffered] [--passes 1]
 //!
 //! Prints one line per pass and, last, `GBPS <best>` for scripts
 //! (tools/fio-compare.sh). Decimal GB (1e9 bytes), like fio.
@@ -29,8 +29,8 @@ struct Args {
     /// Bytes per submitted extent (a pager group).
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     extent: usize,
-    /// Extents submitted ahead.
-    #[arg(long, default_value = "2")]
+    /// Extents submitted ahead (0: enough for twice the queue depth).
+    #[arg(long, default_value = "0")]
     in_flight: usize,
     /// Read through the page cache instead of O_DIRECT.
     #[arg(long)]
@@ -76,7 +76,7 @@ fn main() -> Result<()> {
         let r = sequential_read(&a.file, cfg, a.extent, a.in_flight)
             .with_context(|| format!("reading {}", a.file.display()))?;
         println!(
-            "pass {pass}: {:?} direct={} qd={} chunk={} workers={} extent={}: \
+            "pass {pass}: {:?} direct={} qd={} chunk={} workers={} extent={}x{}: \
              {} bytes in {:.3} s = {:.3} GB/s ({} reads, {} into fixed buffers, {} retries)",
             r.backend,
             r.direct,
@@ -84,6 +84,7 @@ fn main() -> Result<()> {
             r.chunk_size,
             r.workers,
             a.extent,
+            r.extents_in_flight,
             r.bytes,
             r.seconds,
             r.gb_per_s,

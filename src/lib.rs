@@ -21,3 +21,4 @@ pub mod paging;
 pub mod parity;
 pub mod sample;
 pub mod storage;
+pub mod synth;

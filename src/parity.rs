@@ -113,3 +113,43 @@ pub fn compare(a: &Run, b: &Run) -> (f64, Option<usize>) {
     let first_diff = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y);
     (worst, first_diff)
 }
+
+/// strata fed `prompt` then `forced` (teacher forcing): the logits of every
+/// position, so two backends can be compared on the same inputs even where
+/// their free-running greedy choices would part.
+pub fn run_strata_forced(
+    e: &mut Engine,
+    prompt: &[u32],
+    forced: &[u32],
+) -> Result<Run, EngineError> {
+    e.clear();
+    let nv = e.n_vocab() as usize;
+    let batch: Vec<_> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchToken {
+            token: t,
+            pos: i as i32,
+            seq: 0,
+            logits: true,
+        })
+        .collect();
+    let mut run = Run {
+        tokens: forced.to_vec(),
+        logits: e.decode(&batch)?.chunks(nv).map(|c| c.to_vec()).collect(),
+    };
+    for (step, &t) in forced
+        .iter()
+        .enumerate()
+        .take(forced.len().saturating_sub(1))
+    {
+        let pos = (prompt.len() + step) as i32;
+        run.logits.push(e.decode(&[BatchToken {
+            token: t,
+            pos,
+            seq: 0,
+            logits: true,
+        }])?);
+    }
+    Ok(run)
+}

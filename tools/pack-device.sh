@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without Rust needs into .carry/ (ignored by git,
-# carried to the device): the stripped strata binaries, their shared
-# libraries, one CPU backend module, and small models.
+# carried to the device): the stripped strata binaries (strata, synth), their
+# shared libraries, one CPU backend module, a cached CUDA module if
+# .carry-cache/ holds one (saves the 4-minute build), and the files given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .carry && mkdir -p .carry/bin .carry/models
-cargo build --release --bins
-for f in strata strata-convert; do
-  [ -f target/release/$f ] && strip -o .carry/bin/$f target/release/$f
-done
+rm -rf .carry && mkdir -p .carry/bin .carry/models .carry/cuda
+cargo build --release --bin strata --example synth
+strip -o .carry/bin/strata target/release/strata
+strip -o .carry/bin/synth target/release/examples/synth
 for f in libggml-base.so.0 libggml.so.0 libllama.so.0 libggml-cpu-haswell.so; do
   strip --strip-debug -o .carry/bin/$f target/release/$f
 done
+[ -d .carry-cache ] && cp .carry-cache/libggml-cuda.so.* .carry/cuda/ 2>/dev/null || true
 for m in "$@"; do cp "$m" .carry/models/; done
 du -sh .carry

@@ -125,7 +125,7 @@ pub struct Engine {
     device: Device,
     // field order is drop order: graphs before the buffers they point into
     templates: HashMap<TemplateKey, Template>,
-    allocators: HashMap<u8, (GraphAllocator, Option<TemplateKey>, usize)>,
+    allocators: HashMap<u8, (GraphAllocator, usize)>,
     pager: Pager,
     backend: Backend,
     store: WeightStore,
@@ -403,6 +403,8 @@ impl Engine {
             ));
         }
         let gis: Vec<usize> = order.iter().map(|(l, k, _)| group_index(*l, *k)).collect();
+        let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
+        self.evict_templates(&shapes);
         self.pager.begin_step(&gis, &self.store);
         for (l, kind, shape) in order {
             self.run_group(l, kind, shape)?;
@@ -444,31 +446,48 @@ impl Engine {
         }
         let aid = alloc_key(key);
         if let std::collections::hash_map::Entry::Vacant(e) = self.allocators.entry(aid) {
-            e.insert((GraphAllocator::new(self.device.buffer_type())?, None, 0));
+            e.insert((GraphAllocator::new(self.device.buffer_type())?, 0));
         }
         Ok(aid)
     }
 
-    /// Allocates activations of `key`'s graph unless its allocator last
-    /// allocated it. If the allocator had to grow, every other template of
-    /// that allocator points into freed memory and is dropped.
+    /// Allocates activations of `key`'s graph once. All templates of a kind
+    /// share one allocator buffer (they run one after another on one
+    /// stream); if the buffer had to grow, every other template of that
+    /// kind points into freed memory and is dropped.
     fn ensure_allocated(&mut self, key: &TemplateKey, aid: u8) -> Result<(), EngineError> {
-        let (alloc, last, size) = self.allocators.get_mut(&aid).expect("allocator exists");
-        if last.as_ref() == Some(key) {
+        if self.templates.get(key).is_some_and(|t| t.allocated) {
             return Ok(());
         }
-        let t = self.templates.get(key).expect("template exists");
+        let (alloc, size) = self.allocators.get_mut(&aid).expect("allocator exists");
+        let t = self.templates.get_mut(key).expect("template exists");
         alloc.alloc(&t.graph())?;
+        t.allocated = true;
         let new_size = alloc.buffer_size();
         let grew = new_size != *size;
         *size = new_size;
-        *last = Some(key.clone());
         if grew {
+            // drained first: the old buffer may still be in use on the device
+            self.backend.synchronize();
             let keep = key.clone();
             self.templates
                 .retain(|k, _| alloc_key(k) != aid || *k == keep);
         }
         Ok(())
+    }
+
+    /// Bounds the template cache: when it holds more than a few templates
+    /// per group, drop those of shapes other than this step's.
+    fn evict_templates(&mut self, shapes: &[StepShape]) {
+        let cap = 4 * self.spec.groups.len() + 16;
+        if self.templates.len() <= cap {
+            return;
+        }
+        self.backend.synchronize();
+        self.templates.retain(|k, _| match k {
+            TemplateKey::Group { shape, .. } => shapes.contains(shape),
+            TemplateKey::Head { .. } => true,
+        });
     }
 
     fn run_group(
@@ -482,6 +501,7 @@ impl Engine {
             kind,
             sig: self.spec.groups[gi].signature(),
             shape,
+            instance: gi as u32,
         };
         let aid = self.template(&key)?;
         let kv = (kind == GroupKind::Attn).then(|| self.kv.layers[layer as usize]);

@@ -8,12 +8,16 @@ use std::ptr::NonNull;
 
 /// What distinguishes one template from another. Types are part of the key:
 /// two quant types of equal block size must not share a captured graph.
+/// `instance` lets the engine keep one template per layer group, so a
+/// template's pointers stay the same from step to step and the backend's
+/// graph capture (CUDA graphs) replays instead of re-capturing.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TemplateKey {
     Group {
         kind: GroupKind,
         sig: Vec<(Role, GgmlType)>,
         shape: StepShape,
+        instance: u32,
     },
     Head {
         out_ty: GgmlType,
@@ -40,6 +44,9 @@ pub struct Template {
     out: NonNull<crate::sys::ggml_tensor>,
     /// Identity of the weights/KV bound last, to skip redundant rebinding.
     bound_to: Option<(u32, u64)>,
+    /// Activations assigned by the kind's allocator (stay valid until the
+    /// allocator grows, which drops every other template of the kind).
+    pub allocated: bool,
 }
 
 fn nn(t: Tensor<'_>) -> NonNull<crate::sys::ggml_tensor> {
@@ -55,11 +62,13 @@ impl Template {
                     kind: GroupKind::Attn,
                     sig,
                     shape,
+                    ..
                 } => build_attn(&ctx, d, sig, *shape, lim),
                 TemplateKey::Group {
                     kind: GroupKind::Ffn,
                     sig,
                     shape,
+                    ..
                 } => build_ffn(&ctx, d, sig, *shape, lim),
                 TemplateKey::Head { out_ty, n_rows } => {
                     let s = StepShape {
@@ -87,6 +96,7 @@ impl Template {
             kv,
             out,
             bound_to: None,
+            allocated: false,
         })
     }
 

@@ -1,7 +1,8 @@
 //! The slot ring and its residency state machine, plain Rust.
 //!
-//! Streamed groups of a step are numbered 0..n in compute order; upload j
-//! goes to slot (base + j) mod S. The ring emits the operations the engine
+//! Streamed groups of a step are numbered 0..n in compute order; group j
+//! goes to slot j mod S every step (uploads are also numbered across steps
+//! for the simulator). The ring emits the operations the engine
 //! enqueues on two streams, in host order:
 //!
 //! copy stream:    [wait free(s)] upload j -> s, record loaded(s)
@@ -106,9 +107,11 @@ impl SlotRing {
     pub fn state(&self, slot: usize) -> SlotState {
         self.state[slot]
     }
-    /// Slot of streamed group `j` of the current step.
+    /// Slot of streamed group `j` of the current step: the same every step,
+    /// so each group's graph sees the same addresses and its captured form
+    /// can be replayed.
     pub fn slot_of(&self, j: usize) -> usize {
-        (self.base + j) % self.slots
+        j % self.slots
     }
 
     /// The streamed group (index within the current step) of an op's `j`.

@@ -22,11 +22,15 @@ pub struct BenchReport {
     pub queue_depth: usize,
     pub chunk_size: usize,
     pub workers: usize,
+    /// Extents kept submitted.
+    pub extents_in_flight: usize,
     pub stats: super::ReaderStats,
 }
 
 /// Reads all of `path` front to back in extents of `extent` bytes, keeping
-/// `extents_in_flight` of them submitted, and times it.
+/// `extents_in_flight` of them submitted (0: enough to keep twice the queue
+/// depth of chunks queued, so the depth never drains between extents), and
+/// times it.
 pub fn sequential_read(
     path: &Path,
     mut cfg: ReaderConfig,
@@ -34,7 +38,12 @@ pub fn sequential_read(
     extents_in_flight: usize,
 ) -> Result<BenchReport, StorageError> {
     let extent = extent.max(1).next_multiple_of(super::DIRECT_ALIGN);
-    let slots = extents_in_flight.max(1);
+    let chunk = cfg.chunk_size.max(1);
+    let auto = (2 * cfg.queue_depth.max(1) * chunk).div_ceil(extent) + 1;
+    let slots = match extents_in_flight {
+        0 => auto.max(2),
+        n => n,
+    };
     let mut region = AlignedBuf::new(extent * slots)?;
     // SAFETY: `region` is declared before the reader and so outlives it.
     cfg.registered
@@ -76,6 +85,7 @@ pub fn sequential_read(
         queue_depth: cfg.queue_depth,
         chunk_size: cfg.chunk_size,
         workers: cfg.workers,
+        extents_in_flight: slots,
         stats: reader.stats(),
     })
 }
