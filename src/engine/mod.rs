@@ -155,7 +155,9 @@ impl Engine {
         let mut backend = device.init_backend()?;
         backend.set_n_threads(cfg.n_threads);
         backend.attach_cpu_threadpool(cfg.n_threads)?;
-        let n_ctx = cfg.n_ctx.max(1);
+        // KV cells in multiples of 256, as llama.cpp pads them: attention
+        // reads n_kv cells padded to 256 (see KvCells::n_kv)
+        let n_ctx = cfg.n_ctx.max(1).div_ceil(256) * 256;
         let lim = Limits {
             n_batch: cfg.n_batch.clamp(1, n_ctx),
             n_ctx,
