@@ -191,7 +191,12 @@ impl Engine {
             groups,
             fixed_bytes: fixed,
             budget: cfg.gpu_budget,
-            copy_bw: if device.is_cpu() { 10e9 } else { 50e9 },
+            // measured: a quick pinned copy on a second stream (GPU)
+            copy_bw: if device.is_cpu() || cfg.gpu_budget.is_none() && !cfg.stream_all {
+                10e9
+            } else {
+                measure_h2d(device, 64 << 20, 4)?
+            },
             compute_s: 0.0,
             slots: cfg.slots,
             stream_all: cfg.stream_all,
@@ -602,34 +607,39 @@ fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
 }
 
 impl Engine {
-    /// Measures host-to-device copy bandwidth (bytes/s) from pinned memory
-    /// on a separate backend instance, as the pager copies. On the CPU it
-    /// measures a plain memory copy.
+    /// Host-to-device copy bandwidth of this engine's device (bytes/s).
     pub fn measure_h2d(&self, bytes: usize, reps: usize) -> Result<f64, EngineError> {
-        use crate::ggml::{Buffer, BufferUsage, Context};
-        let host_buft = match self.device.host_buffer_type() {
-            Some(h) if !self.device.is_cpu() => h,
-            _ => self.device.buffer_type(),
-        };
-        let host = Buffer::alloc(host_buft, bytes, BufferUsage::Any)?;
-        let dev = Buffer::alloc(self.device.buffer_type(), bytes, BufferUsage::Any)?;
-        let ctx = Context::new(2, 0)?;
-        let t = ctx.new_tensor(crate::gguf::GgmlType::I8, &[bytes as i64]);
-        dev.place(t, 0)?;
-        // SAFETY: the host buffer holds `bytes` bytes and outlives the copies,
-        // which complete before `copy.synchronize()` returns.
-        let src = unsafe { std::slice::from_raw_parts_mut(host.base(), bytes) };
-        src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
-        let copy = self.device.init_backend()?;
+        measure_h2d(self.device, bytes, reps)
+    }
+}
+
+/// Measures host-to-device copy bandwidth (bytes/s) from pinned memory on a
+/// separate backend instance, as the pager copies. On the CPU it measures a
+/// plain memory copy.
+pub fn measure_h2d(device: Device, bytes: usize, reps: usize) -> Result<f64, EngineError> {
+    use crate::ggml::{Buffer, BufferUsage, Context};
+    let host_buft = match device.host_buffer_type() {
+        Some(h) if !device.is_cpu() => h,
+        _ => device.buffer_type(),
+    };
+    let host = Buffer::alloc(host_buft, bytes, BufferUsage::Any)?;
+    let dev = Buffer::alloc(device.buffer_type(), bytes, BufferUsage::Any)?;
+    let ctx = Context::new(2, 0)?;
+    let t = ctx.new_tensor(crate::gguf::GgmlType::I8, &[bytes as i64]);
+    dev.place(t, 0)?;
+    // SAFETY: the host buffer holds `bytes` bytes and outlives the copies,
+    // which complete before `copy.synchronize()` returns.
+    let src = unsafe { std::slice::from_raw_parts_mut(host.base(), bytes) };
+    src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    let copy = device.init_backend()?;
+    // SAFETY: as above.
+    unsafe { copy.tensor_set_async(t, src, 0) };
+    copy.synchronize();
+    let start = Instant::now();
+    for _ in 0..reps {
         // SAFETY: as above.
         unsafe { copy.tensor_set_async(t, src, 0) };
-        copy.synchronize();
-        let start = Instant::now();
-        for _ in 0..reps {
-            // SAFETY: as above.
-            unsafe { copy.tensor_set_async(t, src, 0) };
-        }
-        copy.synchronize();
-        Ok((bytes * reps) as f64 / start.elapsed().as_secs_f64())
     }
+    copy.synchronize();
+    Ok((bytes * reps) as f64 / start.elapsed().as_secs_f64())
 }
