@@ -9,6 +9,7 @@
 
 pub use llama_cpp_sys_2 as sys;
 
+pub mod convert;
 pub mod engine;
 pub mod generate;
 pub mod ggml;

@@ -206,35 +206,7 @@ impl GgufWriter {
             source,
         };
         let mut w = Counting { w, n: 0 };
-        let kv = self.effective_metadata();
-
-        let mut head = Vec::new();
-        head.extend_from_slice(b"GGUF");
-        head.extend_from_slice(&3u32.to_le_bytes());
-        head.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        head.extend_from_slice(&(kv.len() as u64).to_le_bytes());
-        w.write_all(&head).map_err(io)?;
-        for (k, v) in &kv {
-            let mut buf = Vec::new();
-            put_str(&mut buf, k);
-            buf.extend_from_slice(&v.type_id().to_le_bytes());
-            put_value(&mut buf, v);
-            w.write_all(&buf).map_err(io)?;
-        }
-        let mut rel = 0u64;
-        for t in &self.tensors {
-            let mut buf = Vec::new();
-            put_str(&mut buf, &t.name);
-            buf.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
-            for d in &t.ne {
-                buf.extend_from_slice(&d.to_le_bytes());
-            }
-            buf.extend_from_slice(&t.ty.0.to_le_bytes());
-            buf.extend_from_slice(&rel.to_le_bytes());
-            w.write_all(&buf).map_err(io)?;
-            rel += t.size.next_multiple_of(a);
-        }
-        pad(&mut w, a).map_err(io)?;
+        self.write_header(&mut w).map_err(io)?;
 
         for t in &self.tensors {
             let start = w.n;
@@ -254,6 +226,59 @@ impl GgufWriter {
             pad(&mut w, a).map_err(io)?;
         }
         w.flush().map_err(io)
+    }
+
+    /// Absolute offset at which the data section will start: the header
+    /// (metadata and tensor descriptors) padded to the alignment. It depends
+    /// only on keys, encoded value sizes and tensor descriptors, so replacing
+    /// a value with one of the same encoded size keeps it.
+    pub fn data_offset(&self) -> Result<u64, GgufError> {
+        if !self.alignment.is_power_of_two() || self.alignment > u64::from(u32::MAX) {
+            return Err(GgufError::BadAlignment(self.alignment));
+        }
+        let mut w = Counting {
+            w: io::sink(),
+            n: 0,
+        };
+        self.write_header(&mut w).map_err(|source| GgufError::Io {
+            path: PathBuf::from("<sink>"),
+            source,
+        })?;
+        Ok(w.n)
+    }
+
+    /// Magic, counts, metadata, tensor descriptors and the padding before
+    /// the data section.
+    fn write_header<W: Write>(&self, w: &mut Counting<W>) -> io::Result<()> {
+        let a = self.alignment;
+        let kv = self.effective_metadata();
+        let mut head = Vec::new();
+        head.extend_from_slice(b"GGUF");
+        head.extend_from_slice(&3u32.to_le_bytes());
+        head.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        head.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+        w.write_all(&head)?;
+        for (k, v) in &kv {
+            let mut buf = Vec::new();
+            put_str(&mut buf, k);
+            buf.extend_from_slice(&v.type_id().to_le_bytes());
+            put_value(&mut buf, v);
+            w.write_all(&buf)?;
+        }
+        let mut rel = 0u64;
+        for t in &self.tensors {
+            let mut buf = Vec::new();
+            put_str(&mut buf, &t.name);
+            buf.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+            for d in &t.ne {
+                buf.extend_from_slice(&d.to_le_bytes());
+            }
+            buf.extend_from_slice(&t.ty.0.to_le_bytes());
+            buf.extend_from_slice(&rel.to_le_bytes());
+            w.write_all(&buf)?;
+            rel += t.size.next_multiple_of(a);
+        }
+        pad(w, a)
     }
 
     /// Writes to a temporary file beside `path`, fsyncs it, and renames it
@@ -386,6 +411,7 @@ mod tests {
         assert_eq!(out.len() % 64, 0, "last tensor padded too");
         let f = GgufFile::parse(&out[..], out.len() as u64).expect("parse");
         assert_eq!(f.alignment, 64);
+        assert_eq!(w.data_offset().ok(), Some(f.data_offset));
         assert_eq!(f.get_u32(KEY_ALIGNMENT).ok(), Some(64));
         let (a, b) = (&f.tensors[0], &f.tensors[1]);
         assert_eq!((a.offset, a.size), (f.data_offset, 12));

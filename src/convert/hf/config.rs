@@ -1,0 +1,229 @@
+//! config.json: the architecture and hyperparameters of a Hugging Face
+//! checkpoint, and the GGUF metadata they become (key names and defaults as
+//! in llama.cpp's convert_hf_to_gguf.py, `TextModel.set_gguf_parameters`).
+
+use super::super::{ConvertError, Result};
+use crate::gguf::Value;
+use crate::model::Arch;
+use serde_json::Value as Json;
+use std::path::Path;
+
+/// Rope scaling strata (and llama.cpp's llama/qwen2 graphs) can run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    Linear(f32),
+    /// Llama 3.1: per-frequency factors, written as `rope_freqs.weight`.
+    Llama3 {
+        factor: f32,
+        low: f32,
+        high: f32,
+        orig_ctx: f32,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct HfConfig {
+    pub arch: Arch,
+    /// "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM".
+    pub class: String,
+    pub hidden: u64,
+    pub inter: u64,
+    pub n_layer: u64,
+    pub n_head: u64,
+    pub n_kv: u64,
+    pub head_dim: u64,
+    /// Whether config.json gave head_dim explicitly.
+    pub explicit_head_dim: bool,
+    pub eps: f32,
+    pub rope_theta: f32,
+    pub ctx: u64,
+    pub vocab: u64,
+    pub tie: bool,
+    /// Q/K/V biases (Qwen2 always; Llama with `attention_bias`).
+    pub qkv_bias: bool,
+    /// Output projection bias (Llama with `attention_bias`).
+    pub o_bias: bool,
+    pub rope: RopeScaling,
+    pub name: String,
+    pub json: Json,
+}
+
+fn cfg_err(s: String) -> ConvertError {
+    ConvertError::Config(s)
+}
+
+fn get_u64(j: &Json, key: &str) -> Result<Option<u64>> {
+    match j.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| cfg_err(format!("'{key}' is {v}, expected a non-negative integer"))),
+    }
+}
+
+fn need_u64(j: &Json, key: &str) -> Result<u64> {
+    match get_u64(j, key)? {
+        Some(0) => Err(cfg_err(format!("'{key}' is 0"))),
+        Some(v) => Ok(v),
+        None => Err(cfg_err(format!("missing '{key}'"))),
+    }
+}
+
+fn get_f32(j: &Json, key: &str, default: f32) -> Result<f32> {
+    match j.get(key) {
+        None | Some(Json::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .map(|x| x as f32)
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .ok_or_else(|| cfg_err(format!("'{key}' is {v}, expected a positive number"))),
+    }
+}
+
+impl HfConfig {
+    /// Reads and checks `dir/config.json`.
+    pub fn read(dir: &Path) -> Result<HfConfig> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(ConvertError::io(&path))?;
+        let j: Json = serde_json::from_str(&text).map_err(|e| ConvertError::Json {
+            file: path.clone(),
+            problem: e.to_string(),
+        })?;
+        Self::from_json(j, dir)
+    }
+
+    pub fn from_json(j: Json, dir: &Path) -> Result<HfConfig> {
+        let classes: Vec<&str> = j
+            .get("architectures")
+            .and_then(Json::as_array)
+            .map(|a| a.iter().filter_map(Json::as_str).collect())
+            .unwrap_or_default();
+        let (class, arch) = match classes.first().copied() {
+            Some(c @ ("LlamaForCausalLM" | "MistralForCausalLM")) => (c, Arch::Llama),
+            Some(c @ "Qwen2ForCausalLM") => (c, Arch::Qwen2),
+            Some(c) => return Err(ConvertError::Unsupported(format!("architecture {c} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"))),
+            None => return Err(cfg_err("no 'architectures' list".into())),
+        };
+        let hidden = need_u64(&j, "hidden_size")?;
+        let n_head = need_u64(&j, "num_attention_heads")?;
+        let n_kv = get_u64(&j, "num_key_value_heads")?.unwrap_or(n_head);
+        if n_kv == 0 || n_head % n_kv != 0 {
+            return Err(cfg_err(format!(
+                "num_key_value_heads {n_kv} does not divide num_attention_heads {n_head}"
+            )));
+        }
+        let explicit = get_u64(&j, "head_dim")?;
+        if explicit.is_none() && hidden % n_head != 0 {
+            return Err(cfg_err(format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {n_head}"
+            )));
+        }
+        let head_dim = explicit.unwrap_or(hidden / n_head);
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(cfg_err(format!(
+                "head dimension {head_dim} must be even and positive"
+            )));
+        }
+        if j.get("mlp_bias").and_then(Json::as_bool) == Some(true) {
+            return Err(ConvertError::Unsupported("mlp_bias (FFN biases)".into()));
+        }
+        let attn_bias = j
+            .get("attention_bias")
+            .and_then(Json::as_bool)
+            .unwrap_or(false);
+        let rope_theta = get_f32(&j, "rope_theta", 10000.0)?;
+        let rope = match j.get("rope_scaling") {
+            None | Some(Json::Null) => RopeScaling::None,
+            Some(r) => {
+                let ty = r
+                    .get("rope_type")
+                    .or_else(|| r.get("type"))
+                    .and_then(Json::as_str)
+                    .unwrap_or("");
+                match ty {
+                    "linear" => RopeScaling::Linear(get_f32(r, "factor", 1.0)?),
+                    "llama3" => RopeScaling::Llama3 {
+                        factor: get_f32(r, "factor", 8.0)?,
+                        low: get_f32(r, "low_freq_factor", 1.0)?,
+                        high: get_f32(r, "high_freq_factor", 4.0)?,
+                        orig_ctx: get_f32(r, "original_max_position_embeddings", 8192.0)?,
+                    },
+                    "default" | "" => RopeScaling::None,
+                    other => {
+                        return Err(ConvertError::Unsupported(format!(
+                            "rope_scaling type '{other}'"
+                        )))
+                    }
+                }
+            }
+        };
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(HfConfig {
+            arch,
+            class: class.to_string(),
+            hidden,
+            inter: need_u64(&j, "intermediate_size")?,
+            n_layer: need_u64(&j, "num_hidden_layers")?,
+            n_head,
+            n_kv,
+            head_dim,
+            explicit_head_dim: explicit.is_some(),
+            eps: get_f32(&j, "rms_norm_eps", 1e-6)?,
+            rope_theta,
+            ctx: get_u64(&j, "max_position_embeddings")?.unwrap_or(4096),
+            vocab: need_u64(&j, "vocab_size")?,
+            tie: j
+                .get("tie_word_embeddings")
+                .and_then(Json::as_bool)
+                .unwrap_or(false),
+            qkv_bias: arch == Arch::Qwen2 || attn_bias,
+            o_bias: arch == Arch::Llama && attn_bias,
+            rope,
+            name,
+            json: j,
+        })
+    }
+
+    /// Whether Q/K rows are permuted from Hugging Face's rotate-half layout
+    /// to the interleaved pairs llama.cpp's NORM rope expects
+    /// (convert_hf_to_gguf.py `LlamaModel.permute`). Qwen2 uses NEOX rope on
+    /// the original layout.
+    pub fn permute_qk(&self) -> bool {
+        self.arch == Arch::Llama
+    }
+
+    /// `{arch}.*` and `general.*` metadata.
+    pub fn metadata(&self) -> Vec<(String, Value)> {
+        let a = self.arch.name();
+        let mut md: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::Str(a.into())),
+            ("general.name".into(), Value::Str(self.name.clone())),
+        ];
+        let mut hp = |k: &str, v: Value| md.push((format!("{a}.{k}"), v));
+        let u = |x: u64| Value::U32(x as u32);
+        hp("context_length", u(self.ctx));
+        hp("embedding_length", u(self.hidden));
+        hp("block_count", u(self.n_layer));
+        hp("feed_forward_length", u(self.inter));
+        hp("attention.head_count", u(self.n_head));
+        hp("attention.head_count_kv", u(self.n_kv));
+        hp("rope.freq_base", Value::F32(self.rope_theta));
+        hp("attention.layer_norm_rms_epsilon", Value::F32(self.eps));
+        hp("rope.dimension_count", u(self.head_dim));
+        hp("vocab_size", u(self.vocab));
+        if self.explicit_head_dim {
+            hp("attention.key_length", u(self.head_dim));
+            hp("attention.value_length", u(self.head_dim));
+        }
+        if let RopeScaling::Linear(f) = self.rope {
+            hp("rope.scaling.type", Value::Str("linear".into()));
+            hp("rope.scaling.factor", Value::F32(f));
+        }
+        md
+    }
+}

@@ -1,0 +1,295 @@
+//! `strata-convert hf`: a Hugging Face model directory (config.json,
+//! model.safetensors or shards + index, tokenizer.json,
+//! tokenizer_config.json) of LlamaForCausalLM, MistralForCausalLM or
+//! Qwen2ForCausalLM to a strata-aligned GGUF.
+//!
+//! Everything is checked before writing starts: config.json values, every
+//! safetensors header ([`safetensors`]), that each checkpoint tensor maps to
+//! a GGUF name (llama.cpp's tensor names) and has exactly the shape
+//! config.json implies, that none is missing, and the tokenizer. Weights are
+//! then streamed in row chunks: decoded (F32/F16/BF16 via `half`), Q and K
+//! rows permuted for Llama/Mistral (convert_hf_to_gguf.py
+//! `LlamaModel.permute`: within each head, HF's rotate-half halves become
+//! the interleaved pairs of llama.cpp's NORM rope), and converted by ggml to
+//! the output type (the checkpoint's own float type by default, f32 for
+//! 1-D tensors).
+
+mod config;
+pub mod safetensors;
+mod sentencepiece;
+mod tokenizer;
+
+pub use config::{HfConfig, RopeScaling};
+pub use tokenizer::detect_pre;
+
+use super::output::{
+    pipelined, to_io, write_model, OutTensor, OutputModel, TensorFill, WriteSummary,
+};
+use super::{quant, synth::llama3_rope_factors, ConvertError, Result};
+use crate::gguf::{GgmlType, Value};
+use safetensors::{Checkpoint, Dtype, StTensor};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Options of [`convert_hf`].
+#[derive(Clone, Debug)]
+pub struct HfOptions {
+    /// Output type of the matrices; `None`: the checkpoint's dtype.
+    pub target: Option<GgmlType>,
+    /// llama.cpp pre-tokenizer name, overriding detection.
+    pub pre: Option<String>,
+    pub threads: usize,
+    pub progress: bool,
+}
+
+/// The GGUF name of a checkpoint tensor: `Ok(None)` for tensors that carry
+/// no weights (rotary inv_freq), an error for anything unexpected.
+fn gguf_name(hf: &str, n_layer: u64) -> Result<Option<String>> {
+    let unexpected = || ConvertError::UnexpectedTensor(hf.to_string());
+    Ok(Some(match hf {
+        "model.embed_tokens.weight" => "token_embd.weight".into(),
+        "model.norm.weight" => "output_norm.weight".into(),
+        "lm_head.weight" => "output.weight".into(),
+        _ => {
+            let rest = hf.strip_prefix("model.layers.").ok_or_else(unexpected)?;
+            let (l, suffix) = rest.split_once('.').ok_or_else(unexpected)?;
+            let l: u64 = l.parse().map_err(|_| unexpected())?;
+            if l >= n_layer {
+                return Err(unexpected());
+            }
+            let g = match suffix {
+                "self_attn.rotary_emb.inv_freq" => return Ok(None),
+                "input_layernorm.weight" => "attn_norm.weight",
+                "self_attn.q_proj.weight" => "attn_q.weight",
+                "self_attn.q_proj.bias" => "attn_q.bias",
+                "self_attn.k_proj.weight" => "attn_k.weight",
+                "self_attn.k_proj.bias" => "attn_k.bias",
+                "self_attn.v_proj.weight" => "attn_v.weight",
+                "self_attn.v_proj.bias" => "attn_v.bias",
+                "self_attn.o_proj.weight" => "attn_output.weight",
+                "self_attn.o_proj.bias" => "attn_output.bias",
+                "post_attention_layernorm.weight" => "ffn_norm.weight",
+                "mlp.gate_proj.weight" => "ffn_gate.weight",
+                "mlp.up_proj.weight" => "ffn_up.weight",
+                "mlp.down_proj.weight" => "ffn_down.weight",
+                _ => return Err(unexpected()),
+            };
+            format!("blk.{l}.{g}")
+        }
+    }))
+}
+
+/// Every (HF name, GGUF name, PyTorch shape) the config requires.
+fn expected(c: &HfConfig) -> Vec<(String, String, Vec<u64>)> {
+    let (h, q, kv) = (c.hidden, c.n_head * c.head_dim, c.n_kv * c.head_dim);
+    let mut v = vec![
+        (
+            "model.embed_tokens.weight".into(),
+            "token_embd.weight".into(),
+            vec![c.vocab, h],
+        ),
+        (
+            "model.norm.weight".into(),
+            "output_norm.weight".into(),
+            vec![h],
+        ),
+    ];
+    if !c.tie {
+        v.push((
+            "lm_head.weight".into(),
+            "output.weight".into(),
+            vec![c.vocab, h],
+        ));
+    }
+    for l in 0..c.n_layer {
+        let mut t = |hf: &str, g: &str, shape: Vec<u64>| {
+            v.push((
+                format!("model.layers.{l}.{hf}"),
+                format!("blk.{l}.{g}"),
+                shape,
+            ))
+        };
+        t("input_layernorm.weight", "attn_norm.weight", vec![h]);
+        t("self_attn.q_proj.weight", "attn_q.weight", vec![q, h]);
+        t("self_attn.k_proj.weight", "attn_k.weight", vec![kv, h]);
+        t("self_attn.v_proj.weight", "attn_v.weight", vec![kv, h]);
+        if c.qkv_bias {
+            t("self_attn.q_proj.bias", "attn_q.bias", vec![q]);
+            t("self_attn.k_proj.bias", "attn_k.bias", vec![kv]);
+            t("self_attn.v_proj.bias", "attn_v.bias", vec![kv]);
+        }
+        t("self_attn.o_proj.weight", "attn_output.weight", vec![h, q]);
+        if c.o_bias {
+            t("self_attn.o_proj.bias", "attn_output.bias", vec![h]);
+        }
+        t(
+            "post_attention_layernorm.weight",
+            "ffn_norm.weight",
+            vec![h],
+        );
+        t("mlp.gate_proj.weight", "ffn_gate.weight", vec![c.inter, h]);
+        t("mlp.up_proj.weight", "ffn_up.weight", vec![c.inter, h]);
+        t("mlp.down_proj.weight", "ffn_down.weight", vec![h, c.inter]);
+    }
+    v
+}
+
+/// Rows of source data per chunk.
+const CHUNK_BYTES: u64 = 32 << 20;
+
+/// Reorders the rows of whole heads of `hd` rows from HF's rotate-half
+/// layout to interleaved pairs: new[2b + a] = old[a * hd/2 + b].
+pub fn permute_heads(rows: &[f32], row_len: usize, hd: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(rows.len(), 0.0);
+    let head = hd * row_len;
+    for (src, dst) in rows.chunks_exact(head).zip(out.chunks_exact_mut(head)) {
+        for b in 0..hd / 2 {
+            for a in 0..2 {
+                let (d, s) = (2 * b + a, a * hd / 2 + b);
+                dst[d * row_len..(d + 1) * row_len]
+                    .copy_from_slice(&src[s * row_len..(s + 1) * row_len]);
+            }
+        }
+    }
+}
+
+/// The fill of one tensor: decode, permute (if `hd` is given), convert.
+fn tensor_fill(
+    ck: Arc<Checkpoint>,
+    t: StTensor,
+    ty: GgmlType,
+    hd: Option<usize>,
+    threads: usize,
+) -> TensorFill {
+    let (n_rows, row_len) = match t.shape.as_slice() {
+        [n, k] => (*n as usize, *k as usize),
+        [n] if hd.is_some() => (*n as usize, 1), // permuted bias: one value per row
+        s => (1, s.iter().product::<u64>() as usize),
+    };
+    let unit = hd.unwrap_or(1);
+    let src_row = row_len * t.dtype.size() as usize;
+    let per_chunk = ((CHUNK_BYTES as usize / src_row.max(1)).max(unit) / unit) * unit;
+    let n_chunks = n_rows.div_ceil(per_chunk);
+    let out_row = if row_len == 1 && n_rows > 1 {
+        n_rows
+    } else {
+        row_len
+    };
+    Box::new(move |w| {
+        if out_row != row_len {
+            // a permuted 1-D tensor: convert as one row
+            let mut f = vec![0.0; n_rows];
+            safetensors::decode(t.dtype, ck.data(&t), &mut f);
+            let mut p = Vec::new();
+            permute_heads(&f, 1, unit, &mut p);
+            let mut buf = Vec::new();
+            quant::from_f32(&p, ty, out_row, 1, &mut buf).map_err(to_io)?;
+            return w.write_all(&buf);
+        }
+        pipelined(w, n_chunks, |i, buf| {
+            let r0 = i * per_chunk;
+            let r1 = (r0 + per_chunk).min(n_rows);
+            let src = &ck.data(&t)[r0 * src_row..r1 * src_row];
+            let mut f = vec![0.0; (r1 - r0) * row_len];
+            safetensors::decode(t.dtype, src, &mut f);
+            if let Some(hd) = hd {
+                let mut p = Vec::new();
+                permute_heads(&f, row_len, hd, &mut p);
+                f = p;
+            }
+            quant::from_f32(&f, ty, row_len, threads, buf).map_err(to_io)
+        })
+    })
+}
+
+/// Converts the Hugging Face model in `dir` to `out`.
+pub fn convert_hf(dir: &Path, out: &Path, opts: &HfOptions) -> Result<WriteSummary> {
+    let c = HfConfig::read(dir)?;
+    let ck = Arc::new(safetensors::open_checkpoint(dir)?);
+    for name in ck.tensors.keys() {
+        gguf_name(name, c.n_layer)?;
+    }
+    let mut tensors = Vec::new();
+    let mut src_types = Vec::new();
+    let mut exp = expected(&c);
+    if c.tie && ck.tensors.contains_key("lm_head.weight") {
+        exp.push((
+            "lm_head.weight".into(),
+            "output.weight".into(),
+            vec![c.vocab, c.hidden],
+        ));
+    }
+    for (hf, gname, shape) in exp {
+        let t = ck
+            .tensors
+            .get(&hf)
+            .ok_or_else(|| ConvertError::MissingTensor(hf.clone()))?;
+        if t.shape != shape {
+            return Err(ConvertError::ShapeMismatch {
+                tensor: hf,
+                found: t.shape.clone(),
+                expected: shape,
+            });
+        }
+        let ne: Vec<u64> = shape.iter().rev().copied().collect();
+        let ty = match opts.target {
+            Some(_) => quant::choose_type(&gname, &ne, GgmlType::F32, opts.target),
+            None => quant::choose_type(&gname, &ne, t.dtype.ggml(), None),
+        };
+        quant::check_target(&gname, ty, ne[0])?;
+        let permute = c.permute_qk() && (gname.contains(".attn_q.") || gname.contains(".attn_k."));
+        let hd = permute.then_some(c.head_dim as usize);
+        src_types.push(t.dtype);
+        let fill = tensor_fill(ck.clone(), t.clone(), ty, hd, opts.threads);
+        tensors.push(OutTensor {
+            name: gname,
+            ne,
+            ty,
+            fill,
+        });
+    }
+    if let RopeScaling::Llama3 {
+        factor,
+        low,
+        high,
+        orig_ctx,
+    } = c.rope
+    {
+        let f = llama3_rope_factors(c.head_dim as u32, c.rope_theta, factor, low, high, orig_ctx);
+        let bytes: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
+        tensors.push(OutTensor {
+            name: "rope_freqs.weight".into(),
+            ne: vec![c.head_dim / 2],
+            ty: GgmlType::F32,
+            fill: Box::new(move |w| w.write_all(&bytes)),
+        });
+    }
+    let mut md = c.metadata();
+    let main_ty = opts.target.unwrap_or_else(|| {
+        let all16 = src_types.iter().all(|&d| d == Dtype::BF16);
+        let any32 = src_types.contains(&Dtype::F32);
+        if all16 {
+            GgmlType::BF16
+        } else if any32 {
+            GgmlType::F32
+        } else {
+            GgmlType::F16
+        }
+    });
+    if let Some(ft) = quant::file_type(main_ty) {
+        md.push(("general.file_type".into(), Value::U32(ft)));
+    }
+    md.extend(tokenizer::metadata(
+        dir,
+        &c.json,
+        c.vocab,
+        opts.pre.as_deref(),
+    )?);
+    let model = OutputModel {
+        metadata: md,
+        tensors,
+        n_layer: c.n_layer as u32,
+    };
+    write_model(model, out, opts.progress)
+}

@@ -1,0 +1,369 @@
+//! `strata-convert synth`: random-weight models with real shapes, for
+//! benchmarks where real weights cannot be brought.
+//!
+//! Speed: weights are not drawn one by one. For every (output type, scale)
+//! a pool of about 2M normal values is drawn (ChaCha8, Box-Muller) and
+//! quantized once by ggml; each tensor row is then a window of whole blocks
+//! of that pool starting at a per-row pseudo-random block, so generation is
+//! a memory copy and the file is written at disk speed (chunks are made on a
+//! helper thread while the previous one is written). Rows are distinct
+//! shifts of i.i.d. values, which is all a shape benchmark needs.
+//!
+//! Scale: every matrix has std 1/sqrt(fan_in) (embeddings 1), norms are 1,
+//! biases small. Each block reads an RMS-normed input, so its output has
+//! variance about 1 and the residual stream's variance grows by about one
+//! per group: about 161 (std ~13) after 80 layers, far inside f16 range, so
+//! activations, KV (f16) and logits stay finite through every layer.
+//!
+//! The tokenizer (every `tokenizer.*` key) is copied from `--vocab-from`
+//! and the vocabulary size follows it, so text generation runs end to end.
+
+use super::output::{pipelined, write_model, OutTensor, OutputModel, TensorFill, WriteSummary};
+use super::quant;
+use super::{ConvertError, Result};
+use crate::gguf::{GgmlType, Value};
+use crate::model::Arch;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Shapes of a model family member (llama.cpp hyperparameter names).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Preset {
+    pub name: &'static str,
+    pub arch: Arch,
+    pub n_embd: u32,
+    pub n_layer: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub n_ff: u32,
+    pub n_ctx: u32,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    /// Llama 3.1 rope frequency factors (`rope_freqs.weight`).
+    pub llama3_rope: bool,
+}
+
+const fn llama(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_ff: u32) -> Preset {
+    Preset {
+        name,
+        arch: Arch::Llama,
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv: 8,
+        n_ff,
+        n_ctx: 131072,
+        rope_base: 500000.0,
+        rms_eps: 1e-5,
+        llama3_rope: true,
+    }
+}
+
+/// The presets: a tiny one for tests and the shapes of real models.
+pub const PRESETS: [Preset; 4] = [
+    Preset {
+        name: "tiny",
+        arch: Arch::Llama,
+        n_embd: 256,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 512,
+        n_ctx: 4096,
+        rope_base: 10000.0,
+        rms_eps: 1e-5,
+        llama3_rope: false,
+    },
+    llama("llama3-8b", 4096, 32, 32, 14336),
+    llama("llama3-70b", 8192, 80, 64, 28672),
+    Preset {
+        name: "qwen2.5-7b",
+        arch: Arch::Qwen2,
+        n_embd: 3584,
+        n_layer: 28,
+        n_head: 28,
+        n_head_kv: 4,
+        n_ff: 18944,
+        n_ctx: 32768,
+        rope_base: 1000000.0,
+        rms_eps: 1e-6,
+        llama3_rope: false,
+    },
+];
+
+pub fn preset(name: &str) -> Result<Preset> {
+    PRESETS
+        .iter()
+        .find(|p| p.name == name)
+        .copied()
+        .ok_or_else(|| {
+            let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
+            ConvertError::Unsupported(format!("preset '{name}' (known: {})", names.join(", ")))
+        })
+}
+
+/// Options of [`synth`].
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    pub preset: Preset,
+    /// Type of the matrices (norms, biases, rope_freqs stay f32).
+    pub target: GgmlType,
+    /// Override the number of layers.
+    pub layers: Option<u32>,
+    /// GGUF whose tokenizer is copied.
+    pub vocab_from: PathBuf,
+    pub seed: u64,
+    pub threads: usize,
+    pub progress: bool,
+}
+
+/// Values per pool (a multiple of every block size).
+const POOL: usize = 1 << 21;
+/// Output bytes per generated chunk.
+const CHUNK_BYTES: u64 = 64 << 20;
+
+/// A quantized pool of N(0, std^2) values, extended so that any window of
+/// up to POOL/2 values is contiguous.
+struct Pool {
+    bytes: Vec<u8>,
+    n_blocks: u64,
+    block_bytes: usize,
+    block: u64,
+}
+
+fn normal_pool(std: f32, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut v = Vec::with_capacity(POOL);
+    while v.len() < POOL {
+        let u1 = (rng.next_u32() as f64 + 1.0) / 4294967297.0;
+        let u2 = rng.next_u32() as f64 / 4294967296.0;
+        let r = (-2.0 * u1.ln()).sqrt() * std as f64;
+        let a = std::f64::consts::TAU * u2;
+        v.push((r * a.cos()) as f32);
+        v.push((r * a.sin()) as f32);
+    }
+    v
+}
+
+impl Pool {
+    fn new(ty: GgmlType, std: f32, seed: u64, threads: usize) -> Result<Pool> {
+        let vals = normal_pool(std, seed);
+        let mut bytes = Vec::new();
+        quant::from_f32(&vals, ty, 256, threads, &mut bytes)?;
+        let block = ty.block_size().unwrap_or(1);
+        let block_bytes = ty.type_size().unwrap_or(4) as usize;
+        let n_blocks = (bytes.len() / block_bytes) as u64;
+        let head = bytes[..bytes.len() / 2].to_vec();
+        bytes.extend_from_slice(&head);
+        Ok(Pool {
+            bytes,
+            n_blocks,
+            block_bytes,
+            block,
+        })
+    }
+
+    /// Fills `out` (whole rows of `row_blocks` blocks) for rows starting at `row0`.
+    fn fill_rows(&self, out: &mut [u8], row0: u64, row_blocks: u64, salt: u64) {
+        let rb = row_blocks as usize * self.block_bytes;
+        for (i, row) in out.chunks_exact_mut(rb).enumerate() {
+            let start = (mix(salt ^ (row0 + i as u64)) % self.n_blocks) as usize;
+            let a = start * self.block_bytes;
+            row.copy_from_slice(&self.bytes[a..a + rb]);
+        }
+    }
+}
+
+/// splitmix64.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e3779b97f4a7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^ (z >> 31)
+}
+
+/// A fill writing rows of `ne` from `pool`, `threads` rows ranges per chunk.
+fn pool_fill(pool: Arc<Pool>, ne: &[u64], salt: u64, threads: usize) -> TensorFill {
+    let row_blocks = ne[0] / pool.block;
+    let rb = row_blocks * pool.block_bytes as u64;
+    let n_rows: u64 = ne[1..].iter().product();
+    let per_chunk = (CHUNK_BYTES / rb).max(1);
+    let n_chunks = n_rows.div_ceil(per_chunk) as usize;
+    Box::new(move |w| {
+        pipelined(w, n_chunks, |i, buf| {
+            let r0 = i as u64 * per_chunk;
+            let rows = per_chunk.min(n_rows - r0);
+            buf.resize((rows * rb) as usize, 0);
+            let per_thread = rows.div_ceil(threads.max(1) as u64).max(1);
+            std::thread::scope(|s| {
+                for (k, part) in buf.chunks_mut((per_thread * rb) as usize).enumerate() {
+                    let pool = &pool;
+                    s.spawn(move || {
+                        pool.fill_rows(part, r0 + k as u64 * per_thread, row_blocks, salt)
+                    });
+                }
+            });
+            Ok(())
+        })
+    })
+}
+
+fn f32_fill(vals: Vec<f32>) -> TensorFill {
+    let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+    Box::new(move |w| w.write_all(&bytes))
+}
+
+/// Llama 3.1 rope frequency factors (convert_hf_to_gguf.py, LlamaModel).
+pub fn llama3_rope_factors(
+    head_dim: u32,
+    base: f32,
+    factor: f32,
+    low: f32,
+    high: f32,
+    orig_ctx: f32,
+) -> Vec<f32> {
+    let (low_wavelen, high_wavelen) = (orig_ctx / low, orig_ctx / high);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / base.powf(2.0 * i as f32 / head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (orig_ctx / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// Writes a synthetic model to `out`.
+pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
+    let p = opts.preset;
+    let n_layer = opts.layers.unwrap_or(p.n_layer);
+    if n_layer == 0 {
+        return Err(ConvertError::Unsupported("--layers 0".into()));
+    }
+    let vocab = super::open_gguf(&opts.vocab_from)?;
+    let n_vocab = (vocab.get_str_array("tokenizer.ggml.tokens"))
+        .map_err(|source| ConvertError::BadGguf {
+            path: opts.vocab_from.clone(),
+            source,
+        })?
+        .len() as u64;
+    let (e, hd) = (p.n_embd as u64, (p.n_embd / p.n_head) as u64);
+    let (q, kv, ff) = (hd * p.n_head as u64, hd * p.n_head_kv as u64, p.n_ff as u64);
+
+    let a = p.arch.name();
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::Str(a.into())),
+        (
+            "general.name".into(),
+            Value::Str(format!("strata synthetic {}", p.name)),
+        ),
+    ];
+    if let Some(ft) = quant::file_type(opts.target) {
+        md.push(("general.file_type".into(), Value::U32(ft)));
+    }
+    let mut hp = |k: &str, v: Value| md.push((format!("{a}.{k}"), v));
+    hp("context_length", Value::U32(p.n_ctx));
+    hp("embedding_length", Value::U32(p.n_embd));
+    hp("block_count", Value::U32(n_layer));
+    hp("feed_forward_length", Value::U32(p.n_ff));
+    hp("attention.head_count", Value::U32(p.n_head));
+    hp("attention.head_count_kv", Value::U32(p.n_head_kv));
+    hp("rope.freq_base", Value::F32(p.rope_base));
+    hp("attention.layer_norm_rms_epsilon", Value::F32(p.rms_eps));
+    hp("rope.dimension_count", Value::U32(hd as u32));
+    hp("vocab_size", Value::U32(n_vocab as u32));
+    md.extend(
+        vocab
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer."))
+            .cloned(),
+    );
+
+    // (name, shape, std); std 0 marks a norm (ones)
+    let mut specs: Vec<(String, Vec<u64>, f32)> = vec![
+        ("token_embd.weight".into(), vec![e, n_vocab], 1.0),
+        ("output_norm.weight".into(), vec![e], 0.0),
+        (
+            "output.weight".into(),
+            vec![e, n_vocab],
+            1.0 / (e as f32).sqrt(),
+        ),
+    ];
+    let s_e = 1.0 / (e as f32).sqrt();
+    for l in 0..n_layer {
+        let mut t = |n: &str, ne: Vec<u64>, std: f32| specs.push((format!("blk.{l}.{n}"), ne, std));
+        t("attn_norm.weight", vec![e], 0.0);
+        t("attn_q.weight", vec![e, q], s_e);
+        t("attn_k.weight", vec![e, kv], s_e);
+        t("attn_v.weight", vec![e, kv], s_e);
+        if p.arch == Arch::Qwen2 {
+            t("attn_q.bias", vec![q], 0.02);
+            t("attn_k.bias", vec![kv], 0.02);
+            t("attn_v.bias", vec![kv], 0.02);
+        }
+        t("attn_output.weight", vec![q, e], 1.0 / (q as f32).sqrt());
+        t("ffn_norm.weight", vec![e], 0.0);
+        t("ffn_gate.weight", vec![e, ff], s_e);
+        t("ffn_up.weight", vec![e, ff], s_e);
+        t("ffn_down.weight", vec![ff, e], 1.0 / (ff as f32).sqrt());
+    }
+
+    let mut pools: HashMap<(u32, u32), Arc<Pool>> = HashMap::new();
+    let mut tensors = Vec::with_capacity(specs.len() + 1);
+    if p.llama3_rope {
+        let f = llama3_rope_factors(hd as u32, p.rope_base, 8.0, 1.0, 4.0, 8192.0);
+        tensors.push(OutTensor {
+            name: "rope_freqs.weight".into(),
+            ne: vec![hd / 2],
+            ty: GgmlType::F32,
+            fill: f32_fill(f),
+        });
+    }
+    for (i, (name, ne, std)) in specs.into_iter().enumerate() {
+        let ty = quant::choose_type(&name, &ne, GgmlType::F32, Some(opts.target));
+        let fill = if std == 0.0 {
+            f32_fill(vec![1.0; ne[0] as usize])
+        } else {
+            quant::check_target(&name, ty, ne[0])?;
+            if ne[0] as usize > POOL / 2 {
+                return Err(ConvertError::Unsupported(format!(
+                    "rows of {} values",
+                    ne[0]
+                )));
+            }
+            let key = (ty.0, std.to_bits());
+            let pool = match pools.get(&key) {
+                Some(pool) => pool.clone(),
+                None => {
+                    let seed = mix(opts.seed ^ mix(u64::from(key.0) << 32 | u64::from(key.1)));
+                    let pool = Arc::new(Pool::new(ty, std, seed, opts.threads)?);
+                    pools.insert(key, pool.clone());
+                    pool
+                }
+            };
+            let ne2 = if ne.len() == 1 {
+                vec![ne[0], 1]
+            } else {
+                ne.clone()
+            };
+            pool_fill(pool, &ne2, mix(opts.seed ^ (i as u64) << 40), opts.threads)
+        };
+        tensors.push(OutTensor { name, ne, ty, fill });
+    }
+    let model = OutputModel {
+        metadata: md,
+        tensors,
+        n_layer,
+    };
+    write_model(model, out, opts.progress)
+}
