@@ -10,7 +10,7 @@ mkdir -p /root/m
 [ -f $bin/libggml-cuda.so ] || bash tools/device-restore-module.sh | tee "$out/module.txt"
 f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
 v=.carry/models/vocab-smollm2.gguf
-{
+[ "${SKIP_SMALL:-0}" = 1 ] || {
   for spec in "llama3-8b 8" "qwen2.5-7b 4"; do
     set -- $spec
     $bin/synth $1 q4_0 $v /root/m/$1-$2.gguf $2
@@ -20,5 +20,5 @@ v=.carry/models/vocab-smollm2.gguf
 } | tee "$out/check_small.txt"
 m=/root/m/llama3-70b-q4_0.gguf
 [ -f "$m" ] || $bin/synth llama3-70b q4_0 $v "$m" | tee "$out/synth.txt"
-$bin/strata bench -m "$m" --device gpu --gpu-budget 12G -b 64 -c 1536 --slots 2 -p 64 -n 16 -B 8,64 --batch-steps 4 -r 3 \
+$bin/strata bench -m "$m" --device gpu --gpu-budget 12G -b 64 -c 1536 --slots 3 -p 64 -n 16 -B 8,64 --batch-steps 4 -r 3 \
   --llama-ngl 24 --trace "$out/trace_70b_decode.json" 2>&1 | f | tee "$out/bench_70b_decode.txt"

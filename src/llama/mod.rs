@@ -230,6 +230,7 @@ fn quiet_logs() {
 pub struct Reference<'m> {
     ctx: NonNull<sys::llama_context>,
     n_vocab: usize,
+    n_batch: usize,
     _model: &'m LlamaModel,
 }
 
@@ -270,13 +271,23 @@ impl<'m> Reference<'m> {
         Ok(Reference {
             ctx,
             n_vocab,
+            n_batch: cfg.n_batch as usize,
             _model: model,
         })
     }
 
-    /// Decodes (token, pos, seq, want_logits) in one call; returns the logits
+    /// Decodes (token, pos, seq, want_logits), n_batch tokens per call; returns the logits
     /// of the tokens that want them, in order.
     pub fn decode(&mut self, toks: &[(u32, i32, u32, bool)]) -> Result<Vec<f32>, LlamaError> {
+        // llama_decode takes at most n_batch tokens per call
+        let mut out = Vec::new();
+        for chunk in toks.chunks(self.n_batch.max(1)) {
+            out.extend(self.decode_one(chunk)?);
+        }
+        Ok(out)
+    }
+
+    fn decode_one(&mut self, toks: &[(u32, i32, u32, bool)]) -> Result<Vec<f32>, LlamaError> {
         // SAFETY: llama_batch_init allocates arrays for toks.len() tokens with
         // one seq id each; we fill exactly that and free it below.
         unsafe {
