@@ -56,20 +56,19 @@ pub const KEY_GROUP_SIZES: &str = "strata.group_sizes";
 /// Everything that can go wrong in a conversion, each naming what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{}: {source}", path.display())]
+    // The causes are part of the message, not `source()`, so an error
+    // chain (anyhow) does not print them twice.
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("{}: {err}", path.display())]
     BadGguf {
         path: PathBuf,
-        source: crate::gguf::GgufError,
+        err: crate::gguf::GgufError,
     },
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {err}", path.display())]
     BadModel {
         path: PathBuf,
-        source: crate::model::ModelError,
+        err: crate::model::ModelError,
     },
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
@@ -120,15 +119,19 @@ pub enum ConvertError {
 impl ConvertError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ConvertError {
         let path = path.into();
-        move |source| ConvertError::Io { path, source }
+        move |err| ConvertError::Io { path, err }
     }
 }
 
 /// Opens and validates a GGUF input, naming the file in any error.
 pub(crate) fn open_gguf(path: &std::path::Path) -> Result<crate::gguf::GgufFile> {
-    crate::gguf::GgufFile::open(path).map_err(|source| ConvertError::BadGguf {
-        path: path.to_path_buf(),
-        source,
+    crate::gguf::GgufFile::open(path).map_err(|err| match err {
+        // already names the file
+        crate::gguf::GgufError::Io { .. } => ConvertError::Gguf(err),
+        err => ConvertError::BadGguf {
+            path: path.to_path_buf(),
+            err,
+        },
     })
 }
 
@@ -137,9 +140,9 @@ pub(crate) fn model_spec(
     path: &std::path::Path,
     f: &crate::gguf::GgufFile,
 ) -> Result<crate::model::ModelSpec> {
-    crate::model::ModelSpec::from_gguf(f).map_err(|source| ConvertError::BadModel {
+    crate::model::ModelSpec::from_gguf(f).map_err(|err| ConvertError::BadModel {
         path: path.to_path_buf(),
-        source,
+        err,
     })
 }
 

@@ -139,7 +139,7 @@ pub fn write_model(model: OutputModel, out: &Path, progress: bool) -> Result<Wri
     if out.is_dir() {
         return Err(ConvertError::Io {
             path: out.to_path_buf(),
-            source: io::Error::new(io::ErrorKind::IsADirectory, "output is a directory"),
+            err: io::Error::new(io::ErrorKind::IsADirectory, "output is a directory"),
         });
     }
     let items: Vec<(Slot, u64)> = model
@@ -252,11 +252,11 @@ pub fn write_model(model: OutputModel, out: &Path, progress: bool) -> Result<Wri
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    if let Err(source) = fs::rename(&tmp, out) {
+    if let Err(err) = fs::rename(&tmp, out) {
         let _ = fs::remove_file(&tmp);
         return Err(ConvertError::Io {
             path: out.to_path_buf(),
-            source,
+            err,
         });
     }
     if let Ok(d) = File::open(&dir) {

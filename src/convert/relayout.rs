@@ -104,10 +104,7 @@ pub fn convert_gguf(input: &Path, output: &Path, opts: &GgufOptions) -> Result<W
     if (map.len() as u64) < f.file_size {
         return Err(ConvertError::Io {
             path: input.to_path_buf(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "file shrank while open",
-            ),
+            err: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file shrank while open"),
         });
     }
     let mut tensors = Vec::with_capacity(f.tensors.len());

@@ -251,9 +251,9 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
     }
     let vocab = super::open_gguf(&opts.vocab_from)?;
     let n_vocab = (vocab.get_str_array("tokenizer.ggml.tokens"))
-        .map_err(|source| ConvertError::BadGguf {
+        .map_err(|err| ConvertError::BadGguf {
             path: opts.vocab_from.clone(),
-            source,
+            err,
         })?
         .len() as u64;
     let (e, hd) = (p.n_embd as u64, (p.n_embd / p.n_head) as u64);

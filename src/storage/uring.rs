@@ -167,6 +167,10 @@ pub(crate) fn run(sh: &Shared, mut r: Ring, parker: Parker) {
             free.pop();
             slots[slot] = Some(c);
             inflight += 1;
+            // One SQE per enter: a batch is plugged and its adjacent reads
+            // merged into few large requests, fewer in flight at the device.
+            // An error leaves the SQE queued for the submit_and_wait below.
+            let _ = r.ring.submit();
         }
         if inflight == 0 {
             if sh.is_stopping() {

@@ -170,7 +170,7 @@ impl TinyModel {
         }
         header.insert("__metadata__".into(), json!({"format": "pt"}));
         let mut h = serde_json::to_vec(&header).expect("json");
-        while h.len() % 8 != 0 {
+        while !h.len().is_multiple_of(8) {
             h.push(b' ');
         }
         let mut out = (h.len() as u64).to_le_bytes().to_vec();

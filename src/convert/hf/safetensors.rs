@@ -242,7 +242,7 @@ pub fn open_checkpoint(dir: &Path) -> Result<Checkpoint> {
     } else {
         return Err(ConvertError::Io {
             path: dir.to_path_buf(),
-            source: std::io::Error::new(
+            err: std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "no model.safetensors or model.safetensors.index.json",
             ),
