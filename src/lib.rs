@@ -22,4 +22,3 @@ pub mod paging;
 pub mod parity;
 pub mod sample;
 pub mod storage;
-pub mod synth;

@@ -15,7 +15,7 @@ f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
 if [ ! -f "$m" ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/machine.txt"
   df -h /root | tail -1 | tee -a "$out/machine.txt"; free -g | head -2 | tee -a "$out/machine.txt"
-  $bin/synth llama3-70b q4_0 .carry/models/vocab-smollm2.gguf "$m" 2>&1 | tee "$out/synth.txt"
+  $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from .carry/models/vocab-smollm2.gguf "$m" 2>&1 | tee "$out/synth.txt"
 fi
 case $stage in
   strata)
