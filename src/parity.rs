@@ -16,8 +16,8 @@ fn argmax(v: &[f32]) -> u32 {
     crate::sample::argmax(v).unwrap_or(0)
 }
 
-/// strata: all prompt positions' logits, then `n_gen` greedy tokens.
-pub fn run_strata(e: &mut Engine, prompt: &[u32], n_gen: usize) -> Result<Run, EngineError> {
+/// strata on a fresh KV cache: the logits of every position of `prompt`.
+pub fn prompt_logits(e: &mut Engine, prompt: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
     e.clear();
     let nv = e.n_vocab() as usize;
     let batch: Vec<_> = prompt
@@ -30,9 +30,14 @@ pub fn run_strata(e: &mut Engine, prompt: &[u32], n_gen: usize) -> Result<Run, E
             logits: true,
         })
         .collect();
+    Ok(e.decode(&batch)?.chunks(nv).map(|c| c.to_vec()).collect())
+}
+
+/// strata: all prompt positions' logits, then `n_gen` greedy tokens.
+pub fn run_strata(e: &mut Engine, prompt: &[u32], n_gen: usize) -> Result<Run, EngineError> {
     let mut run = Run {
         tokens: Vec::new(),
-        logits: e.decode(&batch)?.chunks(nv).map(|c| c.to_vec()).collect(),
+        logits: prompt_logits(e, prompt)?,
     };
     for step in 0..n_gen {
         let t = argmax(run.logits.last().map_or(&[][..], |v| v));
@@ -122,21 +127,9 @@ pub fn run_strata_forced(
     prompt: &[u32],
     forced: &[u32],
 ) -> Result<Run, EngineError> {
-    e.clear();
-    let nv = e.n_vocab() as usize;
-    let batch: Vec<_> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchToken {
-            token: t,
-            pos: i as i32,
-            seq: 0,
-            logits: true,
-        })
-        .collect();
     let mut run = Run {
         tokens: forced.to_vec(),
-        logits: e.decode(&batch)?.chunks(nv).map(|c| c.to_vec()).collect(),
+        logits: prompt_logits(e, prompt)?,
     };
     for (step, &t) in forced
         .iter()

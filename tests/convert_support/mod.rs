@@ -25,19 +25,7 @@ pub fn engine(path: &Path) -> Engine {
 
 /// strata's logits at every position of `tokens` (one sequence).
 pub fn strata_logits(e: &mut Engine, tokens: &[u32]) -> Vec<Vec<f32>> {
-    e.clear();
-    let batch: Vec<BatchToken> = (tokens.iter().enumerate())
-        .map(|(i, &t)| BatchToken {
-            token: t,
-            pos: i as i32,
-            seq: 0,
-            logits: true,
-        })
-        .collect();
-    let all = e.decode(&batch).expect("strata decode");
-    all.chunks(e.n_vocab() as usize)
-        .map(|c| c.to_vec())
-        .collect()
+    strata::parity::prompt_logits(e, tokens).expect("strata decode")
 }
 
 /// strata's greedy continuation of `prompt`, with every step's logits.
