@@ -73,31 +73,40 @@ impl Context {
         self.wrap(unsafe { sys::ggml_mul_mat(self.raw(), w.raw(), x.raw()) })
     }
     pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_mul(self.raw(), a.raw(), b.raw()) })
     }
     pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_add(self.raw(), a.raw(), b.raw()) })
     }
     pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_rms_norm(self.raw(), a.raw(), eps) })
     }
     pub fn get_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) })
     }
     /// Writes the rows of `src` into `dst` at row indices `ids` (I64).
     pub fn set_rows<'a>(&'a self, dst: Tensor<'a>, src: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_set_rows(self.raw(), dst.raw(), src.raw(), ids.raw()) })
     }
     pub fn cpy<'a>(&'a self, src: Tensor<'a>, dst: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_cpy(self.raw(), src.raw(), dst.raw()) })
     }
     pub fn swiglu_split<'a>(&'a self, gate: Tensor<'a>, up: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_swiglu_split(self.raw(), gate.raw(), up.raw()) })
     }
     pub fn reshape_2d<'a>(&'a self, a: Tensor<'a>, ne0: i64, ne1: i64) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_reshape_2d(self.raw(), a.raw(), ne0, ne1) })
     }
     pub fn reshape_3d<'a>(&'a self, a: Tensor<'a>, ne0: i64, ne1: i64, ne2: i64) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_reshape_3d(self.raw(), a.raw(), ne0, ne1, ne2) })
     }
     pub fn view_2d<'a>(
@@ -108,6 +117,7 @@ impl Context {
         nb1: usize,
         offset: usize,
     ) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_view_2d(self.raw(), a.raw(), ne0, ne1, nb1, offset) })
     }
     #[allow(clippy::too_many_arguments)]
@@ -119,11 +129,13 @@ impl Context {
         nb2: usize,
         offset: usize,
     ) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe {
             sys::ggml_view_3d(self.raw(), a.raw(), ne[0], ne[1], ne[2], nb1, nb2, offset)
         })
     }
     pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [i32; 4]) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe {
             sys::ggml_permute(self.raw(), a.raw(), axes[0], axes[1], axes[2], axes[3])
         })
@@ -140,6 +152,7 @@ impl Context {
         p: &RopeParams,
     ) -> Tensor<'a> {
         let ff = freq_factors.map_or(std::ptr::null_mut(), |t| t.raw());
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe {
             sys::ggml_rope_ext(
                 self.raw(),
@@ -167,6 +180,7 @@ impl Context {
         mask: Tensor<'a>,
         scale: f32,
     ) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         let t = self.wrap(unsafe {
             sys::ggml_flash_attn_ext(
                 self.raw(),
@@ -179,6 +193,7 @@ impl Context {
                 0.0,
             )
         });
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         unsafe { sys::ggml_prec_set_acc(t.raw(), sys::GGML_PREC_F32) };
         t
     }
