@@ -124,3 +124,83 @@ fn poison_switch_catches_broken_ordering() {
         "the fault must change the output"
     );
 }
+
+/// The DRAM tier: a host window of 3 groups forces every streamed group to
+/// be re-read from the model file each step; results equal all-resident.
+fn dram_window_equals_resident(name: &str) {
+    let Some(path) = model(name) else { return };
+    let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
+    let mut resident = Engine::load(&path, &cfg(false, 3)).expect("resident engine");
+    let probe = Engine::load(&path, &cfg(true, 2)).expect("streamed engine");
+    let max_extent = probe
+        .store()
+        .layouts
+        .iter()
+        .map(|l| l.bytes as u64)
+        .max()
+        .expect("groups");
+    drop(probe);
+    let mut c = cfg(true, 2);
+    c.dram_budget = Some(3 * max_extent);
+    let mut windowed = Engine::load(&path, &c).expect("windowed engine");
+    assert_eq!(windowed.store().window_slots(), Some(3));
+    for p in PROMPTS {
+        let prompt = vocab.tokenize(p, true, true).expect("tokenize");
+        let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+        let b = run_strata(&mut windowed, &prompt, 12).expect("windowed run");
+        assert_eq!(
+            compare(&b, &a),
+            (0.0, None),
+            "{name}: DRAM-windowed run differs"
+        );
+        let step = windowed.last_step;
+        assert!(
+            step.disk_bytes >= step.pager.bytes / 2,
+            "{name}: a 3-group window must re-read most streamed bytes each step ({} of {})",
+            step.disk_bytes,
+            step.pager.bytes
+        );
+    }
+    // a multi-sequence batch through the window
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
+        .collect();
+    let batch: Vec<BatchToken> = prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(s, p)| {
+            p.iter().enumerate().map(move |(i, &t)| BatchToken {
+                token: t,
+                pos: i as i32,
+                seq: s as u32,
+                logits: true,
+            })
+        })
+        .collect();
+    resident.clear();
+    windowed.clear();
+    let a = resident.decode(&batch).expect("resident batch");
+    let b = windowed.decode(&batch).expect("windowed batch");
+    assert_eq!(
+        nmse(&b, &a),
+        0.0,
+        "{name}: batched DRAM-windowed run differs"
+    );
+    // a budget below two host slots is refused, naming the minimum
+    c.dram_budget = Some(max_extent);
+    let e = Engine::load(&path, &c)
+        .err()
+        .expect("too small a DRAM budget is refused");
+    assert!(e.to_string().contains("DRAM budget"), "{e}");
+}
+
+#[test]
+fn smollm2_dram_window_equals_resident() {
+    dram_window_equals_resident(common::SMOLLM2);
+}
+
+#[test]
+fn qwen2_dram_window_equals_resident() {
+    dram_window_equals_resident(common::QWEN2);
+}

@@ -13,6 +13,7 @@ mod buffers;
 mod pager;
 mod store;
 pub mod timeline;
+mod window;
 
 pub use pager::PagerStats;
 pub use store::{GroupLayout, Location, ModelFile, WeightStore};
@@ -50,6 +51,10 @@ pub enum EngineError {
     BadPos { seq: u32, pos: i32, n_ctx: u32 },
     #[error("empty batch")]
     EmptyBatch,
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
+    #[error("DRAM budget {budget} bytes is below the minimum of {minimum} bytes (two host slots of the largest streamed group); raise --dram-budget")]
+    DramBudget { budget: u64, minimum: u64 },
 }
 
 /// Which device computes.
@@ -75,6 +80,9 @@ pub struct EngineConfig {
     pub slots: usize,
     /// Stream every layer group whatever the budget (tests, benchmarks).
     pub stream_all: bool,
+    /// Host memory for streamed groups; below their size, a window of them
+    /// is kept and the rest is read from the model file as needed.
+    pub dram_budget: Option<u64>,
     /// Debug: fill each slot with NaN once its reader finished, so a read
     /// before its next upload completed shows as NaN logits.
     pub poison_slots: bool,
@@ -93,6 +101,7 @@ impl Default for EngineConfig {
             gpu_budget: None,
             slots: 3,
             stream_all: false,
+            dram_budget: None,
             poison_slots: false,
             fault_skip_load_wait: false,
         }
@@ -115,6 +124,8 @@ pub struct StepStats {
     pub n_tokens: usize,
     pub seconds: f64,
     pub pager: PagerStats,
+    /// Bytes the DRAM window read from the model file during the step.
+    pub disk_bytes: u64,
 }
 
 pub struct Engine {
@@ -201,7 +212,16 @@ impl Engine {
             slots: cfg.slots,
             stream_all: cfg.stream_all,
         })?;
-        let store = WeightStore::load(&spec, &file, device, &plan, layouts, cfg.progress)?;
+        let store = WeightStore::load(
+            &spec,
+            &file,
+            path,
+            device,
+            &plan,
+            layouts,
+            cfg.dram_budget,
+            cfg.progress,
+        )?;
         let pager = Pager::new(device, &plan, cfg.poison_slots, cfg.fault_skip_load_wait)?;
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let kv = KvStore::alloc(&dims, lim, device)?;
@@ -338,6 +358,7 @@ impl Engine {
 
     fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
         let start = Instant::now();
+        let disk0 = self.store.disk_bytes_read();
         self.validate(toks)?;
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
@@ -424,6 +445,7 @@ impl Engine {
             n_tokens: toks.len(),
             seconds: start.elapsed().as_secs_f64(),
             pager: self.pager.stats,
+            disk_bytes: self.store.disk_bytes_read() - disk0,
         };
         Ok(())
     }

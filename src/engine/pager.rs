@@ -108,8 +108,13 @@ impl Pager {
         store: &WeightStore,
         compute: &Backend,
         tl: &mut Option<Timeline>,
-    ) {
-        let src = store.host_extent(gi);
+    ) -> Result<(), EngineError> {
+        let drain = || {
+            if let Streams::Async { copy, .. } = &self.streams {
+                copy.synchronize();
+            }
+        };
+        let src = store.host_extent(gi, drain)?;
         let t = store.rings[ring].as_ref().expect("ring").slot_tensor(slot);
         self.stats.uploads += 1;
         self.stats.bytes += src.len() as u64;
@@ -124,10 +129,12 @@ impl Pager {
                 if let Some(tl) = tl.as_mut() {
                     tl.begin(Stream::Copy, copy, name(), src.len() as u64);
                 }
-                // SAFETY: src is pinned memory owned by the store, never
-                // written after load; the slot is free (the copy stream
-                // waited free(s)).
+                // SAFETY: src is pinned memory owned by the store, not written
+                // until this copy completed (the window drains the copy stream
+                // before reusing a host slot); the device slot is free (the
+                // copy stream waited free(s)).
                 unsafe { copy.tensor_set_async(t, src, 0) };
+                store.copy_enqueued(gi);
                 if let Some(tl) = tl.as_mut() {
                     tl.end(copy);
                 }
@@ -138,13 +145,14 @@ impl Pager {
                 }
                 let t0 = Instant::now();
                 // slot fits the extent; the compute side is idle (sync path)
-                let _ = t.set_bytes(src, 0);
+                t.set_bytes(src, 0)?;
                 self.stats.copy_wait += t0.elapsed();
                 if let Some(tl) = tl.as_mut() {
                     tl.end(compute);
                 }
             }
         }
+        Ok(())
     }
 
     fn run_ops(
@@ -162,7 +170,7 @@ impl Pager {
                     let gi = self.lists[ring][local];
                     match &mut self.streams {
                         Streams::Sync { pending } => pending.push_back((ring, slot, gi)),
-                        Streams::Async { .. } => self.upload(ring, slot, gi, store, compute, tl),
+                        Streams::Async { .. } => self.upload(ring, slot, gi, store, compute, tl)?,
                     }
                 }
                 Op::WaitFree(s) => {
@@ -184,7 +192,7 @@ impl Pager {
                         {
                             let todo: Vec<_> = pending.drain(..=pos).collect();
                             for (r, sl, gi) in todo {
-                                self.upload(r, sl, gi, store, compute, tl);
+                                self.upload(r, sl, gi, store, compute, tl)?;
                                 if let Some(rg) = self.rings[r].as_mut() {
                                     rg.mark_resident(sl);
                                 }

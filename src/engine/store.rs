@@ -2,6 +2,7 @@
 //! memory laid out exactly like a slot, so streaming a group into a slot is
 //! one contiguous copy.
 
+use super::window::DramWindow;
 use super::EngineError;
 use crate::ggml::{Buffer, BufferUsage, Context, Device, GgmlError};
 use crate::graph::Binding;
@@ -48,7 +49,9 @@ pub enum Location {
     /// In pinned memory at `host` (same layout as a slot), streamed through ring `ring`.
     Streamed {
         ring: usize,
-        host: usize,
+        /// Offset in the pinned buffer; None when the group lives on disk
+        /// and passes through the DRAM window.
+        host: Option<usize>,
     },
 }
 
@@ -81,6 +84,9 @@ pub struct WeightStore {
     pub pinned: Option<Buffer>,
     /// Per kind (0 attn, 1 ffn): the slot ring, if that kind streams.
     pub rings: [Option<RingBuffers>; 2],
+    window: Option<DramWindow>,
+    /// Each group's tensors in the file (the window reads them from there).
+    weights: Vec<Vec<WeightSpec>>,
     _ctx: Context,
     _resident: Buffer,
 }
@@ -126,12 +132,15 @@ fn progress(total: u64, on: bool) -> ProgressBar {
 
 impl WeightStore {
     /// Loads the weights as `plan` places them.
+    #[allow(clippy::too_many_arguments)]
     pub fn load(
         spec: &ModelSpec,
         file: &ModelFile,
+        path: &Path,
         dev: Device,
         plan: &Plan,
         layouts: Vec<GroupLayout>,
+        dram_budget: Option<u64>,
         show_progress: bool,
     ) -> Result<WeightStore, EngineError> {
         let buft = dev.buffer_type();
@@ -189,18 +198,45 @@ impl WeightStore {
             .filter(|((_, r), _)| !**r)
             .map(|(_, l)| l.bytes)
             .sum();
+        // the DRAM tier: a window of host slots when the streamed groups
+        // exceed the host budget
+        let max_extent = spec
+            .groups
+            .iter()
+            .zip(&plan.resident)
+            .zip(&layouts)
+            .filter(|((_, r), _)| !**r)
+            .map(|(_, l)| l.bytes)
+            .max()
+            .unwrap_or(0);
+        let window = match dram_budget {
+            Some(b) if streamed_bytes as u64 > b && max_extent > 0 => {
+                let slots = (b / max_extent as u64) as usize;
+                if slots < 2 {
+                    return Err(EngineError::DramBudget {
+                        budget: b,
+                        minimum: 2 * max_extent as u64,
+                    });
+                }
+                Some(DramWindow::new(path, slots, max_extent)?)
+            }
+            _ => None,
+        };
+        let host_bytes = window
+            .as_ref()
+            .map_or(streamed_bytes, |w| w.slots * w.slot_bytes);
         let (pinned, pinned_is_pinned) = if streamed_bytes > 0 {
             let (hbuft, real) = match dev.host_buffer_type() {
                 Some(h) if !dev.is_cpu() => (h, true),
                 // the CPU device computes from host memory directly
                 _ => (crate::ggml::cpu_device()?.buffer_type(), dev.is_cpu()),
             };
-            let b = Buffer::alloc(hbuft, streamed_bytes, BufferUsage::Weights)?;
+            let b = Buffer::alloc(hbuft, host_bytes, BufferUsage::Weights)?;
             // ggml falls back to pageable memory silently when pinning fails
             let really = real && (dev.is_cpu() || b.name().contains("Host"));
             if !really {
                 tracing::warn!(
-                    "pinned host allocation of {streamed_bytes} bytes fell back to pageable memory ({}); uploads will be slow and synchronous",
+                    "pinned host allocation of {host_bytes} bytes fell back to pageable memory ({}); uploads will be slow and synchronous",
                     b.name()
                 );
                 eprintln!("warning: host memory for streamed weights is NOT pinned ({}); copies will be slow", b.name());
@@ -219,6 +255,11 @@ impl WeightStore {
                 ));
                 continue;
             }
+            let ring = usize::from(g.kind == GroupKind::Ffn);
+            if window.is_some() {
+                groups.push(Location::Streamed { ring, host: None });
+                continue;
+            }
             let p = pinned
                 .as_ref()
                 .expect("pinned buffer exists when groups stream");
@@ -232,8 +273,8 @@ impl WeightStore {
                 bar.inc(w.size);
             }
             groups.push(Location::Streamed {
-                ring: usize::from(g.kind == GroupKind::Ffn),
-                host,
+                ring,
+                host: Some(host),
             });
             host += l.bytes;
         }
@@ -285,21 +326,57 @@ impl WeightStore {
             pinned_is_pinned,
             pinned,
             rings,
+            window,
+            weights: spec.groups.iter().map(|g| g.weights.clone()).collect(),
             _ctx: ctx,
             _resident: resident,
         })
     }
 
-    /// The pinned extent of a streamed group.
-    pub fn host_extent(&self, gi: usize) -> &[u8] {
-        match (&self.groups[gi], &self.pinned) {
-            (Location::Streamed { host, .. }, Some(p)) => {
-                // SAFETY: the extent lies inside the pinned buffer; it is only
-                // written at load time.
-                unsafe { std::slice::from_raw_parts(p.base().add(*host), self.layouts[gi].bytes) }
+    /// The pinned extent of a streamed group, read from the file into the
+    /// DRAM window first if that is where it lives. `drain` waits for the
+    /// pending copies out of a window slot about to be reused.
+    pub fn host_extent(&self, gi: usize, drain: impl FnOnce()) -> Result<&[u8], EngineError> {
+        let Some(p) = &self.pinned else {
+            return Ok(&[]);
+        };
+        let off = match (&self.groups[gi], &self.window) {
+            (Location::Streamed { host: Some(h), .. }, _) => *h,
+            (Location::Streamed { host: None, .. }, Some(w)) => {
+                // SAFETY: the pinned buffer is the window (slots * slot_bytes)
+                // and only the window writes it after load.
+                unsafe {
+                    w.ensure(
+                        p.base(),
+                        gi,
+                        &self.weights[gi],
+                        &self.layouts[gi].offsets,
+                        drain,
+                    )?
+                }
             }
-            _ => &[],
+            _ => return Ok(&[]),
+        };
+        // SAFETY: the extent lies inside the pinned buffer; it is written
+        // only at load time or by the window, never while a copy reads it.
+        Ok(unsafe { std::slice::from_raw_parts(p.base().add(off), self.layouts[gi].bytes) })
+    }
+
+    /// Notes that an asynchronous copy of group `gi`'s host extent was enqueued.
+    pub fn copy_enqueued(&self, gi: usize) {
+        if let (Some(w), Location::Streamed { host: None, .. }) = (&self.window, &self.groups[gi]) {
+            w.copy_enqueued_for(gi);
         }
+    }
+
+    /// Bytes the DRAM window read from the file so far (0 without a window).
+    pub fn disk_bytes_read(&self) -> u64 {
+        self.window.as_ref().map_or(0, |w| w.bytes_read())
+    }
+
+    /// Host slots of the DRAM window, if the streamed groups pass through one.
+    pub fn window_slots(&self) -> Option<usize> {
+        self.window.as_ref().map(|w| w.slots)
     }
 
     /// Bindings of group `gi` placed in slot `s` of its ring.

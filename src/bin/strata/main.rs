@@ -64,6 +64,10 @@ pub struct ModelArgs {
     /// Device slots per group kind for streamed groups.
     #[arg(long, default_value_t = 3)]
     slots: usize,
+    /// Host memory for streamed layer groups (e.g. 16G); below their size a
+    /// window of them is kept and the rest is read from the model file.
+    #[arg(long = "dram-budget", value_parser = strata::paging::parse_size)]
+    pub dram_budget: Option<u64>,
     /// Stream every layer group whatever the budget.
     #[arg(long = "stream-all")]
     pub stream_all: bool,
@@ -138,6 +142,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         gpu_budget: m.gpu_budget,
         slots: m.slots,
         stream_all: m.stream_all,
+        dram_budget: m.dram_budget,
         poison_slots: m.poison_slots,
         fault_skip_load_wait: false,
     }
