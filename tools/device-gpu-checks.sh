@@ -18,7 +18,8 @@ s() { $bin/strata "$@" 2>&1 | grep -v -e "^load_backend" -e "^ggml_cuda_init" -e
   echo "== every group streamed, 2 slots"; s check -m "$model" --device gpu --with-cpu -n 32 --stream-all --slots 2 || fail=1
   echo "== every group streamed, 3 slots, poisoned slots"; s check -m "$model" --device gpu -n 32 --stream-all --slots 3 --poison-slots || fail=1
   echo "== partly streamed (budget 160M)"; s check -m "$model" --device gpu -n 32 --gpu-budget 160M -c 1024 -b 256 || fail=1
-} | tee "$out/check.txt"
+} > "$out/check.txt" 2>&1   # not piped: a pipeline would set `fail` in a subshell
+cat "$out/check.txt"
 cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -z "$cs" ]; then echo "compute-sanitizer missing: FAIL" | tee "$out/sanitizer.txt"; fail=1; else
   for tool in memcheck racecheck; do
