@@ -27,6 +27,8 @@ if [ -z "$cs" ]; then echo "compute-sanitizer missing: FAIL" | tee "$out/sanitiz
     timeout 240 "$cs" --tool $tool $bin/strata run -m "$small" --device gpu --stream-all --slots 2 -c 256 -b 32 -p "Hello there" -n 4 --temp 0 2>&1 \
       | grep -v "^load_backend" | tail -6 | tee -a "$out/sanitizer.txt"
   done
+  grep -q "ERROR SUMMARY: 0 errors" "$out/sanitizer.txt" && grep -q "RACECHECK SUMMARY: 0 hazards" "$out/sanitizer.txt" \
+    || { echo "compute-sanitizer reported errors: FAIL"; fail=1; }
 fi
 {
   echo "== bench all resident vs llama.cpp"
