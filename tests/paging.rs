@@ -24,6 +24,22 @@ fn cfg(stream_all: bool, slots: usize) -> EngineConfig {
     }
 }
 
+/// Every position of every prompt, one sequence per prompt, all with logits.
+fn all_positions(prompts: &[Vec<u32>]) -> Vec<BatchToken> {
+    prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(s, p)| {
+            p.iter().enumerate().map(move |(i, &t)| BatchToken {
+                token: t,
+                pos: i as i32,
+                seq: s as u32,
+                logits: true,
+            })
+        })
+        .collect()
+}
+
 fn streamed_equals_resident(name: &str) {
     let Some(path) = model(name) else { return };
     let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
@@ -59,18 +75,7 @@ fn streamed_equals_resident(name: &str) {
         .iter()
         .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
         .collect();
-    let batch: Vec<BatchToken> = prompts
-        .iter()
-        .enumerate()
-        .flat_map(|(s, p)| {
-            p.iter().enumerate().map(move |(i, &t)| BatchToken {
-                token: t,
-                pos: i as i32,
-                seq: s as u32,
-                logits: true,
-            })
-        })
-        .collect();
+    let batch = all_positions(&prompts);
     resident.clear();
     let a = resident.decode(&batch).expect("resident batch");
     let b = streamed.decode(&batch).expect("streamed batch");
@@ -166,18 +171,7 @@ fn dram_window_equals_resident(name: &str) {
         .iter()
         .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
         .collect();
-    let batch: Vec<BatchToken> = prompts
-        .iter()
-        .enumerate()
-        .flat_map(|(s, p)| {
-            p.iter().enumerate().map(move |(i, &t)| BatchToken {
-                token: t,
-                pos: i as i32,
-                seq: s as u32,
-                logits: true,
-            })
-        })
-        .collect();
+    let batch = all_positions(&prompts);
     resident.clear();
     windowed.clear();
     let a = resident.decode(&batch).expect("resident batch");

@@ -190,25 +190,16 @@ impl WeightStore {
         };
 
         // streamed: pinned host extents with the slot layout
-        let streamed_bytes: usize = spec
-            .groups
+        let streamed: Vec<usize> = layouts
             .iter()
             .zip(&plan.resident)
-            .zip(&layouts)
-            .filter(|((_, r), _)| !**r)
-            .map(|(_, l)| l.bytes)
-            .sum();
+            .filter(|(_, r)| !**r)
+            .map(|(l, _)| l.bytes)
+            .collect();
+        let streamed_bytes: usize = streamed.iter().sum();
         // the DRAM tier: a window of host slots when the streamed groups
         // exceed the host budget
-        let max_extent = spec
-            .groups
-            .iter()
-            .zip(&plan.resident)
-            .zip(&layouts)
-            .filter(|((_, r), _)| !**r)
-            .map(|(_, l)| l.bytes)
-            .max()
-            .unwrap_or(0);
+        let max_extent = streamed.iter().copied().max().unwrap_or(0);
         let window = match dram_budget {
             Some(b) if streamed_bytes as u64 > b && max_extent > 0 => {
                 let slots = (b / max_extent as u64) as usize;
