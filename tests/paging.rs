@@ -146,26 +146,30 @@ fn dram_window_equals_resident(name: &str) {
         .expect("groups");
     drop(probe);
     let mut c = cfg(true, 2);
-    c.dram_budget = Some(3 * max_extent);
-    let mut windowed = Engine::load(&path, &c).expect("windowed engine");
-    assert_eq!(windowed.store().window_slots(), Some(3));
-    for p in PROMPTS {
-        let prompt = vocab.tokenize(p, true, true).expect("tokenize");
-        let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
-        let b = run_strata(&mut windowed, &prompt, 12).expect("windowed run");
-        assert_eq!(
-            compare(&b, &a),
-            (0.0, None),
-            "{name}: DRAM-windowed run differs"
-        );
-        let step = windowed.last_step;
-        assert!(
-            step.disk_bytes >= step.pager.bytes / 2,
-            "{name}: a 3-group window must re-read most streamed bytes each step ({} of {})",
-            step.disk_bytes,
-            step.pager.bytes
-        );
+    // 3 groups: no read-ahead; 8 groups: 6 host slots, reads 2 groups ahead
+    for (groups, slots) in [(3u64, 3usize), (8, 6)] {
+        c.dram_budget = Some(groups * max_extent);
+        let mut windowed = Engine::load(&path, &c).expect("windowed engine");
+        assert_eq!(windowed.store().window_slots(), Some(slots));
+        for p in PROMPTS {
+            let prompt = vocab.tokenize(p, true, true).expect("tokenize");
+            let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+            let b = run_strata(&mut windowed, &prompt, 12).expect("windowed run");
+            assert_eq!(
+                compare(&b, &a),
+                (0.0, None),
+                "{name}: DRAM-windowed run differs ({groups} groups)"
+            );
+            let step = windowed.last_step;
+            assert!(
+                step.disk_bytes >= step.pager.bytes / 2,
+                "{name}: a small window must re-read most streamed bytes each step ({} of {})",
+                step.disk_bytes,
+                step.pager.bytes
+            );
+        }
     }
+    let mut windowed = Engine::load(&path, &c).expect("windowed engine");
     // a multi-sequence batch through the window
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()

@@ -433,7 +433,7 @@ impl Engine {
         let gis: Vec<usize> = order.iter().map(|(l, k, _)| group_index(*l, *k)).collect();
         let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
         self.evict_templates(&shapes);
-        self.pager.begin_step(&gis, &self.store);
+        self.pager.begin_step(&gis, &self.store)?;
         for (l, kind, shape) in order {
             self.run_group(l, kind, shape)?;
         }

@@ -38,6 +38,8 @@ pub struct Pager {
     pub rings: [Option<SlotRing>; 2],
     /// Per ring: group index of each streamed group, in this step's order.
     lists: [Vec<usize>; 2],
+    /// All streamed groups of this step, in order (for reading ahead).
+    streamed: Vec<usize>,
     streams: Streams,
     pub stats: PagerStats,
 }
@@ -77,19 +79,22 @@ impl Pager {
         Ok(Pager {
             rings,
             lists: [Vec::new(), Vec::new()],
+            streamed: Vec::new(),
             streams,
             stats: PagerStats::default(),
         })
     }
 
     /// Starts a step whose groups run in `order` (group indices).
-    pub fn begin_step(&mut self, order: &[usize], store: &WeightStore) {
+    pub fn begin_step(&mut self, order: &[usize], store: &WeightStore) -> Result<(), EngineError> {
         for r in 0..2 {
             self.lists[r].clear();
         }
+        self.streamed.clear();
         for &gi in order {
             if let super::store::Location::Streamed { ring, .. } = store.groups[gi] {
                 self.lists[ring].push(gi);
+                self.streamed.push(gi);
             }
         }
         for r in 0..2 {
@@ -98,6 +103,9 @@ impl Pager {
             }
         }
         self.stats = PagerStats::default();
+        // the DRAM tier starts reading the first groups of the step
+        let ahead = store.read_ahead().min(self.streamed.len());
+        store.prefetch(&self.streamed[..ahead])
     }
 
     fn upload(
@@ -114,6 +122,11 @@ impl Pager {
                 copy.synchronize();
             }
         };
+        // keep the DRAM tier's reads `read_ahead` groups ahead of this one
+        if let Some(k) = self.streamed.iter().position(|&g| g == gi) {
+            let end = (k + 1 + store.read_ahead()).min(self.streamed.len());
+            store.prefetch(&self.streamed[k + 1..end])?;
+        }
         let src = store.host_extent(gi, drain)?;
         let t = store.rings[ring].as_ref().expect("ring").slot_tensor(slot);
         self.stats.uploads += 1;

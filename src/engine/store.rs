@@ -202,14 +202,18 @@ impl WeightStore {
         let max_extent = streamed.iter().copied().max().unwrap_or(0);
         let window = match dram_budget {
             Some(b) if streamed_bytes as u64 > b && max_extent > 0 => {
-                let slots = (b / max_extent as u64) as usize;
+                // the budget holds the host slots and the reads in flight
+                // (a staging buffer each): a quarter of it reads ahead
+                let groups = (b / max_extent as u64) as usize;
+                let ahead = (groups / 4).min(8);
+                let slots = groups - ahead;
                 if slots < 2 {
                     return Err(EngineError::DramBudget {
                         budget: b,
                         minimum: 2 * max_extent as u64,
                     });
                 }
-                Some(DramWindow::new(path, slots, max_extent)?)
+                Some(DramWindow::new(path, slots, max_extent, ahead)?)
             }
             _ => None,
         };
@@ -351,6 +355,23 @@ impl WeightStore {
         // SAFETY: the extent lies inside the pinned buffer; it is written
         // only at load time or by the window, never while a copy reads it.
         Ok(unsafe { std::slice::from_raw_parts(p.base().add(off), self.layouts[gi].bytes) })
+    }
+
+    /// Starts reading `gis` from the file ahead of use (DRAM window only).
+    pub fn prefetch(&self, gis: &[usize]) -> Result<(), EngineError> {
+        if let Some(w) = &self.window {
+            for &gi in gis {
+                if matches!(self.groups[gi], Location::Streamed { host: None, .. }) {
+                    w.prefetch(gi, &self.weights[gi])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Groups the DRAM window reads ahead of use (0 without a window).
+    pub fn read_ahead(&self) -> usize {
+        self.window.as_ref().map_or(0, |w| w.ahead)
     }
 
     /// Notes that an asynchronous copy of group `gi`'s host extent was enqueued.

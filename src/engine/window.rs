@@ -3,27 +3,33 @@
 //! step order and the rest are read from the model file (O_DIRECT through
 //! `crate::storage`) as the step moves through the layers.
 //!
-//! Slot h of the window receives streamed uploads h, h+W, h+2W, ... (round
-//! robin in step order), so the group evicted is always the one furthest
-//! behind. A host slot is only overwritten once the copy that read it has
-//! completed (the copy stream is drained first when it may still be
-//! pending). Reads are synchronous: they happen when the pager needs the
-//! group, not ahead of it (see the issue notes).
+//! Groups take host slots round robin in step order, so the group evicted
+//! is always the one furthest behind. A host slot is only overwritten once
+//! the copy that read it has completed (the copy stream is drained first
+//! when it may still be pending). Reads run ahead of the pager: they land in
+//! staging buffers (the file layout differs from the slot layout) and are
+//! placed into a host slot when the pager asks for the group.
 
 use super::EngineError;
 use crate::model::WeightSpec;
 use crate::storage::{
-    AlignedBuf, AlignedWindow, ExtentReader, ReadRequest, Reader, ReaderConfig, DIRECT_ALIGN,
+    AlignedBuf, AlignedWindow, ExtentReader, ReadRequest, ReadTicket, Reader, ReaderConfig,
+    DIRECT_ALIGN,
 };
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::Path;
 
-/// Window state: which group each host slot holds.
+/// Window state and the reads in flight.
 pub struct DramWindow {
     pub slots: usize,
     pub slot_bytes: usize,
+    /// Groups read ahead of the pager.
+    pub ahead: usize,
     reader: Reader,
     state: RefCell<State>,
+    /// Reads in flight, by group (each owns its staging buffer).
+    inflight: RefCell<HashMap<usize, ReadTicket>>,
 }
 
 struct State {
@@ -31,22 +37,33 @@ struct State {
     /// An asynchronous copy out of this slot may still be running.
     copy_pending: Vec<bool>,
     next: usize,
-    pub bytes_read: u64,
+    bytes_read: u64,
 }
 
 impl DramWindow {
-    pub fn new(path: &Path, slots: usize, slot_bytes: usize) -> Result<DramWindow, EngineError> {
-        let reader = Reader::open(path, ReaderConfig::default())?;
+    pub fn new(
+        path: &Path,
+        slots: usize,
+        slot_bytes: usize,
+        ahead: usize,
+    ) -> Result<DramWindow, EngineError> {
+        let cfg = ReaderConfig {
+            workers: 2,
+            queue_depth: 16,
+            ..ReaderConfig::default()
+        };
         Ok(DramWindow {
             slots,
             slot_bytes,
-            reader,
+            ahead,
+            reader: Reader::open(path, cfg)?,
             state: RefCell::new(State {
                 owner: vec![None; slots],
                 copy_pending: vec![false; slots],
                 next: 0,
                 bytes_read: 0,
             }),
+            inflight: RefCell::new(HashMap::new()),
         })
     }
 
@@ -55,34 +72,20 @@ impl DramWindow {
         self.state.borrow().bytes_read
     }
 
-    /// Makes group `gi` present in a host slot of `base` (the pinned window
-    /// buffer), reading its tensors into the slot layout (`offsets`) if it is
-    /// not there. `drain` waits for pending copies before a slot whose data
-    /// may still be copying is overwritten. Returns the slot's byte offset.
-    ///
-    /// # Safety
-    /// `base` must point to `slots * slot_bytes` bytes of host memory that
-    /// only this window writes.
-    pub unsafe fn ensure(
-        &self,
-        base: *mut u8,
-        gi: usize,
-        weights: &[WeightSpec],
-        offsets: &[usize],
-        drain: impl FnOnce(),
-    ) -> Result<usize, EngineError> {
-        let mut st = self.state.borrow_mut();
-        if let Some(h) = st.owner.iter().position(|&o| o == Some(gi)) {
-            return Ok(h * self.slot_bytes);
+    /// Starts reading group `gi` unless it is in a host slot or being read.
+    pub fn prefetch(&self, gi: usize, weights: &[WeightSpec]) -> Result<(), EngineError> {
+        if self.state.borrow().owner.contains(&Some(gi)) || self.inflight.borrow().contains_key(&gi)
+        {
+            return Ok(());
         }
-        let h = st.next % self.slots;
-        st.next += 1;
-        if st.copy_pending[h] {
-            drain();
-            st.copy_pending.iter_mut().for_each(|p| *p = false);
-        }
-        st.owner[h] = None;
-        // one aligned read per tensor, all in flight together
+        let t = self.submit(weights)?;
+        self.inflight.borrow_mut().insert(gi, t);
+        Ok(())
+    }
+
+    /// One aligned read per tensor of a group, all in flight together, into
+    /// a staging buffer.
+    fn submit(&self, weights: &[WeightSpec]) -> Result<ReadTicket, EngineError> {
         let mut reqs = Vec::with_capacity(weights.len());
         let mut off = 0usize;
         for w in weights {
@@ -99,10 +102,50 @@ impl DramWindow {
             });
             off += (win.len as usize).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN;
         }
-        let done = self
+        Ok(self
             .reader
-            .submit(AlignedBuf::new(off.max(DIRECT_ALIGN))?, &reqs)?
-            .wait()?;
+            .submit(AlignedBuf::new(off.max(DIRECT_ALIGN))?, &reqs)?)
+    }
+
+    /// Makes group `gi` present in a host slot of `base` (the pinned window
+    /// buffer): waits for its read (issuing it now if nobody did) and lays
+    /// its tensors out at `offsets`. `drain` waits for pending copies before
+    /// a slot whose data may still be copying is overwritten. Returns the
+    /// slot's byte offset.
+    ///
+    /// # Safety
+    /// `base` must point to `slots * slot_bytes` bytes of host memory that
+    /// only this window writes.
+    pub unsafe fn ensure(
+        &self,
+        base: *mut u8,
+        gi: usize,
+        weights: &[WeightSpec],
+        offsets: &[usize],
+        drain: impl FnOnce(),
+    ) -> Result<usize, EngineError> {
+        if let Some(h) = self
+            .state
+            .borrow()
+            .owner
+            .iter()
+            .position(|&o| o == Some(gi))
+        {
+            return Ok(h * self.slot_bytes);
+        }
+        let ticket = self.inflight.borrow_mut().remove(&gi);
+        let done = match ticket {
+            Some(t) => t.wait()?,
+            None => self.submit(weights)?.wait()?,
+        };
+        let mut st = self.state.borrow_mut();
+        let h = st.next % self.slots;
+        st.next += 1;
+        if st.copy_pending[h] {
+            drain();
+            st.copy_pending.iter_mut().for_each(|p| *p = false);
+        }
+        st.owner[h] = None;
         // SAFETY: the caller guarantees the window memory; slot h lies inside it.
         let dst = std::slice::from_raw_parts_mut(base.add(h * self.slot_bytes), self.slot_bytes);
         dst.fill(0);
