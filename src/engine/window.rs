@@ -3,8 +3,12 @@
 //! step order and the rest are read from the model file (O_DIRECT through
 //! `crate::storage`) as the step moves through the layers.
 //!
-//! Groups take host slots round robin in step order, so the group evicted
-//! is always the one furthest behind. A host slot is only overwritten once
+//! The step visits groups in the same order every step, so the group used
+//! longest ago is the one needed soonest: evicting it (LRU) would re-read
+//! every group every step. Instead the first groups to arrive keep their
+//! host slots, and the rest pass through the last `CYCLING` slots round
+//! robin: each step re-reads only what the window cannot hold. A host slot
+//! is only overwritten once
 //! the copy that read it has completed (the copy stream is drained first
 //! when it may still be pending). Reads run ahead of the pager: they land in
 //! staging buffers (the file layout differs from the slot layout) and are
@@ -19,6 +23,9 @@ use crate::storage::{
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
+
+/// Host slots that groups beyond the window's capacity pass through.
+pub const CYCLING: usize = 3;
 
 /// Window state and the reads in flight.
 pub struct DramWindow {
@@ -139,8 +146,14 @@ impl DramWindow {
             None => self.submit(weights)?.wait()?,
         };
         let mut st = self.state.borrow_mut();
-        let h = st.next % self.slots;
-        st.next += 1;
+        let cycling = CYCLING.min(self.slots);
+        let h = match st.owner.iter().position(|o| o.is_none()) {
+            Some(free) => free,
+            None => {
+                st.next += 1;
+                self.slots - cycling + st.next % cycling
+            }
+        };
         if st.copy_pending[h] {
             drain();
             st.copy_pending.iter_mut().for_each(|p| *p = false);

@@ -70,6 +70,9 @@ struct Row {
 
 struct StepFigures {
     step_ms: f64,
+    /// MiB read from the model file per step (DRAM tier), and its rate.
+    disk_mib: f64,
+    disk_gbs: f64,
     mib_up: f64,
     copy_gbs: f64,
     wait_ms: f64,
@@ -158,6 +161,7 @@ fn time_strata(
         e.decode(b)?;
     }
     e.start_timeline();
+    let disk0 = e.store().disk_bytes_read();
     let t0 = Instant::now();
     let mut tokens = 0usize;
     for b in run {
@@ -166,6 +170,7 @@ fn time_strata(
     }
     let secs = t0.elapsed().as_secs_f64();
     let spans = e.finish_timeline();
+    let disk = (e.store().disk_bytes_read() - disk0) as f64;
     let steps = run
         .iter()
         .map(|b| b.len().div_ceil(e.n_batch() as usize))
@@ -174,6 +179,8 @@ fn time_strata(
     let o = Overlap::of(&spans);
     let fig = StepFigures {
         step_ms: secs * 1e3 / steps as f64,
+        disk_mib: disk / steps as f64 / (1u64 << 20) as f64,
+        disk_gbs: disk / secs / 1e9,
         mib_up: o.bytes as f64 / steps as f64 / (1u64 << 20) as f64,
         copy_gbs: o.copy_bw() / 1e9,
         wait_ms: ((secs - o.compute_s).max(0.0)) * 1e3 / steps as f64,
@@ -329,8 +336,8 @@ fn print_row(r: &Row, json: bool) {
     if json {
         let step = r.step.as_ref().map_or("null".to_string(), |f| {
             format!(
-                "{{\"step_ms\":{:.3},\"mib_uploaded\":{:.2},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3}}}",
-                f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms
+                "{{\"step_ms\":{:.3},\"disk_mib\":{:.2},\"disk_gbs\":{:.3},\"mib_uploaded\":{:.2},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3}}}",
+                f.step_ms, f.disk_mib, f.disk_gbs, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms
             )
         });
         println!(
@@ -340,10 +347,15 @@ fn print_row(r: &Row, json: bool) {
         return;
     }
     match &r.step {
-        Some(f) => println!(
-            "{:<28} {:<14} {:>10.2} t/s | step {:>9.2} ms, up {:>8.1} MiB, copy {:>6.1} GB/s, compute waited {:>8.2} ms, overlap {:>4.0}%, floor {:>9.2} ms",
-            r.engine, r.test, r.tps, f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap * 100.0, f.floor_ms
-        ),
+        Some(f) => {
+            println!(
+                "{:<28} {:<14} {:>10.2} t/s | step {:>9.2} ms, up {:>8.1} MiB, copy {:>6.1} GB/s, compute waited {:>8.2} ms, overlap {:>4.0}%, floor {:>9.2} ms",
+                r.engine, r.test, r.tps, f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap * 100.0, f.floor_ms
+            );
+            if f.disk_mib > 0.0 {
+                println!("{:<43} disk read {:>8.1} MiB/step at {:.2} GB/s", "", f.disk_mib, f.disk_gbs);
+            }
+        }
         None => println!("{:<28} {:<14} {:>10.2} t/s", r.engine, r.test, r.tps),
     }
 }
