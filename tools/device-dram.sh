@@ -13,8 +13,8 @@ f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
 s8=/root/m/llama3-8b-8.gguf
 [ -f $s8 ] || $bin/strata-convert synth --preset llama3-8b --type q4_0 --layers 8 --vocab-from $v $s8 >/dev/null
 {
-  echo "== llama3-8b (8 layers), every group streamed, DRAM window of 1G"
-  $bin/strata check -m $s8 --device gpu --with-cpu -n 16 -c 512 --stream-all --dram-budget 1G 2>&1 | f
+  echo "== llama3-8b (8 layers), every group streamed, DRAM window of 600M"
+  $bin/strata check -m $s8 --device gpu --with-cpu -n 16 -c 512 --stream-all --dram-budget 600M 2>&1 | f
 } | tee "$out/check_dram.txt"
 m=/root/m/llama3-70b-q4_0.gguf
 [ -f "$m" ] || $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from $v "$m" | tail -1 | tee "$out/synth.txt"

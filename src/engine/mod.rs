@@ -53,7 +53,7 @@ pub enum EngineError {
     EmptyBatch,
     #[error(transparent)]
     Storage(#[from] crate::storage::StorageError),
-    #[error("DRAM budget {budget} bytes is below the minimum of {minimum} bytes (two host slots of the largest streamed group); raise --dram-budget")]
+    #[error("DRAM budget {budget} bytes is below the minimum of {minimum} bytes (two host slots of the largest streamed group of each kind); raise --dram-budget")]
     DramBudget { budget: u64, minimum: u64 },
 }
 

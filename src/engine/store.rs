@@ -84,7 +84,8 @@ pub struct WeightStore {
     pub pinned: Option<Buffer>,
     /// Per kind (0 attn, 1 ffn): the slot ring, if that kind streams.
     pub rings: [Option<RingBuffers>; 2],
-    window: Option<DramWindow>,
+    /// Per group kind: the DRAM window and where its slots start in `pinned`.
+    windows: [Option<(DramWindow, usize)>; 2],
     /// Each group's tensors in the file (the window reads them from there).
     weights: Vec<Vec<WeightSpec>>,
     _ctx: Context,
@@ -197,29 +198,49 @@ impl WeightStore {
             .map(|(l, _)| l.bytes)
             .collect();
         let streamed_bytes: usize = streamed.iter().sum();
-        // the DRAM tier: a window of host slots when the streamed groups
-        // exceed the host budget
-        let max_extent = streamed.iter().copied().max().unwrap_or(0);
-        let window = match dram_budget {
-            Some(b) if streamed_bytes as u64 > b && max_extent > 0 => {
-                // the budget holds the host slots and the reads in flight
-                // (a staging buffer each): a quarter of it reads ahead
-                let groups = (b / max_extent as u64) as usize;
+        // the DRAM tier: when the streamed groups exceed the host budget, a
+        // window of host slots per group kind (slots sized for that kind's
+        // largest group), the budget split by the kinds' streamed bytes
+        let mut kind_bytes = [0usize; 2];
+        let mut kind_max = [0usize; 2];
+        for ((g, r), l) in spec.groups.iter().zip(&plan.resident).zip(&layouts) {
+            if !*r {
+                let k = usize::from(g.kind == GroupKind::Ffn);
+                kind_bytes[k] += l.bytes;
+                kind_max[k] = kind_max[k].max(l.bytes);
+            }
+        }
+        let mut windows: [Option<(DramWindow, usize)>; 2] = [None, None];
+        let mut host_bytes = streamed_bytes;
+        if let Some(b) = dram_budget.filter(|&b| streamed_bytes as u64 > b) {
+            // each kind needs two host slots of its largest group
+            let minimum = (0..2)
+                .filter(|&k| kind_bytes[k] > 0)
+                .map(|k| {
+                    (2 * kind_max[k] as u128 * streamed_bytes as u128)
+                        .div_ceil(kind_bytes[k] as u128) as u64
+                })
+                .max()
+                .unwrap_or(0);
+            let mut off = 0usize;
+            for k in 0..2 {
+                if kind_bytes[k] == 0 {
+                    continue;
+                }
+                let share = (b as u128 * kind_bytes[k] as u128 / streamed_bytes as u128) as usize;
+                // the share holds host slots and reads in flight (a staging
+                // buffer each): a quarter of it reads ahead
+                let groups = share / kind_max[k];
                 let ahead = (groups / 4).min(8);
                 let slots = groups - ahead;
                 if slots < 2 {
-                    return Err(EngineError::DramBudget {
-                        budget: b,
-                        minimum: 2 * max_extent as u64,
-                    });
+                    return Err(EngineError::DramBudget { budget: b, minimum });
                 }
-                Some(DramWindow::new(path, slots, max_extent, ahead)?)
+                windows[k] = Some((DramWindow::new(path, slots, kind_max[k], ahead)?, off));
+                off += slots * kind_max[k];
             }
-            _ => None,
-        };
-        let host_bytes = window
-            .as_ref()
-            .map_or(streamed_bytes, |w| w.slots * w.slot_bytes);
+            host_bytes = off;
+        }
         let (pinned, pinned_is_pinned) = if streamed_bytes > 0 {
             let (hbuft, real) = match dev.host_buffer_type() {
                 Some(h) if !dev.is_cpu() => (h, true),
@@ -251,7 +272,7 @@ impl WeightStore {
                 continue;
             }
             let ring = usize::from(g.kind == GroupKind::Ffn);
-            if window.is_some() {
+            if windows[ring].is_some() {
                 groups.push(Location::Streamed { ring, host: None });
                 continue;
             }
@@ -321,11 +342,19 @@ impl WeightStore {
             pinned_is_pinned,
             pinned,
             rings,
-            window,
+            windows,
             weights: spec.groups.iter().map(|g| g.weights.clone()).collect(),
             _ctx: ctx,
             _resident: resident,
         })
+    }
+
+    /// The DRAM window group `gi` passes through, with its slots' offset.
+    fn window_of(&self, gi: usize) -> Option<&(DramWindow, usize)> {
+        match self.groups[gi] {
+            Location::Streamed { ring, host: None } => self.windows[ring].as_ref(),
+            _ => None,
+        }
     }
 
     /// The pinned extent of a streamed group, read from the file into the
@@ -335,20 +364,22 @@ impl WeightStore {
         let Some(p) = &self.pinned else {
             return Ok(&[]);
         };
-        let off = match (&self.groups[gi], &self.window) {
+        let off = match (&self.groups[gi], self.window_of(gi)) {
             (Location::Streamed { host: Some(h), .. }, _) => *h,
-            (Location::Streamed { host: None, .. }, Some(w)) => {
-                // SAFETY: the pinned buffer is the window (slots * slot_bytes)
-                // and only the window writes it after load.
-                unsafe {
+            (Location::Streamed { host: None, .. }, Some((w, base))) => {
+                // SAFETY: the window's slots lie at `base` inside the pinned
+                // buffer (sized as the sum of both windows) and only the
+                // window writes them after load.
+                let at = unsafe {
                     w.ensure(
-                        p.base(),
+                        p.base().add(*base),
                         gi,
                         &self.weights[gi],
                         &self.layouts[gi].offsets,
                         drain,
                     )?
-                }
+                };
+                base + at
             }
             _ => return Ok(&[]),
         };
@@ -359,36 +390,40 @@ impl WeightStore {
 
     /// Starts reading `gis` from the file ahead of use (DRAM window only).
     pub fn prefetch(&self, gis: &[usize]) -> Result<(), EngineError> {
-        if let Some(w) = &self.window {
-            for &gi in gis {
-                if matches!(self.groups[gi], Location::Streamed { host: None, .. }) {
-                    w.prefetch(gi, &self.weights[gi])?;
-                }
+        for &gi in gis {
+            if let Some((w, _)) = self.window_of(gi) {
+                w.prefetch(gi, &self.weights[gi])?;
             }
         }
         Ok(())
     }
 
-    /// Groups the DRAM window reads ahead of use (0 without a window).
+    /// Groups the DRAM windows read ahead of use, counted in step order (0
+    /// without a window).
     pub fn read_ahead(&self) -> usize {
-        self.window.as_ref().map_or(0, |w| w.ahead)
+        self.windows.iter().flatten().map(|(w, _)| w.ahead).sum()
     }
 
     /// Notes that an asynchronous copy of group `gi`'s host extent was enqueued.
     pub fn copy_enqueued(&self, gi: usize) {
-        if let (Some(w), Location::Streamed { host: None, .. }) = (&self.window, &self.groups[gi]) {
+        if let Some((w, _)) = self.window_of(gi) {
             w.copy_enqueued_for(gi);
         }
     }
 
-    /// Bytes the DRAM window read from the file so far (0 without a window).
+    /// Bytes the DRAM windows read from the file so far (0 without one).
     pub fn disk_bytes_read(&self) -> u64 {
-        self.window.as_ref().map_or(0, |w| w.bytes_read())
+        self.windows
+            .iter()
+            .flatten()
+            .map(|(w, _)| w.bytes_read())
+            .sum()
     }
 
-    /// Host slots of the DRAM window, if the streamed groups pass through one.
+    /// Host slots of the DRAM windows, if the streamed groups pass through them.
     pub fn window_slots(&self) -> Option<usize> {
-        self.window.as_ref().map(|w| w.slots)
+        let n: usize = self.windows.iter().flatten().map(|(w, _)| w.slots).sum();
+        (n > 0).then_some(n)
     }
 
     /// Bindings of group `gi` placed in slot `s` of its ring.

@@ -353,7 +353,10 @@ fn print_row(r: &Row, json: bool) {
                 r.engine, r.test, r.tps, f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap * 100.0, f.floor_ms
             );
             if f.disk_mib > 0.0 {
-                println!("{:<43} disk read {:>8.1} MiB/step at {:.2} GB/s", "", f.disk_mib, f.disk_gbs);
+                println!(
+                    "{:<43} disk read {:>8.1} MiB/step at {:.2} GB/s",
+                    "", f.disk_mib, f.disk_gbs
+                );
             }
         }
         None => println!("{:<28} {:<14} {:>10.2} t/s", r.engine, r.test, r.tps),
