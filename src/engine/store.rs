@@ -338,7 +338,7 @@ impl WeightStore {
             head,
             rope_freqs,
             resident_bytes: size as u64,
-            pinned_bytes: streamed_bytes as u64,
+            pinned_bytes: host_bytes as u64,
             pinned_is_pinned,
             pinned,
             rings,
