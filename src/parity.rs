@@ -16,6 +16,16 @@ fn argmax(v: &[f32]) -> u32 {
     crate::sample::argmax(v).unwrap_or(0)
 }
 
+/// strata: the logits after feeding one more token of sequence 0.
+fn decode_next(e: &mut Engine, token: u32, pos: i32) -> Result<Vec<f32>, EngineError> {
+    e.decode(&[BatchToken {
+        token,
+        pos,
+        seq: 0,
+        logits: true,
+    }])
+}
+
 /// strata on a fresh KV cache: the logits of every position of `prompt`.
 pub fn prompt_logits(e: &mut Engine, prompt: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
     e.clear();
@@ -46,12 +56,7 @@ pub fn run_strata(e: &mut Engine, prompt: &[u32], n_gen: usize) -> Result<Run, E
             break;
         }
         let pos = (prompt.len() + step) as i32;
-        run.logits.push(e.decode(&[BatchToken {
-            token: t,
-            pos,
-            seq: 0,
-            logits: true,
-        }])?);
+        run.logits.push(decode_next(e, t, pos)?);
     }
     Ok(run)
 }
@@ -137,12 +142,7 @@ pub fn run_strata_forced(
         .take(forced.len().saturating_sub(1))
     {
         let pos = (prompt.len() + step) as i32;
-        run.logits.push(e.decode(&[BatchToken {
-            token: t,
-            pos,
-            seq: 0,
-            logits: true,
-        }])?);
+        run.logits.push(decode_next(e, t, pos)?);
     }
     Ok(run)
 }
