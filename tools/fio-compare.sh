@@ -8,8 +8,10 @@
 #   QD=32 BS=4M tools/fio-compare.sh FILE
 #   FIO_IOMEM=shmhuge tools/fio-compare.sh FILE   # fio on huge pages too
 #
-# Needs fio (apt-get install -y fio) and jq. READBENCH=path uses a readbench
-# binary built elsewhere instead of building examples/readbench.rs here.
+# Needs fio (apt-get install -y fio; FIO=path uses another one, e.g. the
+# carried .carry/fio/run-fio from tools/fetch-fio.sh) and jq or python3 (to
+# read fio's JSON). READBENCH=path uses a readbench binary built elsewhere
+# instead of building examples/readbench.rs here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FILE=${1:?usage: tools/fio-compare.sh FILE}
@@ -29,8 +31,20 @@ FIO_IOMEM=${FIO_IOMEM:-malloc}
 # window would; on this VM's virtio disk the footprint alone moves ~10%).
 READER_ARGS=${READER_ARGS:-}
 
-command -v fio >/dev/null || { echo "fio missing: apt-get install -y fio" >&2; exit 1; }
-command -v jq >/dev/null || { echo "jq missing: apt-get install -y jq" >&2; exit 1; }
+FIO=${FIO:-fio}
+command -v "$FIO" >/dev/null || { echo "fio missing ($FIO): apt-get install -y fio, or FIO=path" >&2; exit 1; }
+# fio's read bandwidth in GB/s from its JSON output on stdin.
+if command -v jq >/dev/null; then
+  fio_json_gbps() { jq -r '.jobs[0].read.bw_bytes / 1e9'; }
+elif command -v python3 >/dev/null; then
+  fio_json_gbps() {
+    python3 -c 'import json, sys
+s = sys.stdin.read()
+print(json.loads(s[s.index("{"):])["jobs"][0]["read"]["bw_bytes"] / 1e9)'
+  }
+else
+  echo "neither jq nor python3 found (to read fio's JSON)" >&2; exit 1
+fi
 [ -r "$FILE" ] || { echo "cannot read $FILE" >&2; exit 1; }
 
 if [ -z "${READBENCH:-}" ]; then
@@ -46,10 +60,10 @@ drop_caches() {
 
 fio_gbps() {
   drop_caches
-  fio --name=seqread --filename="$FILE" --rw=read --direct=1 \
+  "$FIO" --name=seqread --filename="$FILE" --rw=read --direct=1 \
     --ioengine="$ENGINE" --iodepth="$QD" --bs="$BS" --numjobs=1 \
     --iomem="$FIO_IOMEM" --thread --output-format=json 2>/dev/null |
-    jq -r '.jobs[0].read.bw_bytes / 1e9'
+    fio_json_gbps
 }
 
 reader_gbps() {

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without Rust needs into .carry/ (ignored by git,
-# carried to the device): the stripped binaries (strata, strata-convert), their
-# shared libraries, one CPU backend module, a cached CUDA module if
-# .carry-cache/ holds one (saves the 4-minute build), and the files given.
+# carried to the device): the stripped binaries (strata, strata-convert,
+# readbench for tools/fio-compare.sh), their shared libraries, one CPU backend
+# module, a cached CUDA module if .carry-cache/ holds one (saves the 4-minute
+# build), Debian's fio in .carry/fio/ (run it as .carry/fio/run-fio) if
+# tools/fetch-fio.sh put it in .carry-cache/fio/, and the files given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .carry && mkdir -p .carry/bin .carry/models .carry/cuda
-cargo build --release --bin strata --bin strata-convert
+cargo build --release --bin strata --bin strata-convert --example readbench
 strip -o .carry/bin/strata target/release/strata
 strip -o .carry/bin/strata-convert target/release/strata-convert
+strip -o .carry/bin/readbench target/release/examples/readbench
 for f in libggml-base.so.0 libggml.so.0 libllama.so.0 libggml-cpu-haswell.so; do
   strip --strip-debug -o .carry/bin/$f target/release/$f
 done
 [ -d .carry-cache ] && cp .carry-cache/libggml-cuda.so.* .carry/cuda/ 2>/dev/null || true
+if [ -x .carry-cache/fio/bin/fio ]; then
+  cp -r .carry-cache/fio .carry/fio
+else
+  echo "no fio in .carry-cache/fio (bash tools/fetch-fio.sh): the device scripts skip fio" >&2
+fi
 for m in "$@"; do cp "$m" .carry/models/; done
 du -sh .carry

@@ -74,15 +74,17 @@ pub struct KvStore {
 }
 
 impl KvStore {
-    pub fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<KvStore, EngineError> {
-        let n_layer = d.hp.n_layer as usize;
-        let ctx = Context::new(2 * n_layer, 0)?;
+    /// K/V tensors of the first `n_layer` layers (those whose KV stays on the
+    /// device; the rest are windowed, see `kvtier`).
+    pub fn alloc(d: &Dims, lim: Limits, dev: Device, n_layer: usize) -> Result<KvStore, EngineError> {
+        let ctx = Context::new(2 * n_layer.max(1), 0)?;
         let shape = [d.hp.n_embd_kv() as i64, lim.n_ctx as i64];
         let ts: Vec<_> = (0..2 * n_layer)
             .map(|_| ctx.new_tensor(GgmlType::F16, &shape))
             .collect();
         let align = alignment(dev);
-        let each = ts[0].nbytes().div_ceil(align) * align;
+        let row = d.hp.n_embd_kv() as usize * 2 * lim.n_ctx as usize;
+        let each = row.div_ceil(align) * align;
         let buf = Buffer::alloc(dev.buffer_type(), each * ts.len(), BufferUsage::Any)?;
         buf.clear(0);
         let mut layers = Vec::with_capacity(n_layer);
@@ -105,9 +107,9 @@ impl KvStore {
             bytes,
         })
     }
-    /// Bytes the KV cache takes for these dimensions (before allocating).
-    pub fn bytes_for(d: &Dims, lim: Limits) -> u64 {
-        2 * d.hp.n_layer as u64 * d.hp.n_embd_kv() as u64 * lim.n_ctx as u64 * 2
+    /// Bytes one layer's K and V take for these dimensions.
+    pub fn bytes_per_layer(d: &Dims, lim: Limits) -> u64 {
+        2 * d.hp.n_embd_kv() as u64 * lim.n_ctx as u64 * 2
     }
 }
 

@@ -10,6 +10,7 @@
 //! per kind.
 
 mod buffers;
+pub mod kvtier;
 mod pager;
 mod store;
 pub mod timeline;
@@ -25,6 +26,7 @@ use crate::kv::{KvCells, KvError};
 use crate::model::{GroupKind, ModelError, ModelSpec};
 use crate::paging::{GroupInfo, Plan, PlanError, PlanInput};
 use buffers::{KvStore, Persistent};
+use kvtier::{KvStats, KvTier, KvTierConfig};
 use pager::Pager;
 use std::collections::HashMap;
 use std::path::Path;
@@ -53,6 +55,12 @@ pub enum EngineError {
     EmptyBatch,
     #[error(transparent)]
     Storage(#[from] crate::storage::StorageError),
+    #[error(transparent)]
+    KvTier(#[from] crate::kv::tier::TierError),
+    #[error(transparent)]
+    KvSpill(#[from] crate::kv::spill::SpillError),
+    #[error("KV DRAM budget {budget} bytes is below the minimum of {minimum} bytes (one block of every windowed layer); raise --kv-dram")]
+    KvDramBudget { budget: u64, minimum: u64 },
     #[error("DRAM budget {budget} bytes is below the minimum of {minimum} bytes (two host slots of the largest streamed group of each kind); raise --dram-budget")]
     DramBudget { budget: u64, minimum: u64 },
 }
@@ -88,6 +96,18 @@ pub struct EngineConfig {
     pub poison_slots: bool,
     /// Debug fault for tests: computations do not wait for their upload.
     pub fault_skip_load_wait: bool,
+    /// Device bytes for KV caches kept on the GPU (the first layers get
+    /// theirs while it lasts; the others are windowed through DRAM).
+    /// None: every layer's KV stays on the device.
+    pub kv_budget: Option<u64>,
+    /// Host bytes for windowed layers' KV blocks; None: all of them.
+    pub kv_dram: Option<u64>,
+    /// Cells per KV block (the unit moved between tiers).
+    pub kv_block: usize,
+    /// Where KV spill files go (a private directory is made inside).
+    pub kv_spill_dir: Option<std::path::PathBuf>,
+    /// Most bytes the KV spill files may take.
+    pub kv_spill_max: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +124,11 @@ impl Default for EngineConfig {
             dram_budget: None,
             poison_slots: false,
             fault_skip_load_wait: false,
+            kv_budget: None,
+            kv_dram: None,
+            kv_block: 256,
+            kv_spill_dir: None,
+            kv_spill_max: None,
         }
     }
 }
@@ -126,6 +151,8 @@ pub struct StepStats {
     pub pager: PagerStats,
     /// Bytes the DRAM window read from the model file during the step.
     pub disk_bytes: u64,
+    /// KV traffic of windowed layers during the step.
+    pub kv: KvStats,
 }
 
 pub struct Engine {
@@ -185,8 +212,23 @@ impl Engine {
             + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let persistent_bytes =
             lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
+        // KV: the first layers keep theirs on the device while the KV
+        // budget lasts; the rest are windowed through DRAM
+        let n_layer = dims.hp.n_layer as usize;
+        let per_layer = KvStore::bytes_per_layer(&dims, lim);
+        let n_kv_resident = match cfg.kv_budget {
+            None => n_layer,
+            Some(b) => ((b / per_layer) as usize).min(n_layer),
+        };
+        let kv_slots = cfg.slots.max(2);
+        let kv_device = per_layer * n_kv_resident as u64
+            + if n_kv_resident < n_layer {
+                kv_slots as u64 * per_layer
+            } else {
+                0
+            };
         let fixed = head_bytes
-            + KvStore::bytes_for(&dims, lim)
+            + kv_device
             + persistent_bytes
             + buffers::activation_estimate(&dims, lim);
         let groups: Vec<GroupInfo> = spec
@@ -222,9 +264,35 @@ impl Engine {
             cfg.dram_budget,
             cfg.progress,
         )?;
-        let pager = Pager::new(device, &plan, cfg.poison_slots, cfg.fault_skip_load_wait)?;
+        let tier = if n_kv_resident < n_layer {
+            Some(KvTier::new(
+                device,
+                (n_kv_resident as u32..n_layer as u32).collect(),
+                n_layer,
+                dims.hp.n_embd_kv() as usize,
+                n_ctx as usize,
+                kv_slots,
+                kv_fingerprint(&spec),
+                &KvTierConfig {
+                    block: cfg.kv_block,
+                    dram: cfg.kv_dram,
+                    spill_parent: cfg.kv_spill_dir.clone().unwrap_or_else(std::env::temp_dir),
+                    spill_max: cfg.kv_spill_max,
+                },
+            )?)
+        } else {
+            None
+        };
+        let pager = Pager::new(
+            device,
+            &plan,
+            cfg.poison_slots,
+            cfg.fault_skip_load_wait,
+            tier,
+            kv_slots,
+        )?;
         let persistent = Persistent::alloc(&dims, lim, device)?;
-        let kv = KvStore::alloc(&dims, lim, device)?;
+        let kv = KvStore::alloc(&dims, lim, device, n_kv_resident)?;
         Ok(Engine {
             cells: KvCells::new(n_ctx as usize),
             spec,
@@ -311,10 +379,38 @@ impl Engine {
     /// Frees the KV cells of a sequence.
     pub fn clear_seq(&mut self, seq: u32) {
         self.cells.remove_seq(seq);
+        self.release_kv_blocks();
     }
     /// Frees every KV cell.
     pub fn clear(&mut self) {
         self.cells.clear();
+        self.release_kv_blocks();
+    }
+    /// Frees KV cells of sequence `seq` at positions >= `from`.
+    pub fn truncate_seq(&mut self, seq: u32, from: i32) {
+        self.cells.truncate_seq(seq, from);
+        self.release_kv_blocks();
+    }
+    fn release_kv_blocks(&mut self) {
+        if self.pager.kv.is_some() {
+            // frames may be the target of copies still in flight
+            self.pager_sync();
+            let kv = self.pager.kv.as_mut().expect("checked");
+            kv.release_empty(&self.cells);
+        }
+    }
+    fn pager_sync(&self) {
+        self.backend.synchronize();
+        self.pager.synchronize();
+    }
+
+    /// The tiered KV cache of windowed layers, if any layer is windowed.
+    pub fn kv_tier(&self) -> Option<&KvTier> {
+        self.pager.kv.as_ref()
+    }
+    /// Layers whose KV stays on the device.
+    pub fn kv_resident_layers(&self) -> usize {
+        self.kv.layers.len()
     }
 
     fn ext_bindings(&self) -> Vec<Binding> {
@@ -362,7 +458,26 @@ impl Engine {
         self.validate(toks)?;
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
+        // host frames of the KV tier are written below: nothing may be in flight
+        self.backend.synchronize();
+        self.pager.synchronize();
+        let before = self.pager.kv.is_some().then(|| self.cells.clone());
         let cells = self.cells.place(&sp)?;
+        if let (Some(kv), Some(before)) = (self.pager.kv.as_mut(), before) {
+            let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
+            let b = kv.block();
+            let r = kv.prepare(
+                &self.cells,
+                |blk| before.block_rows(blk as usize, b) > 0,
+                &cells,
+                mask,
+            );
+            if let Err(e) = r {
+                // the batch did not happen: its cells are given back
+                self.cells = before;
+                return Err(e);
+            }
+        }
         let n_kv = self.cells.n_kv() as u32;
         let out_ids: Vec<i32> = toks
             .iter()
@@ -437,6 +552,7 @@ impl Engine {
         for (l, kind, shape) in order {
             self.run_group(l, kind, shape)?;
         }
+        self.pager.end_step()?;
         if n_out > 0 {
             self.run_head(n_out, out)?;
         }
@@ -446,6 +562,7 @@ impl Engine {
             seconds: start.elapsed().as_secs_f64(),
             pager: self.pager.stats,
             disk_bytes: self.store.disk_bytes_read() - disk0,
+            kv: self.pager.kv.as_ref().map(|k| k.step).unwrap_or_default(),
         };
         Ok(())
     }
@@ -533,12 +650,29 @@ impl Engine {
             instance: gi as u32,
         };
         let aid = self.template(&key)?;
-        let kv = (kind == GroupKind::Attn).then(|| self.kv.layers[layer as usize]);
+        // KV: resident on the device, or a window the pager fills
+        let windowed = kind == GroupKind::Attn
+            && self.pager.kv.as_ref().is_some_and(|k| k.is_windowed(layer));
+        let (kv, kv_id) = if windowed {
+            let w = self.pager.before_compute(
+                gi,
+                pager::KV_RING,
+                &self.store,
+                &self.backend,
+                &mut self.timeline,
+            )?;
+            let kv = self.pager.kv.as_ref().expect("windowed");
+            (Some(kv.wbindings[w]), (1 + w as u64) << 32)
+        } else if kind == GroupKind::Attn {
+            (Some(self.kv.layers[layer as usize]), 0)
+        } else {
+            (None, 0)
+        };
         let streamed = match self.store.groups[gi] {
             Location::Resident(ref b) => {
                 let b = b.clone();
                 let t = self.templates.get_mut(&key).expect("template exists");
-                t.bind((gi as u32, 0), &b, kv);
+                t.bind((gi as u32, kv_id), &b, kv);
                 None
             }
             Location::Streamed { ring, .. } => {
@@ -551,7 +685,7 @@ impl Engine {
                 )?;
                 let b = self.store.slot_bindings(gi, ring, slot);
                 let t = self.templates.get_mut(&key).expect("template exists");
-                t.bind((gi as u32, 1 + slot as u64), &b, kv);
+                t.bind((gi as u32, kv_id | (1 + slot as u64)), &b, kv);
                 Some(ring)
             }
         };
@@ -573,6 +707,15 @@ impl Engine {
         if let Some(ring) = streamed {
             self.pager
                 .after_compute(gi, ring, &self.store, &self.backend, &mut self.timeline)?;
+        }
+        if windowed {
+            self.pager.after_compute(
+                gi,
+                pager::KV_RING,
+                &self.store,
+                &self.backend,
+                &mut self.timeline,
+            )?;
         }
         Ok(())
     }
@@ -603,6 +746,19 @@ impl Engine {
         t.out().get_f32(&mut out[start..])?;
         Ok(())
     }
+}
+
+/// Identifies the model a KV spill or session file belongs to: its
+/// architecture, shapes and the first bytes of its token embeddings.
+fn kv_fingerprint(spec: &ModelSpec) -> u64 {
+    // FNV-1a: stable across builds, so a session file outlives the binary
+    let text = format!(
+        "{:?}|{:?}|{:?}|{}",
+        spec.arch, spec.hp, spec.tok_embd.ty, spec.tok_embd.size
+    );
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn group_index(layer: u32, kind: GroupKind) -> usize {

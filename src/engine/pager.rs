@@ -6,6 +6,7 @@
 //! queue run when the compute side waits for a slot, which is what an
 //! asynchronous copy engine looks like to the computation.
 
+use super::kvtier::KvTier;
 use super::store::WeightStore;
 use super::timeline::{Stream, Timeline};
 use super::EngineError;
@@ -21,23 +22,31 @@ pub struct PagerStats {
     pub bytes: u64,
     /// Host time spent in synchronous copies (CPU path) or blocked on events.
     pub copy_wait: Duration,
+    /// Host-to-device bytes of KV blocks (windowed layers).
+    pub kv_bytes: u64,
 }
 
 enum Streams {
     Async {
         copy: Backend,
-        loaded: [Vec<Event>; 2],
-        free: [Vec<Event>; 2],
+        loaded: [Vec<Event>; 3],
+        free: [Vec<Event>; 3],
     },
     Sync {
         pending: VecDeque<(usize, usize, usize)>,
     },
 }
 
+/// Ring 0: attention weight slots, 1: FFN weight slots, 2: KV windows of
+/// windowed layers (see `kvtier`).
+pub const KV_RING: usize = 2;
+
 pub struct Pager {
-    pub rings: [Option<SlotRing>; 2],
+    pub rings: [Option<SlotRing>; 3],
     /// Per ring: group index of each streamed group, in this step's order.
-    lists: [Vec<usize>; 2],
+    lists: [Vec<usize>; 3],
+    /// The tiered KV cache of windowed layers, if any.
+    pub kv: Option<KvTier>,
     /// All streamed groups of this step, in order (for reading ahead).
     streamed: Vec<usize>,
     streams: Streams,
@@ -50,6 +59,8 @@ impl Pager {
         plan: &Plan,
         poison: bool,
         skip_load_wait: bool,
+        kv: Option<KvTier>,
+        kv_slots: usize,
     ) -> Result<Pager, EngineError> {
         let mk = |n: usize| {
             (n > 0).then(|| {
@@ -59,8 +70,9 @@ impl Pager {
                 r
             })
         };
-        let rings = [mk(plan.slots.0), mk(plan.slots.1)];
-        let streams = if dev.is_cpu() || plan.n_streamed() == 0 {
+        let kv_slots = if kv.is_some() { kv_slots } else { 0 };
+        let rings = [mk(plan.slots.0), mk(plan.slots.1), mk(kv_slots)];
+        let streams = if dev.is_cpu() || plan.n_streamed() == 0 && kv.is_none() {
             Streams::Sync {
                 pending: VecDeque::new(),
             }
@@ -72,13 +84,14 @@ impl Pager {
             };
             Streams::Async {
                 copy: dev.init_backend()?,
-                loaded: [events(plan.slots.0)?, events(plan.slots.1)?],
-                free: [events(plan.slots.0)?, events(plan.slots.1)?],
+                loaded: [events(plan.slots.0)?, events(plan.slots.1)?, events(kv_slots)?],
+                free: [events(plan.slots.0)?, events(plan.slots.1)?, events(kv_slots)?],
             }
         };
         Ok(Pager {
             rings,
-            lists: [Vec::new(), Vec::new()],
+            lists: [Vec::new(), Vec::new(), Vec::new()],
+            kv,
             streamed: Vec::new(),
             streams,
             stats: PagerStats::default(),
@@ -87,7 +100,7 @@ impl Pager {
 
     /// Starts a step whose groups run in `order` (group indices).
     pub fn begin_step(&mut self, order: &[usize], store: &WeightStore) -> Result<(), EngineError> {
-        for r in 0..2 {
+        for r in 0..3 {
             self.lists[r].clear();
         }
         self.streamed.clear();
@@ -96,8 +109,11 @@ impl Pager {
                 self.lists[ring].push(gi);
                 self.streamed.push(gi);
             }
+            if gi % 2 == 0 && self.kv.as_ref().is_some_and(|k| k.is_windowed(gi as u32 / 2)) {
+                self.lists[KV_RING].push(gi);
+            }
         }
-        for r in 0..2 {
+        for r in 0..3 {
             if let Some(ring) = self.rings[r].as_mut() {
                 ring.begin_step(self.lists[r].len());
             }
@@ -117,6 +133,9 @@ impl Pager {
         compute: &Backend,
         tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
+        if ring == KV_RING {
+            return self.upload_kv(slot, gi, compute, tl);
+        }
         let drain = || {
             if let Streams::Async { copy, .. } = &self.streams {
                 copy.synchronize();
@@ -163,6 +182,53 @@ impl Pager {
                 if let Some(tl) = tl.as_mut() {
                     tl.end(compute);
                 }
+            }
+        }
+        Ok(())
+    }
+
+    fn upload_kv(
+        &mut self,
+        slot: usize,
+        gi: usize,
+        compute: &Backend,
+        tl: &mut Option<Timeline>,
+    ) -> Result<(), EngineError> {
+        let layer = gi as u32 / 2;
+        let kv = self.kv.as_mut().expect("KV ring without a tiered cache");
+        let copy = match &self.streams {
+            Streams::Async { copy, .. } => Some(copy),
+            Streams::Sync { .. } => None,
+        };
+        let on = copy.unwrap_or(compute);
+        if let Some(tl) = tl.as_mut() {
+            tl.begin(Stream::Copy, on, format!("kv l{layer} -> w{slot}"), 0);
+        }
+        let t0 = Instant::now();
+        let bytes = kv.upload(layer, slot, copy)?;
+        if copy.is_none() {
+            self.stats.copy_wait += t0.elapsed();
+        }
+        if let Some(tl) = tl.as_mut() {
+            tl.end(on);
+        }
+        self.stats.kv_bytes += bytes;
+        Ok(())
+    }
+
+    /// Sends back the new KV rows still in windows at the end of a step
+    /// (after the last computations were enqueued).
+    pub fn end_step(&mut self) -> Result<(), EngineError> {
+        let Some(kv) = self.kv.as_mut() else {
+            return Ok(());
+        };
+        for s in kv.pending_slots() {
+            match &self.streams {
+                Streams::Async { copy, free, .. } => {
+                    free[KV_RING][s].wait_on(copy);
+                    kv.writeback(s, Some(copy))?;
+                }
+                Streams::Sync { .. } => kv.writeback(s, None)?,
             }
         }
         Ok(())
@@ -217,6 +283,12 @@ impl Pager {
                     if let Streams::Async { free, .. } = &self.streams {
                         free[ring][s].record(compute);
                     }
+                }
+                Op::Poison(s) if ring == KV_RING => {
+                    compute.synchronize();
+                    let kv = self.kv.as_mut().expect("KV ring");
+                    kv.writeback(s, None)?;
+                    kv.poison(s)?;
                 }
                 Op::Poison(s) => {
                     compute.synchronize();

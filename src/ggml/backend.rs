@@ -294,6 +294,21 @@ impl Backend {
             src.len(),
         );
     }
+    /// Enqueues a device-to-host copy on this backend's stream.
+    ///
+    /// # Safety
+    /// `dst` must stay valid and must not be read or written by anyone else
+    /// until the backend is synchronized (or an event recorded after this
+    /// call completed); `offset + dst.len()` must lie inside `t`.
+    pub unsafe fn tensor_get_async(&self, t: Tensor<'_>, dst: &mut [u8], offset: usize) {
+        sys::ggml_backend_tensor_get_async(
+            self.raw(),
+            t.raw(),
+            dst.as_mut_ptr().cast(),
+            offset,
+            dst.len(),
+        );
+    }
 }
 
 impl Drop for Backend {

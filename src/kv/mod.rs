@@ -5,6 +5,16 @@
 //! sequences; a token of sequence `s` at position `p` may attend to cell `c`
 //! iff `c` holds `s` at a position `<= p`. The device-side K/V tensors are
 //! owned by the engine; this module never touches them.
+//!
+//! For tiering (see [`tier`]), cells are grouped into fixed blocks of
+//! `block` consecutive cells. A sequence's block table is the ordered list of
+//! blocks holding its cells ([`KvCells::seq_blocks`]); a block is what moves
+//! between the GPU window, pinned DRAM and the SSD spill. Cells are still
+//! placed lowest-free-first, llama.cpp's order, so the attention reads the
+//! same cells in the same order as llama.cpp and as the all-on-GPU cache.
+
+pub mod spill;
+pub mod tier;
 
 /// Errors from cell placement.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -117,6 +127,48 @@ impl KvCells {
         self.used = 0;
     }
 
+    /// Sequences that have a cell in block `b` (of `block` cells), as a bitmask.
+    pub fn block_seqs(&self, b: usize, block: usize) -> u64 {
+        let end = ((b + 1) * block).min(self.size());
+        self.seqs[b * block..end].iter().fold(0, |m, &s| m | s)
+    }
+
+    /// One past the last used cell of block `b`, relative to its start (0 if
+    /// the block is empty): the rows that must travel with it.
+    pub fn block_rows(&self, b: usize, block: usize) -> usize {
+        let end = ((b + 1) * block).min(self.size());
+        self.seqs[b * block..end]
+            .iter()
+            .rposition(|&s| s != 0)
+            .map_or(0, |i| i + 1)
+    }
+
+    /// Block table of sequence `s`: the blocks holding its cells, in order.
+    pub fn seq_blocks(&self, s: u32, block: usize) -> Vec<u32> {
+        let nb = self.size().div_ceil(block);
+        (0..nb)
+            .filter(|&b| s < MAX_SEQ && self.block_seqs(b, block) & (1 << s) != 0)
+            .map(|b| b as u32)
+            .collect()
+    }
+
+    /// Blocks that hold a cell of any sequence in `mask` (a bitmask), in order.
+    pub fn blocks_of(&self, mask: u64, block: usize) -> Vec<u32> {
+        let nb = self.size().div_ceil(block);
+        (0..nb)
+            .filter(|&b| self.block_seqs(b, block) & mask != 0)
+            .map(|b| b as u32)
+            .collect()
+    }
+
+    /// Positions of sequence `s`, in cell order, with their cells.
+    pub fn seq_cells(&self, s: u32) -> Vec<(u32, i32)> {
+        (0..self.size())
+            .filter(|&c| s < MAX_SEQ && self.seqs[c] & (1 << s) != 0)
+            .map(|c| (c as u32, self.pos[c]))
+            .collect()
+    }
+
     /// Cells the attention reads this step: llama.cpp's padding to 256 so
     /// graphs stay stable across steps.
     pub fn n_kv(&self) -> usize {
@@ -197,6 +249,22 @@ mod tests {
         let t: Vec<_> = (1..300).map(|p| (0, p)).collect();
         kv.place(&t).unwrap();
         assert_eq!(kv.n_kv(), 512);
+    }
+
+    #[test]
+    fn block_tables_follow_cells() {
+        let mut kv = KvCells::new(64);
+        kv.place(&[(0, 0), (0, 1), (1, 0)]).unwrap(); // cells 0,1,2
+        let t: Vec<_> = (2..20).map(|p| (0, p)).collect();
+        kv.place(&t).unwrap(); // cells 3..20
+        assert_eq!(kv.seq_blocks(0, 16), vec![0, 1]);
+        assert_eq!(kv.seq_blocks(1, 16), vec![0]);
+        assert_eq!(kv.block_rows(1, 16), 5);
+        assert_eq!(kv.blocks_of(0b10, 16), vec![0]);
+        kv.remove_seq(0);
+        assert_eq!(kv.block_rows(1, 16), 0);
+        assert_eq!(kv.block_rows(0, 16), 3);
+        assert_eq!(kv.seq_cells(1), vec![(2, 0)]);
     }
 
     proptest! {

@@ -75,6 +75,24 @@ pub struct ModelArgs {
     /// completed shows as NaN.
     #[arg(long = "poison-slots")]
     poison_slots: bool,
+    /// GPU memory for KV caches (e.g. 2G): the first layers keep their KV
+    /// on the GPU while it lasts, the others' KV lives in host memory and
+    /// travels with their attention group. Default: all KV on the GPU.
+    #[arg(long = "kv-budget", value_parser = strata::paging::parse_size)]
+    pub kv_budget: Option<u64>,
+    /// Host memory for the KV blocks of layers beyond --kv-budget (e.g. 8G);
+    /// blocks beyond it spill to files. Default: room for the whole context.
+    #[arg(long = "kv-dram", value_parser = strata::paging::parse_size)]
+    pub kv_dram: Option<u64>,
+    /// Cells per KV block, the unit moved between GPU, DRAM and SSD.
+    #[arg(long = "kv-block", default_value_t = 256)]
+    pub kv_block: usize,
+    /// Directory for KV spill files (default: the system temp directory).
+    #[arg(long = "kv-spill-dir")]
+    pub kv_spill_dir: Option<PathBuf>,
+    /// Most bytes KV spill files may take.
+    #[arg(long = "kv-spill-max", value_parser = strata::paging::parse_size)]
+    pub kv_spill_max: Option<u64>,
 }
 
 #[derive(Args)]
@@ -145,6 +163,11 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         dram_budget: m.dram_budget,
         poison_slots: m.poison_slots,
         fault_skip_load_wait: false,
+        kv_budget: m.kv_budget,
+        kv_dram: m.kv_dram,
+        kv_block: m.kv_block,
+        kv_spill_dir: m.kv_spill_dir.clone(),
+        kv_spill_max: m.kv_spill_max,
     }
 }
 

@@ -1,0 +1,534 @@
+//! The tiered KV cache of windowed layers: GPU windows, pinned DRAM frames
+//! and SSD spill files.
+//!
+//! Layers whose KV the `--kv-budget` cannot keep on the GPU are *windowed*:
+//! between steps their KV lives in host frames (block `b` of every windowed
+//! layer shares frame `f`, see [`crate::kv::tier`]). When such a layer's
+//! attention group runs, the pager first uploads the blocks of the batch's
+//! sequences into a GPU window (a full-size K/V pair, cells at their own
+//! index, so the graph is the same as for a resident cache), and after the
+//! group ran it copies the rows the step wrote back into the frames. Windows
+//! form a slot ring on the copy stream like weight slots do.
+//!
+//! Blocks beyond the frames go to spill files (one file per block, holding
+//! that block of every windowed layer) in a private directory; see
+//! [`crate::kv::spill`] for the format.
+
+use super::EngineError;
+use crate::ggml::{Backend, Buffer, BufferUsage, Context, Device, Tensor};
+use crate::gguf::GgmlType;
+use crate::graph::Binding;
+use crate::kv::spill::{EntryDesc, KvFile, KvShape, Quota, SpillDir};
+use crate::kv::tier::{Action, TierTable};
+use crate::kv::KvCells;
+use std::path::PathBuf;
+use std::ptr::NonNull;
+
+/// How the windowed layers' KV is kept.
+#[derive(Clone, Debug)]
+pub struct KvTierConfig {
+    /// Cells per block.
+    pub block: usize,
+    /// Host bytes for frames; None: every block of the context.
+    pub dram: Option<u64>,
+    /// Where the private spill directory is made.
+    pub spill_parent: PathBuf,
+    /// Most bytes the spill files may take.
+    pub spill_max: Option<u64>,
+}
+
+/// KV traffic of one step (or totals, see [`KvTier::stats`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KvStats {
+    /// Host-to-GPU bytes of KV blocks.
+    pub up_bytes: u64,
+    /// GPU-to-host bytes of new KV rows.
+    pub down_bytes: u64,
+    pub spilled: u64,
+    pub loaded: u64,
+    pub spill_bytes: u64,
+    pub load_bytes: u64,
+}
+
+/// A contiguous run of cells and the host rows holding them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    cell: usize,
+    /// Row index into a layer's frame array (frame * block + offset).
+    hrow: usize,
+    n: usize,
+}
+
+fn push_run(runs: &mut Vec<Run>, r: Run) {
+    if let Some(p) = runs.last_mut() {
+        if p.cell + p.n == r.cell && p.hrow + p.n == r.hrow {
+            p.n += r.n;
+            return;
+        }
+    }
+    runs.push(r);
+}
+
+pub struct KvTier {
+    /// Windowed layers, in order.
+    pub layers: Vec<u32>,
+    index_of: Vec<Option<usize>>,
+    block: usize,
+    row: usize,
+    n_ctx: usize,
+    frames: usize,
+    // GPU windows: K and V per slot
+    _wctx: Context,
+    _wbuf: Buffer,
+    wtensors: Vec<[NonNull<crate::sys::ggml_tensor>; 2]>,
+    pub wbindings: Vec<[Binding; 2]>,
+    host: Buffer,
+    pub host_pinned: bool,
+    pub table: TierTable,
+    spill: Option<SpillDir>,
+    spill_parent: PathBuf,
+    quota: Option<std::sync::Arc<Quota>>,
+    shape: KvShape,
+    up: Vec<Run>,
+    down: Vec<Run>,
+    /// Window slot -> windowed layer whose new rows still wait to go back.
+    occupant: Vec<Option<usize>>,
+    pub step: KvStats,
+    pub total: KvStats,
+}
+
+impl KvTier {
+    /// Window and frame memory for `layers` (windowed layers), `slots`
+    /// windows on `dev`, cells of `row` bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        dev: Device,
+        layers: Vec<u32>,
+        n_layer: usize,
+        n_embd_kv: usize,
+        n_ctx: usize,
+        slots: usize,
+        fingerprint: u64,
+        cfg: &KvTierConfig,
+    ) -> Result<KvTier, EngineError> {
+        let row = n_embd_kv * 2;
+        let block = cfg.block.clamp(1, n_ctx);
+        let n_blocks = n_ctx.div_ceil(block);
+        let frame_bytes = (layers.len() * 2 * block * row) as u64;
+        let frames = match cfg.dram {
+            None => n_blocks,
+            Some(b) => ((b / frame_bytes.max(1)) as usize).min(n_blocks),
+        };
+        if frames == 0 {
+            return Err(EngineError::KvDramBudget {
+                budget: cfg.dram.unwrap_or(0),
+                minimum: frame_bytes,
+            });
+        }
+        // windows
+        let wctx = Context::new(2 * slots, 0)?;
+        let ts: Vec<_> = (0..2 * slots)
+            .map(|_| wctx.new_tensor(GgmlType::F16, &[n_embd_kv as i64, n_ctx as i64]))
+            .collect();
+        let align = dev.buffer_type().alignment();
+        let each = ts[0].nbytes().div_ceil(align) * align;
+        let wbuf = Buffer::alloc(dev.buffer_type(), each * ts.len(), BufferUsage::Any)?;
+        // windows are read where the mask hides them: keep them finite
+        wbuf.clear(0);
+        let mut wtensors = Vec::new();
+        let mut wbindings = Vec::new();
+        for (s, pair) in ts.chunks(2).enumerate() {
+            wbuf.place(pair[0], 2 * s * each)?;
+            wbuf.place(pair[1], (2 * s + 1) * each)?;
+            // SAFETY: both were just placed.
+            let b = |t: &Tensor<'_>| Binding {
+                data: unsafe { (*t.raw()).data },
+                buffer: wbuf.raw(),
+            };
+            wbindings.push([b(&pair[0]), b(&pair[1])]);
+            let nn = |t: &Tensor<'_>| NonNull::new(t.raw()).expect("tensor handle");
+            wtensors.push([nn(&pair[0]), nn(&pair[1])]);
+        }
+        drop(ts);
+        // frames
+        let host_bytes = frames * frame_bytes as usize;
+        let (hbuft, real) = match dev.host_buffer_type() {
+            Some(h) if !dev.is_cpu() => (h, true),
+            _ => (crate::ggml::cpu_device()?.buffer_type(), dev.is_cpu()),
+        };
+        let host = Buffer::alloc(hbuft, host_bytes, BufferUsage::Any)?;
+        let host_pinned = real && (dev.is_cpu() || host.name().contains("Host"));
+        if !host_pinned {
+            eprintln!(
+                "warning: host memory for the KV cache is NOT pinned ({}); KV copies will be slow",
+                host.name()
+            );
+        }
+        host.clear(0);
+        let mut index_of = vec![None; n_layer];
+        for (i, &l) in layers.iter().enumerate() {
+            index_of[l as usize] = Some(i);
+        }
+        Ok(KvTier {
+            layers,
+            index_of,
+            block,
+            row,
+            n_ctx,
+            frames,
+            _wctx: wctx,
+            _wbuf: wbuf,
+            wtensors,
+            wbindings,
+            host,
+            host_pinned,
+            table: TierTable::new(n_blocks, frames),
+            spill: None,
+            spill_parent: cfg.spill_parent.clone(),
+            quota: cfg.spill_max.map(|m| std::sync::Arc::new(Quota::new(m))),
+            shape: KvShape {
+                fingerprint,
+                row_bytes: row as u32,
+                block_size: block as u32,
+            },
+            up: Vec::new(),
+            down: Vec::new(),
+            occupant: vec![None; slots],
+            step: KvStats::default(),
+            total: KvStats::default(),
+        })
+    }
+
+    pub fn block(&self) -> usize {
+        self.block
+    }
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+    pub fn host_bytes(&self) -> u64 {
+        self.host.size() as u64
+    }
+    pub fn window_bytes(&self) -> u64 {
+        self._wbuf.size() as u64
+    }
+    pub fn is_windowed(&self, layer: u32) -> bool {
+        self.index_of[layer as usize].is_some()
+    }
+    /// Device bytes of one layer's window pair.
+    pub fn bytes_per_window(n_embd_kv: usize, n_ctx: usize) -> u64 {
+        2 * (n_embd_kv * 2 * n_ctx) as u64
+    }
+
+    fn window(&self, slot: usize, kv: usize) -> Tensor<'_> {
+        // SAFETY: the tensor lives in self._wctx.
+        unsafe { Tensor::from_raw(&self._wctx, self.wtensors[slot][kv]) }
+    }
+
+    /// Host rows [hrow, hrow + n) of windowed layer `li`, K (kv 0) or V.
+    fn host_rows(&self, li: usize, kv: usize, hrow: usize, n: usize) -> &mut [u8] {
+        let per = self.frames * self.block * self.row;
+        let off = (li * 2 + kv) * per + hrow * self.row;
+        assert!(hrow + n <= self.frames * self.block, "host rows out of range");
+        // SAFETY: the range lies inside the host buffer (checked above).
+        // Writers are ordered: the host writes frames only between steps,
+        // after the copy stream drained (see `Engine::step`), and a device
+        // copy into a frame is the only access to it until it completed.
+        unsafe { std::slice::from_raw_parts_mut(self.host.base().add(off), n * self.row) }
+    }
+
+    /// Brings the blocks of the sequences in `mask` into frames (spilling
+    /// or reloading blocks as needed) and works out this step's copies.
+    /// `had_data(b)`: block b held cells before the step's tokens were
+    /// placed; `new_cells` are where the step's tokens go.
+    pub fn prepare(
+        &mut self,
+        cells: &KvCells,
+        had_data: impl Fn(u32) -> bool,
+        new_cells: &[u32],
+        mask: u64,
+    ) -> Result<(), EngineError> {
+        self.step = KvStats::default();
+        let needed = cells.blocks_of(mask, self.block);
+        let plan = self.table.plan(&needed, &had_data)?;
+        for a in plan {
+            match a {
+                Action::Spill { block, frame } => self.spill_block(block, frame)?,
+                Action::Load { block, frame } => self.load_block(block, frame)?,
+                Action::Drop { .. } | Action::Alloc { .. } => {}
+            }
+            self.table.apply(a);
+        }
+        self.table.touch(&needed);
+        let b = self.block;
+        let mut written: Vec<u32> = new_cells.iter().map(|&c| c / b as u32).collect();
+        written.dedup();
+        for w in written {
+            if self.table.written(w) {
+                self.remove_file(w);
+            }
+        }
+        self.up.clear();
+        for &blk in &needed {
+            let f = self.table.frame_of(blk).expect("needed block has a frame") as usize;
+            let n = cells.block_rows(blk as usize, b);
+            if n > 0 {
+                push_run(
+                    &mut self.up,
+                    Run {
+                        cell: blk as usize * b,
+                        hrow: f * b,
+                        n,
+                    },
+                );
+            }
+        }
+        self.down.clear();
+        let mut sorted = new_cells.to_vec();
+        sorted.sort_unstable();
+        for c in sorted {
+            let c = c as usize;
+            let f = self.table.frame_of((c / b) as u32).expect("written block has a frame") as usize;
+            push_run(
+                &mut self.down,
+                Run {
+                    cell: c,
+                    hrow: f * b + c % b,
+                    n: 1,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Uploads the step's blocks of windowed layer `layer` into window
+    /// `slot`, on `copy` (GPU) or synchronously (CPU). First writes back
+    /// the rows the slot's previous layer computed.
+    pub fn upload(
+        &mut self,
+        layer: u32,
+        slot: usize,
+        copy: Option<&Backend>,
+    ) -> Result<u64, EngineError> {
+        self.writeback(slot, copy)?;
+        let li = self.index_of[layer as usize].expect("layer is windowed");
+        let mut bytes = 0;
+        for kv in 0..2 {
+            let t = self.window(slot, kv);
+            for r in &self.up {
+                let src = self.host_rows(li, kv, r.hrow, r.n);
+                let off = r.cell * self.row;
+                assert!(off + src.len() <= t.nbytes());
+                match copy {
+                    // SAFETY: src is pinned host memory not written until
+                    // the copy stream drained; the window slot is free (the
+                    // copy stream waited its free event); range checked.
+                    Some(c) => unsafe { c.tensor_set_async(t, src, off) },
+                    None => t.set_bytes(src, off)?,
+                }
+                bytes += src.len() as u64;
+            }
+        }
+        self.occupant[slot] = Some(li);
+        self.step.up_bytes += bytes;
+        self.total.up_bytes += bytes;
+        Ok(bytes)
+    }
+
+    /// Copies the new rows of the layer that last ran in `slot` back to its
+    /// frames. On the GPU the copy stream must have waited the slot's free
+    /// event first.
+    pub fn writeback(&mut self, slot: usize, copy: Option<&Backend>) -> Result<(), EngineError> {
+        let Some(li) = self.occupant[slot].take() else {
+            return Ok(());
+        };
+        let mut bytes = 0;
+        for kv in 0..2 {
+            let t = self.window(slot, kv);
+            for r in &self.down {
+                let dst = self.host_rows(li, kv, r.hrow, r.n);
+                let off = r.cell * self.row;
+                assert!(off + dst.len() <= t.nbytes());
+                match copy {
+                    // SAFETY: dst is host frame memory nobody reads before
+                    // the copy stream drained; the layer's computation
+                    // finished (free event waited); range checked.
+                    Some(c) => unsafe { c.tensor_get_async(t, dst, off) },
+                    None => t.get_bytes(dst, off)?,
+                }
+                bytes += dst.len() as u64;
+            }
+        }
+        self.step.down_bytes += bytes;
+        self.total.down_bytes += bytes;
+        Ok(())
+    }
+
+    /// Window slots whose rows still wait to go back.
+    pub fn pending_slots(&self) -> Vec<usize> {
+        (0..self.occupant.len())
+            .filter(|&s| self.occupant[s].is_some())
+            .collect()
+    }
+
+    /// Debug: fills window `slot` with NaN (after its rows went back).
+    pub fn poison(&self, slot: usize) -> Result<(), EngineError> {
+        for kv in 0..2 {
+            self.window(slot, kv).fill(0xFF)?;
+        }
+        Ok(())
+    }
+
+    fn spill_dir(&mut self) -> Result<&SpillDir, EngineError> {
+        if self.spill.is_none() {
+            self.spill = Some(SpillDir::create(&self.spill_parent, self.quota.clone())?);
+        }
+        Ok(self.spill.as_ref().expect("just made"))
+    }
+
+    fn file_name(b: u32) -> String {
+        format!("block-{b}.kv")
+    }
+
+    fn spill_block(&mut self, b: u32, frame: u32) -> Result<(), EngineError> {
+        let n = self.block;
+        let f = frame as usize;
+        let shape = self.shape;
+        if self.spill.is_none() {
+            self.spill_dir()?;
+        }
+        let dir = self.spill.as_ref().expect("made above");
+        let entries: Vec<_> = (0..self.layers.len())
+            .map(|li| {
+                (
+                    EntryDesc {
+                        layer: self.layers[li],
+                        block: b,
+                        n_rows: n as u32,
+                    },
+                    &*self.host_rows(li, 0, f * n, n),
+                    &*self.host_rows(li, 1, f * n, n),
+                )
+            })
+            .collect();
+        let (_, written) = dir.write(&Self::file_name(b), shape, &[], &entries)?;
+        self.step.spilled += 1;
+        self.step.spill_bytes += written;
+        self.total.spilled += 1;
+        self.total.spill_bytes += written;
+        Ok(())
+    }
+
+    fn load_block(&mut self, b: u32, frame: u32) -> Result<(), EngineError> {
+        let n = self.block;
+        let f = frame as usize;
+        let path = self.spill_dir()?.path_for(&Self::file_name(b));
+        let mut file = KvFile::open(&path, self.shape)?;
+        let want: Vec<EntryDesc> = (0..self.layers.len())
+            .map(|li| EntryDesc {
+                layer: self.layers[li],
+                block: b,
+                n_rows: n as u32,
+            })
+            .collect();
+        if file.entries() != want.as_slice() {
+            return Err(crate::kv::spill::SpillError::Corrupt {
+                path,
+                what: format!(
+                    "holds {} entries that are not block {b} of the {} windowed layers",
+                    file.entries().len(),
+                    self.layers.len()
+                ),
+            }
+            .into());
+        }
+        for li in 0..self.layers.len() {
+            let k = self.host_rows(li, 0, f * n, n);
+            let v = self.host_rows(li, 1, f * n, n);
+            file.read_entry(li, k, v)?;
+        }
+        let bytes = (2 * self.layers.len() * n * self.row) as u64;
+        self.step.loaded += 1;
+        self.step.load_bytes += bytes;
+        self.total.loaded += 1;
+        self.total.load_bytes += bytes;
+        Ok(())
+    }
+
+    fn remove_file(&mut self, b: u32) {
+        if let Some(d) = self.spill.as_ref() {
+            let path = d.path_for(&Self::file_name(b));
+            if let Err(e) = d.remove(&path) {
+                // a stale file is never read again (the table no longer
+                // lists it); only its space is lost until the directory goes
+                tracing::warn!("{e}");
+            }
+        }
+    }
+
+    /// Frees the frames and spill files of blocks that hold no cells.
+    pub fn release_empty(&mut self, cells: &KvCells) {
+        for b in 0..self.table.n_blocks() as u32 {
+            if cells.block_rows(b as usize, self.block) == 0
+                && (self.table.frame_of(b).is_some() || self.table.on_disk(b))
+                && self.table.release(b)
+            {
+                self.remove_file(b);
+            }
+        }
+    }
+
+    /// The spill directory, once a block was spilled.
+    pub fn spill_path(&self) -> Option<PathBuf> {
+        self.spill.as_ref().map(|d| d.path().to_path_buf())
+    }
+
+    /// Reads cell rows [cell, cell + n) of windowed layer `layer` (K or V)
+    /// from the frames, loading the block from its spill file if needed.
+    /// Between steps only.
+    pub fn read_rows(
+        &mut self,
+        layer: u32,
+        kv: usize,
+        cell: usize,
+        out: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let li = self.index_of[layer as usize].expect("layer is windowed");
+        let b = cell / self.block;
+        let n = out.len() / self.row;
+        debug_assert!(cell % self.block + n <= self.block);
+        match self.table.frame_of(b as u32) {
+            Some(f) => {
+                out.copy_from_slice(self.host_rows(li, kv, f as usize * self.block + cell % self.block, n));
+                Ok(())
+            }
+            None => {
+                let path = self.spill_dir()?.path_for(&Self::file_name(b as u32));
+                let mut file = KvFile::open(&path, self.shape)?;
+                let mut k = vec![0u8; self.block * self.row];
+                let mut v = vec![0u8; self.block * self.row];
+                file.read_entry(li, &mut k, &mut v)?;
+                let src = if kv == 0 { &k } else { &v };
+                let off = (cell % self.block) * self.row;
+                out.copy_from_slice(&src[off..off + out.len()]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes cell rows of windowed layer `layer` into the frames (block must
+    /// have a frame, see `prepare`). Between steps only.
+    pub fn write_rows(&mut self, layer: u32, kv: usize, cell: usize, data: &[u8]) {
+        let li = self.index_of[layer as usize].expect("layer is windowed");
+        let f = self.table.frame_of((cell / self.block) as u32).expect("block has a frame");
+        let n = data.len() / self.row;
+        self.host_rows(li, kv, f as usize * self.block + cell % self.block, n)
+            .copy_from_slice(data);
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    pub fn row_bytes(&self) -> usize {
+        self.row
+    }
+}

@@ -1,0 +1,241 @@
+//! The tiered KV cache on the CPU backend: with layers' KV windowed through
+//! host frames, and with blocks forced through SSD spill files, greedy
+//! tokens and logits equal the all-on-device KV run, for one sequence, for
+//! multi-sequence batches and for sequences that take turns. Corrupt or
+//! truncated spill files and a full spill disk are clean errors.
+
+mod common;
+
+use common::{argmax, model, QWEN2, SMOLLM2};
+use strata::engine::{BatchToken, DeviceChoice, Engine, EngineConfig, EngineError};
+use strata::llama::LlamaModel;
+use strata::parity::{compare, nmse, run_strata};
+
+const PROMPTS: [&str; 3] = [
+    "The capital of France is",
+    "def quicksort(xs):\n    ",
+    "Once upon a time, in a small village by the sea,",
+];
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        n_ctx: 512,
+        n_batch: 512,
+        n_threads: 2,
+        device: DeviceChoice::Cpu,
+        ..EngineConfig::default()
+    }
+}
+
+fn tiered(kv_layers_on_device: u64, e: &Engine) -> EngineConfig {
+    // the KV of one layer: K and V, F16, n_ctx cells
+    let per_layer = 2 * 2 * e.spec.hp.n_embd_kv() as u64 * e.n_ctx() as u64;
+    EngineConfig {
+        kv_budget: Some(kv_layers_on_device * per_layer),
+        ..cfg()
+    }
+}
+
+fn tokenize(path: &std::path::Path) -> Vec<Vec<u32>> {
+    let vocab = LlamaModel::load(path, true, 0).expect("vocab");
+    PROMPTS
+        .iter()
+        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
+        .collect()
+}
+
+/// Greedy continuation of sequence `seq` whose tokens so far are `toks`
+/// (the first call feeds them all): `n` more tokens, with the logits.
+fn continue_seq(
+    e: &mut Engine,
+    seq: u32,
+    toks: &mut Vec<u32>,
+    fed: &mut usize,
+    n: usize,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let batch: Vec<_> = (*fed..toks.len())
+            .map(|i| BatchToken {
+                token: toks[i],
+                pos: i as i32,
+                seq,
+                logits: i + 1 == toks.len(),
+            })
+            .collect();
+        let l = e.decode(&batch)?;
+        *fed = toks.len();
+        toks.push(argmax(&l));
+        out.push(l);
+    }
+    Ok(out)
+}
+
+fn windowed_equals_device_kv(name: &str) {
+    let Some(path) = model(name) else { return };
+    let prompts = tokenize(&path);
+    let mut base = Engine::load(&path, &cfg()).expect("engine");
+    let n_layer = base.spec.hp.n_layer as u64;
+    // all layers windowed; half; and all windowed with streamed weights
+    // and NaN-poisoned windows (a block missing from an upload shows)
+    let variants: Vec<(&str, EngineConfig)> = vec![
+        ("all windowed", tiered(0, &base)),
+        ("half windowed", tiered(n_layer / 2, &base)),
+        (
+            "windowed+streamed+poison",
+            EngineConfig {
+                stream_all: true,
+                poison_slots: true,
+                slots: 2,
+                ..tiered(0, &base)
+            },
+        ),
+    ];
+    for (what, c) in variants {
+        let mut e = Engine::load(&path, &c).expect("tiered engine");
+        let tier = e.kv_tier().expect("some layers windowed");
+        assert_eq!(
+            tier.layers.len() + e.kv_resident_layers(),
+            n_layer as usize
+        );
+        for p in &prompts[..2] {
+            let a = run_strata(&mut base, p, 16).expect("device-KV run");
+            let b = run_strata(&mut e, p, 16).expect("tiered run");
+            let (worst, diff) = compare(&b, &a);
+            assert_eq!(worst, 0.0, "{name} {what}: NMSE {worst}");
+            assert_eq!(diff, None, "{name} {what}: tokens differ");
+            let kv = e.last_step.kv;
+            assert!(kv.up_bytes > 0 && kv.down_bytes > 0, "{what}: KV travelled");
+        }
+        // a batch of three sequences, then each sequence on its own
+        base.clear();
+        e.clear();
+        let mut toks_a: Vec<Vec<u32>> = prompts.clone();
+        let mut toks_b = prompts.clone();
+        let batch = |toks: &[Vec<u32>]| -> Vec<BatchToken> {
+            toks.iter()
+                .enumerate()
+                .flat_map(|(s, p)| {
+                    p.iter().enumerate().map(move |(i, &t)| BatchToken {
+                        token: t,
+                        pos: i as i32,
+                        seq: s as u32,
+                        logits: true,
+                    })
+                })
+                .collect()
+        };
+        let la = base.decode(&batch(&toks_a)).expect("device-KV batch");
+        let lb = e.decode(&batch(&toks_b)).expect("tiered batch");
+        assert_eq!(nmse(&lb, &la), 0.0, "{name} {what}: batch logits differ");
+        let mut fed_a: Vec<usize> = toks_a.iter().map(|t| t.len()).collect();
+        let mut fed_b = fed_a.clone();
+        let nv = base.n_vocab() as usize;
+        let mut off = 0;
+        for s in 0..3 {
+            off += toks_a[s].len();
+            toks_a[s].push(argmax(&la[(off - 1) * nv..off * nv]));
+            toks_b[s].push(argmax(&lb[(off - 1) * nv..off * nv]));
+        }
+        for round in 0..3 {
+            for s in 0..3 {
+                let a = continue_seq(&mut base, s as u32, &mut toks_a[s], &mut fed_a[s], 2)
+                    .expect("device-KV turn");
+                let b = continue_seq(&mut e, s as u32, &mut toks_b[s], &mut fed_b[s], 2)
+                    .expect("tiered turn");
+                for (x, y) in b.iter().zip(&a) {
+                    assert_eq!(nmse(x, y), 0.0, "{name} {what}: seq {s} round {round}");
+                }
+            }
+        }
+        assert_eq!(toks_a, toks_b, "{name} {what}: turn tokens differ");
+    }
+}
+
+#[test]
+fn windowed_kv_equals_device_kv_smollm2() {
+    windowed_equals_device_kv(SMOLLM2);
+}
+
+#[test]
+fn windowed_kv_equals_device_kv_qwen2() {
+    windowed_equals_device_kv(QWEN2);
+}
+
+/// Sequences take turns with a DRAM budget of just the blocks one sequence
+/// needs, so the blocks of waiting sequences go to spill files and come
+/// back when their turn comes.
+fn through_ssd(name: &str) {
+    let Some(path) = model(name) else { return };
+    let prompts = tokenize(&path);
+    const BLOCK: usize = 16;
+    const TURN: usize = 24;
+    let mut base = Engine::load(&path, &cfg()).expect("engine");
+    let mut toks_a = prompts.clone();
+    let mut fed_a = [0usize; 3];
+    let mut logits_a = Vec::new();
+    for _round in 0..2 {
+        for s in 0..3 {
+            logits_a.push(
+                continue_seq(&mut base, s as u32, &mut toks_a[s], &mut fed_a[s], TURN)
+                    .expect("device-KV turn"),
+            );
+        }
+    }
+    // the most blocks one sequence touches (same placement as the tiered run)
+    let frames = (0..3)
+        .map(|s| base.cells.seq_blocks(s, BLOCK).len())
+        .max()
+        .unwrap();
+    let used = base.cells.blocks_of(0b111, BLOCK).len();
+    assert!(used >= frames + 3, "{name}: the test must need more blocks than frames");
+
+    let spill = tempfile::tempdir().expect("tempdir");
+    let frame = (2 * 2 * BLOCK) as u64 * base.spec.hp.n_embd_kv() as u64 * base.spec.hp.n_layer as u64;
+    let c = EngineConfig {
+        kv_block: BLOCK,
+        kv_dram: Some(frames as u64 * frame),
+        kv_spill_dir: Some(spill.path().to_path_buf()),
+        ..tiered(0, &base)
+    };
+    let mut e = Engine::load(&path, &c).expect("tiered engine");
+    assert_eq!(e.kv_tier().unwrap().frames(), frames);
+    let mut toks_b = prompts.clone();
+    let mut fed_b = [0usize; 3];
+    let mut turn = 0;
+    for round in 0..2 {
+        for s in 0..3 {
+            let b = continue_seq(&mut e, s as u32, &mut toks_b[s], &mut fed_b[s], TURN)
+                .unwrap_or_else(|err| panic!("{name}: tiered turn: {err}"));
+            for (x, y) in b.iter().zip(&logits_a[turn]) {
+                assert_eq!(nmse(x, y), 0.0, "{name}: seq {s} round {round}");
+            }
+            turn += 1;
+        }
+    }
+    assert_eq!(toks_a, toks_b, "{name}: tokens differ");
+    let t = e.kv_tier().unwrap().total;
+    assert!(
+        t.spilled as usize >= used - frames && t.loaded >= 3,
+        "{name}: blocks went through SSD ({used} blocks, {frames} frames): {t:?}"
+    );
+    let dir = e.kv_tier().unwrap().spill_path().expect("spill dir");
+    assert!(dir.starts_with(spill.path()));
+    // freeing the sequences frees their files
+    for s in 0..3 {
+        e.clear_seq(s);
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    drop(e);
+    assert!(!dir.exists(), "spill directory removed");
+}
+
+#[test]
+fn ssd_spill_equals_device_kv_smollm2() {
+    through_ssd(SMOLLM2);
+}
+
+#[test]
+fn ssd_spill_equals_device_kv_qwen2() {
+    through_ssd(QWEN2);
+}
