@@ -239,3 +239,123 @@ fn ssd_spill_equals_device_kv_smollm2() {
 fn ssd_spill_equals_device_kv_qwen2() {
     through_ssd(QWEN2);
 }
+
+/// Two sequences with room in DRAM for about one: running the second one
+/// spills blocks of the first.
+struct TwoSeqs {
+    e: Engine,
+    toks: [Vec<u32>; 2],
+    fed: [usize; 2],
+    _dir: tempfile::TempDir,
+}
+
+fn two_seqs(path: &std::path::Path, spill_max: Option<u64>) -> TwoSeqs {
+    let prompts = tokenize(path);
+    let probe = Engine::load(path, &cfg()).expect("engine");
+    let frame = (2 * 2 * 16) as u64 * probe.spec.hp.n_embd_kv() as u64 * probe.spec.hp.n_layer as u64;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = EngineConfig {
+        kv_block: 16,
+        kv_dram: Some(3 * frame),
+        kv_spill_dir: Some(dir.path().to_path_buf()),
+        kv_spill_max: spill_max,
+        ..tiered(0, &probe)
+    };
+    drop(probe);
+    let mut e = Engine::load(path, &c).expect("tiered engine");
+    let mut toks = [prompts[0].clone(), prompts[1].clone()];
+    let mut fed = [0, 0];
+    continue_seq(&mut e, 0, &mut toks[0], &mut fed[0], 20).expect("first sequence");
+    TwoSeqs {
+        e,
+        toks,
+        fed,
+        _dir: dir,
+    }
+}
+
+fn spill_files(e: &Engine) -> Vec<std::path::PathBuf> {
+    let Some(dir) = e.kv_tier().unwrap().spill_path() else {
+        return Vec::new();
+    };
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect()
+}
+
+fn damaged_spill_is_refused(name: &str, damage: fn(&std::path::Path)) {
+    let Some(path) = model(name) else { return };
+    let mut t = two_seqs(&path, None);
+    let TwoSeqs { e, toks, fed, .. } = &mut t;
+    continue_seq(e, 1, &mut toks[1], &mut fed[1], 20).expect("second sequence");
+    let files = spill_files(e);
+    assert!(!files.is_empty(), "the second sequence spilled blocks of the first");
+    for f in &files {
+        damage(f);
+    }
+    let before = toks[0].len();
+    let err = continue_seq(e, 0, &mut toks[0], &mut fed[0], 1).expect_err("damaged spill used");
+    let msg = err.to_string();
+    assert!(
+        files.iter().any(|f| msg.contains(&f.display().to_string())),
+        "error names the file: {msg}"
+    );
+    assert_eq!(toks[0].len(), before);
+    // the other sequence goes on
+    continue_seq(e, 1, &mut toks[1], &mut fed[1], 4).expect("other sequence untouched");
+}
+
+#[test]
+fn corrupt_spill_file_is_detected() {
+    damaged_spill_is_refused(SMOLLM2, |f| {
+        let mut b = std::fs::read(f).unwrap();
+        let i = b.len() - 5000;
+        b[i] ^= 0x40;
+        std::fs::write(f, b).unwrap();
+    });
+}
+
+#[test]
+fn truncated_spill_file_is_detected() {
+    damaged_spill_is_refused(SMOLLM2, |f| {
+        let len = std::fs::metadata(f).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+        file.set_len(len / 2).unwrap();
+    });
+}
+
+/// A spill that does not fit is an error for the sequence that needed the
+/// room; its batch is not placed and no file is left. Once that sequence is
+/// stopped, the other one goes on from an intact cache and gives the same
+/// tokens as with the cache on the device.
+#[test]
+fn full_spill_disk_stops_only_the_sequence_that_needed_room() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let mut t = two_seqs(&path, Some(1000));
+    let TwoSeqs { e, toks, fed, .. } = &mut t;
+    let err = continue_seq(e, 1, &mut toks[1], &mut fed[1], 20).expect_err("spill past the quota");
+    assert!(
+        matches!(err, EngineError::KvSpill(strata::kv::spill::SpillError::DiskFull { .. })),
+        "{err}"
+    );
+    assert_eq!(
+        e.cells.seq_cells(1).len(),
+        fed[1],
+        "the failed batch was not placed"
+    );
+    assert!(spill_files(e).is_empty());
+    // the caller stops the sequence that could not get room
+    e.clear_seq(1);
+    let more = continue_seq(e, 0, &mut toks[0], &mut fed[0], 8).expect("first sequence goes on");
+    // the same tokens as an untiered engine
+    let mut base = Engine::load(&path, &cfg()).expect("engine");
+    let mut bt = tokenize(&path)[0].clone();
+    let mut bf = 0;
+    continue_seq(&mut base, 0, &mut bt, &mut bf, 20).unwrap();
+    let again = continue_seq(&mut base, 0, &mut bt, &mut bf, 8).unwrap();
+    for (x, y) in more.iter().zip(&again) {
+        assert_eq!(nmse(x, y), 0.0);
+    }
+    assert_eq!(toks[0], bt);
+}

@@ -33,6 +33,7 @@ fn ref_cfg() -> ReferenceConfig {
         n_ubatch: 0,
         n_seq: 4,
         n_threads: 2,
+        offload_kqv: true,
     }
 }
 

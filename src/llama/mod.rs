@@ -2,6 +2,8 @@
 //! vocabulary-only model load), and the reference decoder that parity tests
 //! and `strata bench` compare against.
 
+mod fill;
+
 use crate::sys;
 use std::ffi::{CStr, CString};
 use std::path::Path;
@@ -21,6 +23,30 @@ pub enum LlamaError {
     Template,
     #[error("llama_decode failed with status {0}")]
     Decode(i32),
+    #[error("sequence {seq} is out of range: the context holds {n_seq} sequences")]
+    BadSeq { seq: u32, n_seq: u32 },
+    #[error("fill_kv: {n} cells do not fit the {n_ctx}-cell context")]
+    FillTooLarge { n: u32, n_ctx: u32 },
+    #[error("llama_state_seq_get_data failed for sequence {seq} ({what})")]
+    StateGet { seq: u32, what: String },
+    #[error("unrecognised llama.cpp sequence-state layout: {0}")]
+    StateLayout(String),
+    #[error("llama_state_seq_set_data rejected the {what} of sequence {seq} ({bytes} bytes, {read} read)")]
+    StateRejected {
+        seq: u32,
+        what: String,
+        bytes: usize,
+        read: usize,
+    },
+    #[error(
+        "fill_kv: sequence {seq} holds positions {min}..={max} after the load, expected 0..={want}"
+    )]
+    FillCheck {
+        seq: u32,
+        min: i32,
+        max: i32,
+        want: i64,
+    },
     #[error("path or text contains a NUL byte")]
     Nul,
     #[error(transparent)]
@@ -242,6 +268,9 @@ pub struct ReferenceConfig {
     pub n_ubatch: u32,
     pub n_seq: u32,
     pub n_threads: i32,
+    /// llama.cpp's offload_kqv: false is its `-nkvo` (the KV cache in host
+    /// memory and attention on the CPU, whatever n_gpu_layers offloads).
+    pub offload_kqv: bool,
 }
 
 impl<'m> Reference<'m> {
@@ -261,6 +290,7 @@ impl<'m> Reference<'m> {
         p.n_threads_batch = cfg.n_threads;
         p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
         p.kv_unified = true;
+        p.offload_kqv = cfg.offload_kqv;
         p.no_perf = true;
         // SAFETY: live model; valid params.
         let c = unsafe { sys::llama_init_from_model(model.raw(), p) };
@@ -324,6 +354,146 @@ impl<'m> Reference<'m> {
     pub fn clear(&mut self) {
         // SAFETY: live context; its memory handle is owned by it.
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ctx.as_ptr()), true) }
+    }
+
+    /// The raw context (for queries such as the memory API in tests).
+    pub fn raw(&self) -> *mut sys::llama_context {
+        self.ctx.as_ptr()
+    }
+
+    /// The lowest and highest position sequence `seq` holds in the KV cache,
+    /// or None when it holds none.
+    pub fn seq_pos_range(&self, seq: u32) -> Option<(i32, i32)> {
+        // SAFETY: live context; its memory handle is owned by it.
+        let (lo, hi) = unsafe {
+            let m = sys::llama_get_memory(self.ctx.as_ptr());
+            (
+                sys::llama_memory_seq_pos_min(m, seq as i32),
+                sys::llama_memory_seq_pos_max(m, seq as i32),
+            )
+        };
+        (lo >= 0 && hi >= 0).then_some((lo, hi))
+    }
+
+    /// Sequence ids at or above the context's n_seq_max trip a GGML_ASSERT
+    /// (an abort) in llama.cpp's state loader: refuse them here.
+    fn check_seq(&self, seq: u32) -> Result<(), LlamaError> {
+        // SAFETY: plain query of a live context.
+        let n_seq = unsafe { sys::llama_n_seq_max(self.ctx.as_ptr()) };
+        if seq >= n_seq {
+            return Err(LlamaError::BadSeq { seq, n_seq });
+        }
+        Ok(())
+    }
+
+    /// llama.cpp's state of sequence `seq` (`llama_state_seq_get_data`).
+    pub fn seq_state(&mut self, seq: u32) -> Result<Vec<u8>, LlamaError> {
+        self.check_seq(seq)?;
+        let ctx = self.ctx.as_ptr();
+        // SAFETY: live context; a size query.
+        let size = unsafe { sys::llama_state_seq_get_size_ext(ctx, seq as i32, 0) };
+        if size == 0 {
+            return Err(LlamaError::StateGet {
+                seq,
+                what: "size query returned 0".into(),
+            });
+        }
+        let mut buf = vec![0u8; size];
+        // SAFETY: buf is valid for size bytes.
+        let got = unsafe {
+            sys::llama_state_seq_get_data_ext(ctx, buf.as_mut_ptr(), size, seq as i32, 0)
+        };
+        if got != size {
+            return Err(LlamaError::StateGet {
+                seq,
+                what: format!("wrote {got} of {size} bytes"),
+            });
+        }
+        Ok(buf)
+    }
+
+    /// Loads a sequence state (`llama_state_seq_set_data`) into sequence `seq`;
+    /// `what` names the state in the error should llama.cpp reject it.
+    pub fn set_seq_state(&mut self, seq: u32, state: &[u8], what: &str) -> Result<(), LlamaError> {
+        self.check_seq(seq)?;
+        // SAFETY: live context; state is valid for its length and outlives
+        // the call (llama.cpp copies the tensor data out before returning).
+        let read = unsafe {
+            sys::llama_state_seq_set_data_ext(
+                self.ctx.as_ptr(),
+                state.as_ptr(),
+                state.len(),
+                seq as i32,
+                0,
+            )
+        };
+        if read != state.len() {
+            return Err(LlamaError::StateRejected {
+                seq,
+                what: what.to_string(),
+                bytes: state.len(),
+                read,
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes the KV cache hold positions 0..n-1 of sequence `seq` without
+    /// computing them, so that the next decode of `seq` at position n attends
+    /// over n cells (e.g. to time decoding at a deep context without
+    /// prefilling it). The cache is cleared first (all sequences).
+    ///
+    /// How: one real token is decoded at position 0, its one-cell state is
+    /// read back (`llama_state_seq_get_data`) and parsed to learn the
+    /// cache's layout (streams, cell ext, V transposition, per-layer K/V
+    /// types and row sizes, rotations), then an n-cell state in the same
+    /// format, every cell a copy of the real one, is built in a single
+    /// buffer and loaded with `llama_state_seq_set_data` (see `fill.rs`).
+    /// The buffer is the size of the sequence's KV data (about 10 GiB for a
+    /// 70B model at 32k cells) and lives only during the load.
+    pub fn fill_kv(&mut self, seq: u32, n: u32) -> Result<(), LlamaError> {
+        self.check_seq(seq)?;
+        self.clear();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: plain query of a live context.
+        let n_ctx = unsafe { sys::llama_n_ctx(self.ctx.as_ptr()) };
+        if n > n_ctx {
+            return Err(LlamaError::FillTooLarge { n, n_ctx });
+        }
+        // SAFETY: live model; plain query.
+        let bos = unsafe { sys::llama_vocab_bos(self._model.vocab()) };
+        let tok = if bos >= 0 { bos as u32 } else { 0 };
+        self.decode(&[(tok, 0, seq, true)])?;
+        let one = self.seq_state(seq)?;
+        let layout = fill::SeqLayout::learn(&one).map_err(LlamaError::StateLayout)?;
+        drop(one);
+        self.clear();
+        let state = layout.build(seq as i32, n);
+        let what = format!(
+            "synthesized {n}-cell KV state ({} layers)",
+            layout.n_layer()
+        );
+        let loaded = self.set_seq_state(seq, &state, &what);
+        drop(state);
+        if let Err(e) = loaded {
+            self.clear();
+            return Err(e);
+        }
+        match self.seq_pos_range(seq) {
+            Some((0, max)) if max as i64 == n as i64 - 1 => Ok(()),
+            r => {
+                let (min, max) = r.unwrap_or((-1, -1));
+                self.clear();
+                Err(LlamaError::FillCheck {
+                    seq,
+                    min,
+                    max,
+                    want: n as i64 - 1,
+                })
+            }
+        }
     }
 }
 

@@ -58,6 +58,7 @@ pub fn llama_logits(path: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
         n_ubatch: 0,
         n_seq: 1,
         n_threads: 2,
+        offload_kqv: true,
     };
     let mut r = Reference::new(&lm, &cfg).expect("llama.cpp context");
     let batch: Vec<_> = (tokens.iter().enumerate())

@@ -270,6 +270,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             n_ubatch: a.llama_ubatch,
             n_seq: max_seqs.max(1),
             n_threads: cfg.n_threads as i32,
+            offload_kqv: true,
         };
         let mut r = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
         for (name, (pre, run)) in &tests {

@@ -40,6 +40,7 @@ pub fn check(a: CheckArgs) -> Result<()> {
         n_ubatch: 0,
         n_seq: 1,
         n_threads: cfg.n_threads as i32,
+        offload_kqv: true,
     };
     let mut reference = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
     let mut cpu = if a.with_cpu && on_gpu {
