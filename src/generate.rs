@@ -20,6 +20,8 @@ pub enum GenerateError {
     PromptTooLong { n: usize, n_ctx: u32 },
     #[error("the prompt is empty after tokenization")]
     EmptyPrompt,
+    #[error("session file {path}: {what}")]
+    BadSession { path: String, what: String },
 }
 
 /// Timings of one generation.
@@ -79,6 +81,9 @@ pub struct Session<'a> {
     pub sampler: Sampler,
     /// Tokens in the KV cache, in order.
     pub tokens: Vec<u32>,
+    /// The last sampled token, not yet in the KV cache (fed first by the
+    /// next `generate`). None after an end-of-generation token.
+    pub pending: Option<u32>,
 }
 
 impl<'a> Session<'a> {
@@ -89,7 +94,75 @@ impl<'a> Session<'a> {
             vocab,
             sampler,
             tokens: Vec::new(),
+            pending: None,
         }
+    }
+
+    /// Saves the KV cache, tokens, pending token and sampler state to
+    /// `path`, so [`Session::load`] can go on as if never stopped.
+    pub fn save(&mut self, path: &std::path::Path) -> Result<u64, GenerateError> {
+        let st = self.sampler.state();
+        let payload = serde_json::json!({
+            "format": "strata-session-1",
+            "tokens": self.tokens,
+            "pending": self.pending,
+            "seed": st.seed,
+            "word_pos": st.word_pos.to_string(),
+            "history": st.history,
+        });
+        let bytes = serde_json::to_vec(&payload).expect("plain JSON");
+        Ok(self.engine.save_seq(0, path, &bytes)?)
+    }
+
+    /// Restores a session saved by [`Session::save`] on the same model.
+    pub fn load(&mut self, path: &std::path::Path) -> Result<(), GenerateError> {
+        let bad = |what: &str| GenerateError::BadSession {
+            path: path.display().to_string(),
+            what: what.to_string(),
+        };
+        let bytes = self.engine.load_seq(0, path)?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|_| bad("payload is not JSON"))?;
+        if v["format"] != "strata-session-1" {
+            return Err(bad("not a strata session"));
+        }
+        let toks = |k: &str| -> Result<Vec<u32>, GenerateError> {
+            v[k].as_array()
+                .ok_or_else(|| bad(k))?
+                .iter()
+                .map(|t| t.as_u64().map(|t| t as u32).ok_or_else(|| bad(k)))
+                .collect()
+        };
+        let tokens = toks("tokens")?;
+        if tokens.len() != self.engine.cells.seq_cells(0).len() {
+            self.engine.clear_seq(0);
+            return Err(bad("token count differs from the saved cache"));
+        }
+        let n_vocab = self.engine.n_vocab();
+        if tokens.iter().any(|&t| t >= n_vocab) {
+            self.engine.clear_seq(0);
+            return Err(bad("token outside the vocabulary"));
+        }
+        let state = crate::sample::SamplerState {
+            seed: v["seed"].as_u64().ok_or_else(|| bad("seed"))?,
+            word_pos: v["word_pos"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad("word_pos"))?,
+            history: toks("history")?,
+        };
+        self.sampler.restore(&state);
+        self.tokens = tokens;
+        self.pending = v["pending"].as_u64().map(|t| t as u32).filter(|&t| t < n_vocab);
+        if self.pending.is_none() {
+            // the next token's logits come from the last token: take it out
+            // of the cache and feed it again
+            if let Some(last) = self.tokens.pop() {
+                self.engine.truncate_seq(0, self.tokens.len() as i32);
+                self.pending = Some(last);
+            }
+        }
+        Ok(())
     }
 
     /// Feeds `prompt` tokens, then samples up to `n_predict` tokens, calling
@@ -100,37 +173,40 @@ impl<'a> Session<'a> {
         n_predict: usize,
         mut on_text: impl FnMut(&str),
     ) -> Result<(Vec<u32>, Timings), GenerateError> {
-        if prompt.is_empty() {
+        // the token sampled last time goes in first (the sampler saw it)
+        let feed: Vec<u32> = self.pending.iter().chain(prompt).copied().collect();
+        if feed.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
         let n_ctx = self.engine.n_ctx();
-        if self.tokens.len() + prompt.len() > n_ctx as usize {
+        if self.tokens.len() + feed.len() > n_ctx as usize {
             return Err(GenerateError::PromptTooLong {
-                n: self.tokens.len() + prompt.len(),
+                n: self.tokens.len() + feed.len(),
                 n_ctx,
             });
         }
         let mut t = Timings {
-            prompt_tokens: prompt.len(),
+            prompt_tokens: feed.len(),
             ..Default::default()
         };
         let start = Instant::now();
         let base = self.tokens.len() as i32;
-        let batch: Vec<BatchToken> = prompt
+        let batch: Vec<BatchToken> = feed
             .iter()
             .enumerate()
             .map(|(i, &tok)| BatchToken {
                 token: tok,
                 pos: base + i as i32,
                 seq: 0,
-                logits: i + 1 == prompt.len(),
+                logits: i + 1 == feed.len(),
             })
             .collect();
         let mut logits = self.engine.decode(&batch)?;
         for &p in prompt {
             self.sampler.accept(p);
         }
-        self.tokens.extend_from_slice(prompt);
+        self.pending = None;
+        self.tokens.extend_from_slice(&feed);
         t.prompt_time = start.elapsed();
 
         let gen_start = Instant::now();
@@ -143,6 +219,7 @@ impl<'a> Session<'a> {
             if self.vocab.is_eog(tok) {
                 break;
             }
+            self.pending = Some(tok);
             let s = text.push(&self.vocab.token_bytes(tok, false));
             if !s.is_empty() {
                 on_text(&s);
@@ -152,6 +229,7 @@ impl<'a> Session<'a> {
             }
             let pos = self.tokens.len() as i32;
             self.tokens.push(tok);
+            self.pending = None;
             logits = self.engine.decode(&[BatchToken {
                 token: tok,
                 pos,
@@ -159,7 +237,7 @@ impl<'a> Session<'a> {
                 logits: true,
             }])?;
         }
-        // tokens sampled (the last one is not decoded: it is not in the KV cache)
+        // tokens sampled; all but an end-of-generation token are in the KV cache
         t.gen_tokens = out.len();
         t.gen_time = gen_start.elapsed();
         Ok((out, t))

@@ -277,6 +277,35 @@ impl Sampler {
     }
 }
 
+/// What a sampler needs to go on exactly where it stopped: the seed, how
+/// far its random stream has advanced, and the penalty history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SamplerState {
+    pub seed: u64,
+    pub word_pos: u128,
+    pub history: Vec<u32>,
+}
+
+impl Sampler {
+    pub fn state(&self) -> SamplerState {
+        SamplerState {
+            seed: self.cfg.seed,
+            word_pos: self.rng.get_word_pos(),
+            history: self.history.iter().copied().collect(),
+        }
+    }
+    /// Continues from `s` (its seed replaces the configured one).
+    pub fn restore(&mut self, s: &SamplerState) {
+        self.cfg.seed = s.seed;
+        self.rng = ChaCha20Rng::seed_from_u64(s.seed);
+        self.rng.set_word_pos(s.word_pos);
+        self.history = s.history.iter().copied().collect();
+        while self.history.len() > self.cfg.repeat_last_n {
+            self.history.pop_front();
+        }
+    }
+}
+
 /// Index of the largest logit, lowest index on ties; NaN entries are ignored.
 /// `None` for an empty slice or one holding only NaN.
 pub fn argmax(logits: &[f32]) -> Option<u32> {

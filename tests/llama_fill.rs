@@ -37,7 +37,14 @@ fn check_fill(path: &Path) {
         let mut r = Reference::new(&lm, &cfg(offload)).expect("llama.cpp context");
 
         // baseline: the token at position 0 of an empty cache
+        let t = Instant::now();
         let at0 = r.decode(&[(tok, 0, 0, true)]).expect("decode at 0");
+        eprintln!("DBG decode0 {:?}", t.elapsed());
+        r.clear();
+        let t = Instant::now();
+        let _ = r.decode(&[(tok, 0, 0, true)]).expect("decode at 0");
+        eprintln!("DBG decode0 again {:?}", t.elapsed());
+        r.clear();
         assert_eq!(at0.len(), lm.n_vocab() as usize);
 
         let t = Instant::now();
@@ -65,7 +72,19 @@ fn check_fill(path: &Path) {
             "logits at 1000 after fill equal those at 0 (max diff {diff})"
         );
 
-        // refilling replaces the sequence, and a smaller fill works too
+        // refilling replaces the sequence (the layout is learned once by now)
+        let t = Instant::now();
+        r.fill_kv(0, 1000).expect("refill");
+        eprintln!(
+            "{} offload_kqv={offload}: refill_kv(0, 1000) took {:.1} ms",
+            path.file_name().unwrap().to_string_lossy(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        assert_eq!(pos_range(&r, 0), (0, 999));
+        let again = r.decode(&[(tok, 1000, 0, true)]).expect("decode at 1000");
+        assert_eq!(again, at1000, "a refill gives the same cache");
+
+        // and a smaller fill works too
         r.fill_kv(0, 10).expect("refill");
         assert_eq!(pos_range(&r, 0), (0, 9));
         let at10 = r.decode(&[(tok, 10, 0, true)]).expect("decode at 10");

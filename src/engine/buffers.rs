@@ -67,9 +67,10 @@ impl Persistent {
 
 /// K and V per layer, F16 [n_embd_kv, n_ctx], in one device buffer.
 pub struct KvStore {
-    _ctx: Context,
+    ctx: Context,
     _buf: Buffer,
     pub layers: Vec<[Binding; 2]>,
+    tensors: Vec<NonNull<crate::sys::ggml_tensor>>,
     pub bytes: u64,
 }
 
@@ -99,13 +100,20 @@ impl KvStore {
             layers.push([b(&pair[0]), b(&pair[1])]);
         }
         let bytes = (each * ts.len()) as u64;
+        let tensors = ts.iter().filter_map(|t| NonNull::new(t.raw())).collect();
         drop(ts);
         Ok(KvStore {
-            _ctx: ctx,
+            ctx,
             _buf: buf,
             layers,
+            tensors,
             bytes,
         })
+    }
+    /// K (kv 0) or V tensor of layer `l`.
+    pub fn tensor(&self, l: usize, kv: usize) -> Tensor<'_> {
+        // SAFETY: the tensor lives in self.ctx.
+        unsafe { Tensor::from_raw(&self.ctx, self.tensors[2 * l + kv]) }
     }
     /// Bytes one layer's K and V take for these dimensions.
     pub fn bytes_per_layer(d: &Dims, lim: Limits) -> u64 {

@@ -12,6 +12,7 @@
 mod buffers;
 pub mod kvtier;
 mod pager;
+mod session;
 mod store;
 pub mod timeline;
 mod window;

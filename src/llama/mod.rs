@@ -257,6 +257,9 @@ pub struct Reference<'m> {
     ctx: NonNull<sys::llama_context>,
     n_vocab: usize,
     n_batch: usize,
+    /// The sequence-state layout fill_kv learned, with the sequence it was
+    /// learned on (streams differ per sequence when the cache is not unified).
+    fill_layout: Option<(u32, fill::SeqLayout)>,
     _model: &'m LlamaModel,
 }
 
@@ -302,6 +305,7 @@ impl<'m> Reference<'m> {
             ctx,
             n_vocab,
             n_batch: cfg.n_batch as usize,
+            fill_layout: None,
             _model: model,
         })
     }
@@ -449,6 +453,8 @@ impl<'m> Reference<'m> {
     /// types and row sizes, rotations), then an n-cell state in the same
     /// format, every cell a copy of the real one, is built in a single
     /// buffer and loaded with `llama_state_seq_set_data` (see `fill.rs`).
+    /// The layout is kept, so later fills of the same sequence skip the
+    /// priming decode.
     /// The buffer is the size of the sequence's KV data (about 10 GiB for a
     /// 70B model at 32k cells) and lives only during the load.
     pub fn fill_kv(&mut self, seq: u32, n: u32) -> Result<(), LlamaError> {
@@ -462,14 +468,18 @@ impl<'m> Reference<'m> {
         if n > n_ctx {
             return Err(LlamaError::FillTooLarge { n, n_ctx });
         }
-        // SAFETY: live model; plain query.
-        let bos = unsafe { sys::llama_vocab_bos(self._model.vocab()) };
-        let tok = if bos >= 0 { bos as u32 } else { 0 };
-        self.decode(&[(tok, 0, seq, true)])?;
-        let one = self.seq_state(seq)?;
-        let layout = fill::SeqLayout::learn(&one).map_err(LlamaError::StateLayout)?;
-        drop(one);
-        self.clear();
+        let layout = match self.fill_layout.take() {
+            Some((s, l)) if s == seq => l,
+            _ => {
+                // SAFETY: live model; plain query.
+                let bos = unsafe { sys::llama_vocab_bos(self._model.vocab()) };
+                let tok = if bos >= 0 { bos as u32 } else { 0 };
+                self.decode(&[(tok, 0, seq, true)])?;
+                let one = self.seq_state(seq);
+                self.clear();
+                fill::SeqLayout::learn(&one?).map_err(LlamaError::StateLayout)?
+            }
+        };
         let state = layout.build(seq as i32, n);
         let what = format!(
             "synthesized {n}-cell KV state ({} layers)",
@@ -477,6 +487,7 @@ impl<'m> Reference<'m> {
         );
         let loaded = self.set_seq_state(seq, &state, &what);
         drop(state);
+        self.fill_layout = Some((seq, layout));
         if let Err(e) = loaded {
             self.clear();
             return Err(e);

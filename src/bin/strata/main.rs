@@ -127,6 +127,14 @@ struct RunArgs {
     /// System message for --chat.
     #[arg(long)]
     system: Option<String>,
+    /// After generating, save the KV cache, tokens and sampler state here.
+    #[arg(long = "save-session")]
+    save_session: Option<PathBuf>,
+    /// Resume a session saved with --save-session (same model): generation
+    /// goes on with the tokens it would have produced without the break; a
+    /// prompt, if given, is appended first.
+    #[arg(long = "load-session")]
+    load_session: Option<PathBuf>,
 }
 
 fn main() {
@@ -205,11 +213,28 @@ fn run(a: RunArgs) -> Result<()> {
     let (mut engine, vocab) = load(&a.model)?;
     let mut session = Session::new(&mut engine, &vocab, sampler);
     let mut stdout = std::io::stdout();
+    if a.chat && (a.save_session.is_some() || a.load_session.is_some()) {
+        bail!("--save-session and --load-session work without --chat");
+    }
+    if let Some(p) = &a.load_session {
+        session
+            .load(p)
+            .with_context(|| format!("loading session {}", p.display()))?;
+        eprintln!(
+            "resumed {} tokens from {}",
+            session.tokens.len() + usize::from(session.pending.is_some()),
+            p.display()
+        );
+    }
     if !a.chat {
-        if a.prompt.is_empty() {
-            bail!("no prompt: pass -p TEXT (or --chat)");
+        if a.prompt.is_empty() && session.pending.is_none() {
+            bail!("no prompt: pass -p TEXT (or --chat, or --load-session)");
         }
-        let prompt = vocab.tokenize(&a.prompt, true, true)?;
+        let prompt = if a.prompt.is_empty() {
+            Vec::new()
+        } else {
+            vocab.tokenize(&a.prompt, session.tokens.is_empty(), true)?
+        };
         print!("{}", a.prompt);
         stdout.flush()?;
         let (_, t) = session.generate(&prompt, a.n_predict, |s| {
@@ -224,6 +249,17 @@ fn run(a: RunArgs) -> Result<()> {
             t.gen_tokens,
             t.gen_tps()
         );
+        if let Some(p) = &a.save_session {
+            let n = session
+                .save(p)
+                .with_context(|| format!("saving session {}", p.display()))?;
+            eprintln!(
+                "session saved to {} ({} tokens, {:.1} MiB)",
+                p.display(),
+                session.tokens.len(),
+                n as f64 / (1u64 << 20) as f64
+            );
+        }
         return Ok(());
     }
 
@@ -278,6 +314,7 @@ fn run(a: RunArgs) -> Result<()> {
             // the template rewrote history: start the cache over
             session.engine.clear();
             session.tokens.clear();
+            session.pending = None;
             rendered_len = 0;
         }
     }
