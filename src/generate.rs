@@ -153,7 +153,10 @@ impl<'a> Session<'a> {
         };
         self.sampler.restore(&state);
         self.tokens = tokens;
-        self.pending = v["pending"].as_u64().map(|t| t as u32).filter(|&t| t < n_vocab);
+        self.pending = v["pending"]
+            .as_u64()
+            .map(|t| t as u32)
+            .filter(|&t| t < n_vocab);
         if self.pending.is_none() {
             // the next token's logits come from the last token: take it out
             // of the cache and feed it again

@@ -94,10 +94,7 @@ fn windowed_equals_device_kv(name: &str) {
     for (what, c) in variants {
         let mut e = Engine::load(&path, &c).expect("tiered engine");
         let tier = e.kv_tier().expect("some layers windowed");
-        assert_eq!(
-            tier.layers.len() + e.kv_resident_layers(),
-            n_layer as usize
-        );
+        assert_eq!(tier.layers.len() + e.kv_resident_layers(), n_layer as usize);
         for p in &prompts[..2] {
             let a = run_strata(&mut base, p, 16).expect("device-KV run");
             let b = run_strata(&mut e, p, 16).expect("tiered run");
@@ -188,10 +185,14 @@ fn through_ssd(name: &str) {
         .max()
         .unwrap();
     let used = base.cells.blocks_of(0b111, BLOCK).len();
-    assert!(used >= frames + 3, "{name}: the test must need more blocks than frames");
+    assert!(
+        used >= frames + 3,
+        "{name}: the test must need more blocks than frames"
+    );
 
     let spill = tempfile::tempdir().expect("tempdir");
-    let frame = (2 * 2 * BLOCK) as u64 * base.spec.hp.n_embd_kv() as u64 * base.spec.hp.n_layer as u64;
+    let frame =
+        (2 * 2 * BLOCK) as u64 * base.spec.hp.n_embd_kv() as u64 * base.spec.hp.n_layer as u64;
     let c = EngineConfig {
         kv_block: BLOCK,
         kv_dram: Some(frames as u64 * frame),
@@ -252,7 +253,8 @@ struct TwoSeqs {
 fn two_seqs(path: &std::path::Path, spill_max: Option<u64>) -> TwoSeqs {
     let prompts = tokenize(path);
     let probe = Engine::load(path, &cfg()).expect("engine");
-    let frame = (2 * 2 * 16) as u64 * probe.spec.hp.n_embd_kv() as u64 * probe.spec.hp.n_layer as u64;
+    let frame =
+        (2 * 2 * 16) as u64 * probe.spec.hp.n_embd_kv() as u64 * probe.spec.hp.n_layer as u64;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = EngineConfig {
         kv_block: 16,
@@ -290,7 +292,10 @@ fn damaged_spill_is_refused(name: &str, damage: fn(&std::path::Path)) {
     let TwoSeqs { e, toks, fed, .. } = &mut t;
     continue_seq(e, 1, &mut toks[1], &mut fed[1], 20).expect("second sequence");
     let files = spill_files(e);
-    assert!(!files.is_empty(), "the second sequence spilled blocks of the first");
+    assert!(
+        !files.is_empty(),
+        "the second sequence spilled blocks of the first"
+    );
     for f in &files {
         damage(f);
     }
@@ -336,7 +341,10 @@ fn full_spill_disk_stops_only_the_sequence_that_needed_room() {
     let TwoSeqs { e, toks, fed, .. } = &mut t;
     let err = continue_seq(e, 1, &mut toks[1], &mut fed[1], 20).expect_err("spill past the quota");
     assert!(
-        matches!(err, EngineError::KvSpill(strata::kv::spill::SpillError::DiskFull { .. })),
+        matches!(
+            err,
+            EngineError::KvSpill(strata::kv::spill::SpillError::DiskFull { .. })
+        ),
         "{err}"
     );
     assert_eq!(

@@ -37,14 +37,7 @@ fn check_fill(path: &Path) {
         let mut r = Reference::new(&lm, &cfg(offload)).expect("llama.cpp context");
 
         // baseline: the token at position 0 of an empty cache
-        let t = Instant::now();
         let at0 = r.decode(&[(tok, 0, 0, true)]).expect("decode at 0");
-        eprintln!("DBG decode0 {:?}", t.elapsed());
-        r.clear();
-        let t = Instant::now();
-        let _ = r.decode(&[(tok, 0, 0, true)]).expect("decode at 0");
-        eprintln!("DBG decode0 again {:?}", t.elapsed());
-        r.clear();
         assert_eq!(at0.len(), lm.n_vocab() as usize);
 
         let t = Instant::now();

@@ -103,7 +103,10 @@ fn foreign_and_damaged_sessions_are_refused() {
     let mut q = Engine::load(&qwen, &cfg()).expect("engine");
     let mut s = Session::new(&mut q, &qvocab, sampler(1));
     let err = s.load(&file).expect_err("foreign session").to_string();
-    assert!(err.contains("fingerprint") || err.contains("row_bytes"), "{err}");
+    assert!(
+        err.contains("fingerprint") || err.contains("row_bytes"),
+        "{err}"
+    );
     // a flipped byte in the cache data
     let mut b = std::fs::read(&file).unwrap();
     // header page, then table and payload (one page here), then K of layer 0
@@ -113,7 +116,10 @@ fn foreign_and_damaged_sessions_are_refused() {
     let mut s = Session::new(&mut e, &vocab, sampler(1));
     let err = s.load(&bad).expect_err("damaged session").to_string();
     assert!(err.contains("bad.kv"), "{err}");
-    assert!(s.engine.cells.seq_cells(0).is_empty(), "nothing half-loaded");
+    assert!(
+        s.engine.cells.seq_cells(0).is_empty(),
+        "nothing half-loaded"
+    );
     s.load(&file).expect("the good file still loads");
 }
 

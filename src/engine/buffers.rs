@@ -77,7 +77,12 @@ pub struct KvStore {
 impl KvStore {
     /// K/V tensors of the first `n_layer` layers (those whose KV stays on the
     /// device; the rest are windowed, see `kvtier`).
-    pub fn alloc(d: &Dims, lim: Limits, dev: Device, n_layer: usize) -> Result<KvStore, EngineError> {
+    pub fn alloc(
+        d: &Dims,
+        lim: Limits,
+        dev: Device,
+        n_layer: usize,
+    ) -> Result<KvStore, EngineError> {
         let ctx = Context::new(2 * n_layer.max(1), 0)?;
         let shape = [d.hp.n_embd_kv() as i64, lim.n_ctx as i64];
         let ts: Vec<_> = (0..2 * n_layer)

@@ -202,6 +202,9 @@ impl KvTier {
     pub fn block(&self) -> usize {
         self.block
     }
+    pub fn windows(&self) -> usize {
+        self.occupant.len()
+    }
     pub fn frames(&self) -> usize {
         self.frames
     }
@@ -224,16 +227,43 @@ impl KvTier {
         unsafe { Tensor::from_raw(&self._wctx, self.wtensors[slot][kv]) }
     }
 
-    /// Host rows [hrow, hrow + n) of windowed layer `li`, K (kv 0) or V.
-    fn host_rows(&self, li: usize, kv: usize, hrow: usize, n: usize) -> &mut [u8] {
-        let per = self.frames * self.block * self.row;
-        let off = (li * 2 + kv) * per + hrow * self.row;
-        assert!(hrow + n <= self.frames * self.block, "host rows out of range");
-        // SAFETY: the range lies inside the host buffer (checked above).
-        // Writers are ordered: the host writes frames only between steps,
-        // after the copy stream drained (see `Engine::step`), and a device
-        // copy into a frame is the only access to it until it completed.
+    /// Byte offset of host rows [hrow, hrow + n) of windowed layer `li`, K
+    /// (kv 0) or V, checked to lie inside the host buffer.
+    fn host_off(&self, li: usize, kv: usize, hrow: usize, n: usize) -> usize {
+        assert!(
+            li < self.layers.len() && kv < 2 && hrow + n <= self.frames * self.block,
+            "host rows out of range"
+        );
+        ((li * 2 + kv) * self.frames * self.block + hrow) * self.row
+    }
+
+    fn host_rows(&self, li: usize, kv: usize, hrow: usize, n: usize) -> &[u8] {
+        let off = self.host_off(li, kv, hrow, n);
+        // SAFETY: the range lies inside the host buffer (host_off checks);
+        // host writes need &mut self, and device copies into frames finish
+        // before the host reads them (the copy stream is drained first).
+        unsafe { std::slice::from_raw_parts(self.host.base().add(off), n * self.row) }
+    }
+
+    fn host_rows_mut(&mut self, li: usize, kv: usize, hrow: usize, n: usize) -> &mut [u8] {
+        let off = self.host_off(li, kv, hrow, n);
+        // SAFETY: as host_rows; &mut self makes this the only host view.
         unsafe { std::slice::from_raw_parts_mut(self.host.base().add(off), n * self.row) }
+    }
+
+    /// K and V rows of one frame range at once (disjoint regions).
+    fn host_kv_mut(&mut self, li: usize, hrow: usize, n: usize) -> (&mut [u8], &mut [u8]) {
+        let (k, v) = (self.host_off(li, 0, hrow, n), self.host_off(li, 1, hrow, n));
+        let base = self.host.base();
+        // SAFETY: both ranges lie inside the host buffer and do not overlap
+        // (K and V arrays of a layer are separate); &mut self makes these the
+        // only host views.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(base.add(k), n * self.row),
+                std::slice::from_raw_parts_mut(base.add(v), n * self.row),
+            )
+        }
     }
 
     /// Brings the blocks of the sequences in `mask` into frames (spilling
@@ -287,7 +317,10 @@ impl KvTier {
         sorted.sort_unstable();
         for c in sorted {
             let c = c as usize;
-            let f = self.table.frame_of((c / b) as u32).expect("written block has a frame") as usize;
+            let f = self
+                .table
+                .frame_of((c / b) as u32)
+                .expect("written block has a frame") as usize;
             push_run(
                 &mut self.down,
                 Run {
@@ -334,6 +367,11 @@ impl KvTier {
         Ok(bytes)
     }
 
+    /// Bytes one windowed layer uploads this step.
+    pub fn upload_bytes(&self) -> u64 {
+        2 * (self.up.iter().map(|r| r.n).sum::<usize>() * self.row) as u64
+    }
+
     /// Copies the new rows of the layer that last ran in `slot` back to its
     /// frames. On the GPU the copy stream must have waited the slot's free
     /// event first.
@@ -342,11 +380,17 @@ impl KvTier {
             return Ok(());
         };
         let mut bytes = 0;
+        let runs = std::mem::take(&mut self.down);
         for kv in 0..2 {
-            let t = self.window(slot, kv);
-            for r in &self.down {
-                let dst = self.host_rows(li, kv, r.hrow, r.n);
+            for r in &runs {
                 let off = r.cell * self.row;
+                let hoff = self.host_off(li, kv, r.hrow, r.n);
+                let t = self.window(slot, kv);
+                // SAFETY: inside the host buffer (host_off checks); &mut self
+                // makes this the only host view of these rows.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(self.host.base().add(hoff), r.n * self.row)
+                };
                 assert!(off + dst.len() <= t.nbytes());
                 match copy {
                     // SAFETY: dst is host frame memory nobody reads before
@@ -358,6 +402,7 @@ impl KvTier {
                 bytes += dst.len() as u64;
             }
         }
+        self.down = runs;
         self.step.down_bytes += bytes;
         self.total.down_bytes += bytes;
         Ok(())
@@ -405,8 +450,8 @@ impl KvTier {
                         block: b,
                         n_rows: n as u32,
                     },
-                    &*self.host_rows(li, 0, f * n, n),
-                    &*self.host_rows(li, 1, f * n, n),
+                    self.host_rows(li, 0, f * n, n),
+                    self.host_rows(li, 1, f * n, n),
                 )
             })
             .collect();
@@ -442,8 +487,7 @@ impl KvTier {
             .into());
         }
         for li in 0..self.layers.len() {
-            let k = self.host_rows(li, 0, f * n, n);
-            let v = self.host_rows(li, 1, f * n, n);
+            let (k, v) = self.host_kv_mut(li, f * n, n);
             file.read_entry(li, k, v)?;
         }
         let bytes = (2 * self.layers.len() * n * self.row) as u64;
@@ -498,7 +542,12 @@ impl KvTier {
         debug_assert!(cell % self.block + n <= self.block);
         match self.table.frame_of(b as u32) {
             Some(f) => {
-                out.copy_from_slice(self.host_rows(li, kv, f as usize * self.block + cell % self.block, n));
+                out.copy_from_slice(self.host_rows(
+                    li,
+                    kv,
+                    f as usize * self.block + cell % self.block,
+                    n,
+                ));
                 Ok(())
             }
             None => {
@@ -519,10 +568,13 @@ impl KvTier {
     /// have a frame, see `prepare`). Between steps only.
     pub fn write_rows(&mut self, layer: u32, kv: usize, cell: usize, data: &[u8]) {
         let li = self.index_of[layer as usize].expect("layer is windowed");
-        let f = self.table.frame_of((cell / self.block) as u32).expect("block has a frame");
+        let f = self
+            .table
+            .frame_of((cell / self.block) as u32)
+            .expect("block has a frame");
         let n = data.len() / self.row;
-        self.host_rows(li, kv, f as usize * self.block + cell % self.block, n)
-            .copy_from_slice(data);
+        let hrow = f as usize * self.block + cell % self.block;
+        self.host_rows_mut(li, kv, hrow, n).copy_from_slice(data);
     }
 
     pub fn n_ctx(&self) -> usize {

@@ -228,10 +228,8 @@ impl Engine {
             } else {
                 0
             };
-        let fixed = head_bytes
-            + kv_device
-            + persistent_bytes
-            + buffers::activation_estimate(&dims, lim);
+        let fixed =
+            head_bytes + kv_device + persistent_bytes + buffers::activation_estimate(&dims, lim);
         let groups: Vec<GroupInfo> = spec
             .groups
             .iter()
@@ -342,9 +340,22 @@ impl Engine {
     /// One line on where the weights live.
     pub fn placement_summary(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let kv = match self.pager.kv.as_ref() {
+            None => String::new(),
+            Some(t) => format!(
+                "; KV of {} layers on the device, {} windowed ({} windows, {} frames of {} cells in {:.1} MiB of {} host memory)",
+                self.kv.layers.len(),
+                t.layers.len(),
+                t.windows(),
+                t.frames(),
+                t.block(),
+                mib(t.host_bytes()),
+                if t.host_pinned { "pinned" } else { "PAGEABLE" }
+            ),
+        };
         if self.plan.n_streamed() == 0 {
             return format!(
-                "{:.1} MiB of weights resident",
+                "{:.1} MiB of weights resident{kv}",
                 mib(self.store.resident_bytes)
             );
         }
@@ -363,7 +374,7 @@ impl Engine {
             } else {
                 "PAGEABLE"
             }
-        )
+        ) + &kv
     }
 
     /// Starts recording a timeline of copies and computations.
@@ -393,16 +404,46 @@ impl Engine {
         self.release_kv_blocks();
     }
     fn release_kv_blocks(&mut self) {
-        if self.pager.kv.is_some() {
-            // frames may be the target of copies still in flight
-            self.pager_sync();
-            let kv = self.pager.kv.as_mut().expect("checked");
+        // frames may be the target of copies still in flight
+        self.pager_sync();
+        if let Some(kv) = self.pager.kv.as_mut() {
             kv.release_empty(&self.cells);
         }
     }
     fn pager_sync(&self) {
         self.backend.synchronize();
         self.pager.synchronize();
+    }
+
+    /// Benchmark aid: sequence `seq` holds positions 0..n afterwards, as if
+    /// a prompt of n tokens had been run, without computing anything. The
+    /// cached rows are whatever the memory held (finite: caches start
+    /// zeroed), so only timings after it mean anything.
+    pub fn fill_synthetic(&mut self, seq: u32, n: u32) -> Result<(), EngineError> {
+        if n > self.lim.n_ctx {
+            return Err(EngineError::BadPos {
+                seq,
+                pos: n as i32 - 1,
+                n_ctx: self.lim.n_ctx,
+            });
+        }
+        self.pager_sync();
+        let before = self.cells.clone();
+        let sp: Vec<(u32, i32)> = (0..n as i32).map(|p| (seq, p)).collect();
+        let cells = self.cells.place(&sp)?;
+        if let Some(kv) = self.pager.kv.as_mut() {
+            let b = kv.block();
+            if let Err(e) = kv.prepare(
+                &self.cells,
+                |blk| before.block_rows(blk as usize, b) > 0,
+                &cells,
+                1 << seq,
+            ) {
+                self.cells = before;
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// The tiered KV cache of windowed layers, if any layer is windowed.
@@ -652,8 +693,8 @@ impl Engine {
         };
         let aid = self.template(&key)?;
         // KV: resident on the device, or a window the pager fills
-        let windowed = kind == GroupKind::Attn
-            && self.pager.kv.as_ref().is_some_and(|k| k.is_windowed(layer));
+        let windowed =
+            kind == GroupKind::Attn && self.pager.kv.as_ref().is_some_and(|k| k.is_windowed(layer));
         let (kv, kv_id) = if windowed {
             let w = self.pager.before_compute(
                 gi,

@@ -84,8 +84,16 @@ impl Pager {
             };
             Streams::Async {
                 copy: dev.init_backend()?,
-                loaded: [events(plan.slots.0)?, events(plan.slots.1)?, events(kv_slots)?],
-                free: [events(plan.slots.0)?, events(plan.slots.1)?, events(kv_slots)?],
+                loaded: [
+                    events(plan.slots.0)?,
+                    events(plan.slots.1)?,
+                    events(kv_slots)?,
+                ],
+                free: [
+                    events(plan.slots.0)?,
+                    events(plan.slots.1)?,
+                    events(kv_slots)?,
+                ],
             }
         };
         Ok(Pager {
@@ -109,7 +117,12 @@ impl Pager {
                 self.lists[ring].push(gi);
                 self.streamed.push(gi);
             }
-            if gi % 2 == 0 && self.kv.as_ref().is_some_and(|k| k.is_windowed(gi as u32 / 2)) {
+            if gi % 2 == 0
+                && self
+                    .kv
+                    .as_ref()
+                    .is_some_and(|k| k.is_windowed(gi as u32 / 2))
+            {
                 self.lists[KV_RING].push(gi);
             }
         }
@@ -202,7 +215,12 @@ impl Pager {
         };
         let on = copy.unwrap_or(compute);
         if let Some(tl) = tl.as_mut() {
-            tl.begin(Stream::Copy, on, format!("kv l{layer} -> w{slot}"), 0);
+            tl.begin(
+                Stream::Copy,
+                on,
+                format!("kv l{layer} -> w{slot}"),
+                kv.upload_bytes(),
+            );
         }
         let t0 = Instant::now();
         let bytes = kv.upload(layer, slot, copy)?;

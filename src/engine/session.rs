@@ -57,7 +57,13 @@ impl Engine {
         Ok(())
     }
 
-    fn write_kv_rows(&mut self, l: usize, kv: usize, cell: usize, data: &[u8]) -> Result<(), EngineError> {
+    fn write_kv_rows(
+        &mut self,
+        l: usize,
+        kv: usize,
+        cell: usize,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
         let row = self.spec.hp.n_embd_kv() as usize * 2;
         if l < self.kv.layers.len() {
             return Ok(self.kv.tensor(l, kv).set_bytes(data, cell * row)?);
@@ -112,7 +118,13 @@ impl Engine {
             .iter()
             .map(|(d, k, v)| (*d, k.as_slice(), v.as_slice()))
             .collect();
-        Ok(spill::write_file(path, self.session_shape(), &payload, &entries, None)?)
+        Ok(spill::write_file(
+            path,
+            self.session_shape(),
+            &payload,
+            &entries,
+            None,
+        )?)
     }
 
     /// Replaces sequence `seq`'s KV cache with the one saved in `path` and
@@ -186,7 +198,12 @@ impl Engine {
     ) -> Result<(), EngineError> {
         if let Some(tier) = self.pager.kv.as_mut() {
             let b = tier.block();
-            tier.prepare(&self.cells, |blk| before.block_rows(blk as usize, b) > 0, cells, 1 << seq)?;
+            tier.prepare(
+                &self.cells,
+                |blk| before.block_rows(blk as usize, b) > 0,
+                cells,
+                1 << seq,
+            )?;
         }
         let row = self.spec.hp.n_embd_kv() as usize * 2;
         let chunks = cells.len().div_ceil(CHUNK);

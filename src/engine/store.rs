@@ -420,6 +420,15 @@ impl WeightStore {
             .sum()
     }
 
+    /// Time the pager waited for the DRAM windows' reads so far.
+    pub fn read_wait(&self) -> std::time::Duration {
+        self.windows
+            .iter()
+            .flatten()
+            .map(|(w, _)| w.read_wait())
+            .sum()
+    }
+
     /// Host slots of the DRAM windows, if the streamed groups pass through them.
     pub fn window_slots(&self) -> Option<usize> {
         let n: usize = self.windows.iter().flatten().map(|(w, _)| w.slots).sum();

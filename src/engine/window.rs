@@ -45,6 +45,8 @@ struct State {
     copy_pending: Vec<bool>,
     next: usize,
     bytes_read: u64,
+    /// Time the pager spent waiting for reads to complete.
+    read_wait: std::time::Duration,
 }
 
 impl DramWindow {
@@ -69,6 +71,7 @@ impl DramWindow {
                 copy_pending: vec![false; slots],
                 next: 0,
                 bytes_read: 0,
+                read_wait: std::time::Duration::ZERO,
             }),
             inflight: RefCell::new(HashMap::new()),
         })
@@ -141,11 +144,13 @@ impl DramWindow {
             return Ok(h * self.slot_bytes);
         }
         let ticket = self.inflight.borrow_mut().remove(&gi);
+        let t0 = std::time::Instant::now();
         let done = match ticket {
             Some(t) => t.wait()?,
             None => self.submit(weights)?.wait()?,
         };
         let mut st = self.state.borrow_mut();
+        st.read_wait += t0.elapsed();
         let cycling = CYCLING.min(self.slots);
         let h = match st.owner.iter().position(|o| o.is_none()) {
             Some(free) => free,
@@ -168,6 +173,11 @@ impl DramWindow {
         }
         st.owner[h] = Some(gi);
         Ok(h * self.slot_bytes)
+    }
+
+    /// Time spent waiting for reads so far.
+    pub fn read_wait(&self) -> std::time::Duration {
+        self.state.borrow().read_wait
     }
 
     /// Notes that an asynchronous copy out of group `gi`'s host slot was enqueued.

@@ -136,7 +136,10 @@ impl TierTable {
         if self.block_in.get(b as usize) == Some(&None) {
             return Some(b);
         }
-        self.block_in.iter().position(|x| x.is_none()).map(|f| f as u32)
+        self.block_in
+            .iter()
+            .position(|x| x.is_none())
+            .map(|f| f as u32)
     }
 
     fn victim(&self, want: &BTreeSet<u32>) -> Option<(u32, u32)> {

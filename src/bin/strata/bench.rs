@@ -33,6 +33,15 @@ pub struct BenchArgs {
         default_value = "8"
     )]
     pub batched: Vec<u32>,
+    /// Tokens already in the KV cache (sequence 0) before the generation
+    /// test: filled without computing, so long-context decode can be timed
+    /// without a long prefill (e.g. 32000).
+    #[arg(long, default_value_t = 0)]
+    pub depth: u32,
+    /// llama.cpp keeps its KV cache in host memory and attends on the CPU
+    /// (its -nkvo).
+    #[arg(long = "llama-nkvo")]
+    pub llama_nkvo: bool,
     /// Decode steps per batched test.
     #[arg(long = "batch-steps", default_value_t = 8)]
     pub batch_steps: u32,
@@ -78,6 +87,11 @@ struct StepFigures {
     wait_ms: f64,
     overlap: f64,
     floor_ms: f64,
+    /// Time per step the pager waited for disk reads (DRAM tier).
+    read_wait_ms: f64,
+    /// KV MiB per step up to the GPU and back (windowed layers).
+    kv_up_mib: f64,
+    kv_down_mib: f64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -90,7 +104,8 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// A decode workload: (token batch) steps; returns tokens processed.
-fn workloads(test: &str, n: u32, n_vocab: u32) -> Workload {
+/// Generation starts at position `depth`.
+fn workloads(test: &str, n: u32, n_vocab: u32, depth: u32) -> Workload {
     // deterministic pseudo-random tokens in the vocabulary
     let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
     match test {
@@ -110,7 +125,7 @@ fn workloads(test: &str, n: u32, n_vocab: u32) -> Workload {
                 .map(|i| {
                     vec![BatchToken {
                         token: tok(i),
-                        pos: i as i32,
+                        pos: (depth + i) as i32,
                         seq: 0,
                         logits: true,
                     }]
@@ -150,6 +165,13 @@ fn batched(seqs: u32, steps: u32, n_vocab: u32) -> Workload {
     (pre, run)
 }
 
+/// Tokens of sequence 0 the cache must hold before `run` (its first position).
+fn depth_of(run: &[Vec<BatchToken>]) -> u32 {
+    run.first()
+        .and_then(|b| b.iter().filter(|t| t.seq == 0).map(|t| t.pos).min())
+        .unwrap_or(0) as u32
+}
+
 fn time_strata(
     e: &mut Engine,
     pre: &[Vec<BatchToken>],
@@ -157,19 +179,28 @@ fn time_strata(
     bw: f64,
 ) -> Result<(f64, Option<StepFigures>, Vec<Span>)> {
     e.clear();
+    let depth = if pre.is_empty() { depth_of(run) } else { 0 };
+    if depth > 0 {
+        e.fill_synthetic(0, depth)?;
+    }
     for b in pre {
         e.decode(b)?;
     }
     e.start_timeline();
     let disk0 = e.store().disk_bytes_read();
+    let wait0 = e.store().read_wait();
+    let (mut kv_up, mut kv_down) = (0u64, 0u64);
     let t0 = Instant::now();
     let mut tokens = 0usize;
     for b in run {
         e.decode(b)?;
+        kv_up += e.last_step.kv.up_bytes;
+        kv_down += e.last_step.kv.down_bytes;
         tokens += b.len();
     }
     let secs = t0.elapsed().as_secs_f64();
     let spans = e.finish_timeline();
+    let read_wait = (e.store().read_wait() - wait0).as_secs_f64();
     let disk = (e.store().disk_bytes_read() - disk0) as f64;
     let steps = run
         .iter()
@@ -190,6 +221,9 @@ fn time_strata(
             0.0
         },
         floor_ms: (o.bytes as f64 / bw).max(o.compute_s) * 1e3 / steps as f64,
+        read_wait_ms: read_wait * 1e3 / steps as f64,
+        kv_up_mib: kv_up as f64 / steps as f64 / (1u64 << 20) as f64,
+        kv_down_mib: kv_down as f64 / steps as f64 / (1u64 << 20) as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -201,6 +235,10 @@ fn time_llama(r: &mut Reference, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>
             .collect::<Vec<_>>()
     };
     r.clear();
+    let depth = if pre.is_empty() { depth_of(run) } else { 0 };
+    if depth > 0 {
+        r.fill_kv(0, depth)?;
+    }
     for b in pre {
         r.decode(&conv(b))?;
     }
@@ -220,6 +258,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     cfg.n_ctx = cfg
         .n_ctx
         .max(max_pp + a.tg + 16)
+        .max(a.depth + a.tg + 16)
         .max(max_seqs * (16 + a.batch_steps) + 16);
     let mut tests: Vec<(String, Workload)> = Vec::new();
     let mut rows = Vec::new();
@@ -270,7 +309,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             n_ubatch: a.llama_ubatch,
             n_seq: max_seqs.max(1),
             n_threads: cfg.n_threads as i32,
-            offload_kqv: true,
+            offload_kqv: !a.llama_nkvo,
         };
         let mut r = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
         for (name, (pre, run)) in &tests {
@@ -280,7 +319,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             }
             let mut s = all.clone();
             rows.push(Row {
-                engine: format!("llama.cpp ngl={ngl}"),
+                engine: format!(
+                    "llama.cpp ngl={ngl}{}",
+                    if a.llama_nkvo { " nkvo" } else { "" }
+                ),
                 test: name.clone(),
                 tps: median(&mut s),
                 tps_all: all,
@@ -308,24 +350,33 @@ pub fn bench(a: BenchArgs) -> Result<()> {
 }
 
 fn budget_label(m: &super::ModelArgs) -> String {
+    let kv = m
+        .kv_budget
+        .map(|b| format!(" kv={:.1}G", b as f64 / (1u64 << 30) as f64))
+        .unwrap_or_default();
     if m.stream_all {
-        return "stream-all".into();
+        return format!("stream-all{kv}");
     }
     match m.gpu_budget {
-        Some(b) => format!("budget={:.1}G", b as f64 / (1u64 << 30) as f64),
-        None => "all-resident".into(),
+        Some(b) => format!("budget={:.1}G{kv}", b as f64 / (1u64 << 30) as f64),
+        None => format!("all-resident{kv}"),
     }
 }
 
 fn build_tests(a: &BenchArgs, n_vocab: u32, tests: &mut Vec<(String, Workload)>) {
     tests.clear();
-    for &p in &a.pp {
-        tests.push((format!("pp{p}"), workloads("pp", p, n_vocab)));
+    for &p in a.pp.iter().filter(|&&p| p > 0) {
+        tests.push((format!("pp{p}"), workloads("pp", p, n_vocab, 0)));
     }
     if a.tg > 0 {
-        tests.push((format!("tg{}", a.tg), workloads("tg", a.tg, n_vocab)));
+        let name = if a.depth > 0 {
+            format!("tg{}@d{}", a.tg, a.depth)
+        } else {
+            format!("tg{}", a.tg)
+        };
+        tests.push((name, workloads("tg", a.tg, n_vocab, a.depth)));
     }
-    for &b in &a.batched {
+    for &b in a.batched.iter().filter(|&&b| b > 0) {
         tests.push((
             format!("batched{b}x{}", a.batch_steps),
             batched(b, a.batch_steps, n_vocab),
@@ -337,8 +388,8 @@ fn print_row(r: &Row, json: bool) {
     if json {
         let step = r.step.as_ref().map_or("null".to_string(), |f| {
             format!(
-                "{{\"step_ms\":{:.3},\"disk_mib\":{:.2},\"disk_gbs\":{:.3},\"mib_uploaded\":{:.2},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3}}}",
-                f.step_ms, f.disk_mib, f.disk_gbs, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms
+                "{{\"step_ms\":{:.3},\"disk_mib\":{:.2},\"disk_gbs\":{:.3},\"read_wait_ms\":{:.3},\"mib_uploaded\":{:.2},\"kv_up_mib\":{:.2},\"kv_down_mib\":{:.3},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3}}}",
+                f.step_ms, f.disk_mib, f.disk_gbs, f.read_wait_ms, f.mib_up, f.kv_up_mib, f.kv_down_mib, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms
             )
         });
         println!(
@@ -355,8 +406,14 @@ fn print_row(r: &Row, json: bool) {
             );
             if f.disk_mib > 0.0 {
                 println!(
-                    "{:<43} disk read {:>8.1} MiB/step at {:.2} GB/s",
-                    "", f.disk_mib, f.disk_gbs
+                    "{:<43} disk read {:>8.1} MiB/step at {:.2} GB/s, pager waited on reads {:.1} ms/step",
+                    "", f.disk_mib, f.disk_gbs, f.read_wait_ms
+                );
+            }
+            if f.kv_up_mib > 0.0 {
+                println!(
+                    "{:<43} KV {:>8.1} MiB/step up, {:.3} MiB/step back (included in up and floor)",
+                    "", f.kv_up_mib, f.kv_down_mib
                 );
             }
         }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine: the tiered KV cache (issue 7).
+# 1. Correctness on CUDA: strata with every layer's KV windowed through host
+#    memory (and weights streamed, slots poisoned) against llama.cpp's CUDA
+#    path, on a small synthetic model.
+# 2. Decode at a 32k-token context on the 70B-shaped model at a 12 GB GPU
+#    budget, all KV tiered (--kv-budget 0), beside llama.cpp keeping its KV
+#    in host memory (-nkvo) at about the same GPU memory. Both caches are
+#    filled to 32000 tokens without computing them (strata: fill_synthetic;
+#    llama.cpp: a sequence state loaded with llama_state_seq_set_data).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device-out}; mkdir -p "$out"
+bin=.carry/bin; v=.carry/models/vocab-smollm2.gguf
+mkdir -p /root/m
+[ -f $bin/libggml-cuda.so ] || bash tools/device-restore-module.sh | tee "$out/module.txt"
+f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
+s8=/root/m/llama3-8b-8.gguf
+[ -f $s8 ] || $bin/strata-convert synth --preset llama3-8b --type q4_0 --layers 8 --vocab-from $v $s8 >/dev/null
+{
+  echo "== llama3-8b (8 layers): all KV windowed, weights streamed, slots poisoned, vs llama.cpp CUDA"
+  $bin/strata check -m $s8 --device gpu -n 16 -c 2048 --kv-budget 0 --stream-all --poison-slots 2>&1 | f
+  echo "== the same, half the layers' KV on the device, 64-cell blocks"
+  $bin/strata check -m $s8 --device gpu -n 16 -c 2048 --kv-budget 256M --kv-block 64 2>&1 | f
+} | tee "$out/check_kv.txt"
+m=/root/m/llama3-70b-q4_0.gguf
+[ -f "$m" ] || $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from $v "$m" | tail -1 | tee "$out/synth.txt"
+NGL=${NGL:-24}
+{
+  echo "== 70B q4_0, 12G GPU budget, KV tiered, 32k context; llama.cpp -nkvo ngl=$NGL"
+  $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --kv-budget 0 -c 32768 --depth 32000 \
+    -p 0 -n 8 -B 0 -r 2 --llama-ngl "$NGL" --llama-nkvo --trace "$out/trace-kv32k.json" 2>&1 | f
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+} | tee "$out/bench_kv32k.txt"
