@@ -101,7 +101,8 @@ pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
         num += (x as f64 - y as f64).powi(2);
         den += (y as f64).powi(2);
     }
-    if a.len() != b.len() {
+    if a.len() != b.len() || !num.is_finite() {
+        // NaN logits must never compare as equal
         return f64::INFINITY;
     }
     num / den.max(1e-30)

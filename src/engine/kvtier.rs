@@ -415,10 +415,13 @@ impl KvTier {
             .collect()
     }
 
-    /// Debug: fills window `slot` with NaN (after its rows went back).
+    /// Debug: fills window `slot` with a huge finite value (f16 0x7B7B,
+    /// about 6e4) after its rows went back, so attending a row the next
+    /// upload did not bring changes the logits. Not NaN: CUDA's attention
+    /// reads masked cells too (scaled by zero), where NaN would spread.
     pub fn poison(&self, slot: usize) -> Result<(), EngineError> {
         for kv in 0..2 {
-            self.window(slot, kv).fill(0xFF)?;
+            self.window(slot, kv).fill(0x7B)?;
         }
         Ok(())
     }
