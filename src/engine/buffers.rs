@@ -137,3 +137,33 @@ pub fn activation_estimate(d: &Dims, lim: Limits) -> u64 {
     let head = 4 * (2 * hp.n_embd as u64 + hp.n_vocab as u64) * b.min(256);
     (b * (attn + ffn) + head) * 5 / 4
 }
+
+/// Host memory the copy stream reads from: pinned (the device's host buffer
+/// type) on a GPU, plain CPU memory on the CPU device. ggml falls back to
+/// pageable memory silently when pinning fails; that is reported loudly
+/// (naming `what`), and the returned flag says whether it is really pinned.
+pub fn alloc_host(
+    dev: Device,
+    bytes: usize,
+    usage: BufferUsage,
+    what: &str,
+) -> Result<(Buffer, bool), EngineError> {
+    let (buft, real) = match dev.host_buffer_type() {
+        Some(h) if !dev.is_cpu() => (h, true),
+        // the CPU device computes from host memory directly
+        _ => (crate::ggml::cpu_device()?.buffer_type(), dev.is_cpu()),
+    };
+    let b = Buffer::alloc(buft, bytes, usage)?;
+    let pinned = real && (dev.is_cpu() || b.name().contains("Host"));
+    if !pinned {
+        tracing::warn!(
+            "pinned host allocation of {bytes} bytes for {what} fell back to pageable memory ({})",
+            b.name()
+        );
+        eprintln!(
+            "warning: host memory for {what} is NOT pinned ({}); copies will be slow and synchronous",
+            b.name()
+        );
+    }
+    Ok((b, pinned))
+}

@@ -152,18 +152,8 @@ impl KvTier {
         drop(ts);
         // frames
         let host_bytes = frames * frame_bytes as usize;
-        let (hbuft, real) = match dev.host_buffer_type() {
-            Some(h) if !dev.is_cpu() => (h, true),
-            _ => (crate::ggml::cpu_device()?.buffer_type(), dev.is_cpu()),
-        };
-        let host = Buffer::alloc(hbuft, host_bytes, BufferUsage::Any)?;
-        let host_pinned = real && (dev.is_cpu() || host.name().contains("Host"));
-        if !host_pinned {
-            eprintln!(
-                "warning: host memory for the KV cache is NOT pinned ({}); KV copies will be slow",
-                host.name()
-            );
-        }
+        let (host, host_pinned) =
+            super::buffers::alloc_host(dev, host_bytes, BufferUsage::Any, "the KV cache")?;
         host.clear(0);
         let mut index_of = vec![None; n_layer];
         for (i, &l) in layers.iter().enumerate() {

@@ -242,21 +242,12 @@ impl WeightStore {
             host_bytes = off;
         }
         let (pinned, pinned_is_pinned) = if streamed_bytes > 0 {
-            let (hbuft, real) = match dev.host_buffer_type() {
-                Some(h) if !dev.is_cpu() => (h, true),
-                // the CPU device computes from host memory directly
-                _ => (crate::ggml::cpu_device()?.buffer_type(), dev.is_cpu()),
-            };
-            let b = Buffer::alloc(hbuft, host_bytes, BufferUsage::Weights)?;
-            // ggml falls back to pageable memory silently when pinning fails
-            let really = real && (dev.is_cpu() || b.name().contains("Host"));
-            if !really {
-                tracing::warn!(
-                    "pinned host allocation of {host_bytes} bytes fell back to pageable memory ({}); uploads will be slow and synchronous",
-                    b.name()
-                );
-                eprintln!("warning: host memory for streamed weights is NOT pinned ({}); copies will be slow", b.name());
-            }
+            let (b, really) = super::buffers::alloc_host(
+                dev,
+                host_bytes,
+                BufferUsage::Weights,
+                "streamed weights",
+            )?;
             (Some(b), really)
         } else {
             (None, true)

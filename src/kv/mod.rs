@@ -268,6 +268,44 @@ mod tests {
     }
 
     proptest! {
+        /// Block tables agree with the cells: a block is in sequence s's
+        /// table iff it holds a cell of s, `blocks_of` is the union of the
+        /// tables, and a block's rows end at its last used cell.
+        #[test]
+        fn block_tables_agree_with_cells(ops in proptest::collection::vec((0u32..3, 1usize..20, any::<bool>()), 1..30), block in 1usize..40) {
+            let mut kv = KvCells::new(96);
+            let mut next_pos = [0i32; 3];
+            for (s, n, remove) in ops {
+                if remove {
+                    kv.truncate_seq(s, next_pos[s as usize] / 2);
+                    next_pos[s as usize] /= 2;
+                } else {
+                    let toks: Vec<_> = (0..n).map(|i| (s, next_pos[s as usize] + i as i32)).collect();
+                    if kv.place(&toks).is_ok() {
+                        next_pos[s as usize] += n as i32;
+                    }
+                }
+                let nb = kv.size().div_ceil(block);
+                let mut union = Vec::new();
+                for b in 0..nb {
+                    let cells = b * block..((b + 1) * block).min(kv.size());
+                    let holds = |q: u32| cells.clone().any(|c| kv.seqs[c] & (1 << q) != 0);
+                    for q in 0..3u32 {
+                        prop_assert_eq!(kv.seq_blocks(q, block).contains(&(b as u32)), holds(q));
+                    }
+                    if (0..3).any(holds) {
+                        union.push(b as u32);
+                    }
+                    let last = cells.clone().rev().find(|&c| kv.seqs[c] != 0).map_or(0, |c| c - b * block + 1);
+                    prop_assert_eq!(kv.block_rows(b, block), last);
+                }
+                prop_assert_eq!(kv.blocks_of(0b111, block), union);
+                for q in 0..3u32 {
+                    prop_assert_eq!(kv.seq_cells(q).len() as i32, next_pos[q as usize]);
+                }
+            }
+        }
+
         #[test]
         fn placement_and_removal_keep_counts(ops in proptest::collection::vec((0u32..4, 1usize..6, any::<bool>()), 1..40)) {
             let mut kv = KvCells::new(32);
