@@ -367,3 +367,48 @@ fn full_spill_disk_stops_only_the_sequence_that_needed_room() {
     }
     assert_eq!(toks[0], bt);
 }
+
+/// With only a GPU budget, KV that does not fit beside the smallest
+/// streaming working set is windowed automatically, layers from the last
+/// one back, and the output does not change.
+#[test]
+fn gpu_budget_alone_windows_the_kv_that_does_not_fit() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let c = |b: Option<u64>| EngineConfig {
+        n_ctx: 4096,
+        gpu_budget: b,
+        ..cfg()
+    };
+    let mut base = Engine::load(&path, &c(None)).expect("engine");
+    assert!(base.kv_tier().is_none());
+    // the largest budget at which some layers' KV is windowed, and one at
+    // which all of it is
+    let mut partly = None;
+    let mut all = None;
+    for mib in (10..400u64).rev() {
+        let Ok(e) = Engine::load(&path, &c(Some(mib << 20))) else {
+            continue;
+        };
+        if let Some(t) = e.kv_tier() {
+            if e.kv_resident_layers() > 0 && partly.is_none() {
+                partly = Some((mib, t.layers.len()));
+            }
+            if e.kv_resident_layers() == 0 {
+                all = Some(mib);
+                break;
+            }
+        }
+    }
+    let (mib, windowed) = partly.expect("a budget that windows some layers");
+    assert!(all.is_some(), "a budget that windows every layer");
+    let prompt = tokenize(&path)[0].clone();
+    let a = run_strata(&mut base, &prompt, 12).expect("device-KV run");
+    for b in [mib, all.unwrap()] {
+        let mut e = Engine::load(&path, &c(Some(b << 20))).expect("budgeted engine");
+        let r = run_strata(&mut e, &prompt, 12).expect("budgeted run");
+        let (worst, diff) = compare(&r, &a);
+        assert_eq!(worst, 0.0, "{b} MiB: NMSE");
+        assert_eq!(diff, None, "{b} MiB: tokens");
+    }
+    eprintln!("{mib} MiB windows {windowed} layers");
+}

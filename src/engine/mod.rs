@@ -213,23 +213,6 @@ impl Engine {
             + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let persistent_bytes =
             lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
-        // KV: the first layers keep theirs on the device while the KV
-        // budget lasts; the rest are windowed through DRAM
-        let n_layer = dims.hp.n_layer as usize;
-        let per_layer = KvStore::bytes_per_layer(&dims, lim);
-        let n_kv_resident = match cfg.kv_budget {
-            None => n_layer,
-            Some(b) => ((b / per_layer) as usize).min(n_layer),
-        };
-        let kv_slots = cfg.slots.max(2);
-        let kv_device = per_layer * n_kv_resident as u64
-            + if n_kv_resident < n_layer {
-                kv_slots as u64 * per_layer
-            } else {
-                0
-            };
-        let fixed =
-            head_bytes + kv_device + persistent_bytes + buffers::activation_estimate(&dims, lim);
         let groups: Vec<GroupInfo> = spec
             .groups
             .iter()
@@ -239,6 +222,32 @@ impl Engine {
                 bytes: l.bytes as u64,
             })
             .collect();
+        // KV: the first layers keep theirs on the device while the KV
+        // budget lasts (without one: while the GPU budget allows, see
+        // auto_kv_layers); the rest are windowed through DRAM
+        let n_layer = dims.hp.n_layer as usize;
+        let per_layer = KvStore::bytes_per_layer(&dims, lim);
+        let kv_slots = cfg.slots.max(2);
+        let fixed_no_kv = head_bytes + persistent_bytes + buffers::activation_estimate(&dims, lim);
+        let n_kv_resident = match cfg.kv_budget {
+            Some(b) => ((b / per_layer) as usize).min(n_layer),
+            None => crate::paging::auto_kv_layers(
+                &groups,
+                fixed_no_kv,
+                per_layer,
+                n_layer,
+                kv_slots,
+                cfg.slots,
+                cfg.gpu_budget,
+            ),
+        };
+        let kv_device = per_layer * n_kv_resident as u64
+            + if n_kv_resident < n_layer {
+                kv_slots as u64 * per_layer
+            } else {
+                0
+            };
+        let fixed = fixed_no_kv + kv_device;
         let plan = crate::paging::plan(&PlanInput {
             groups,
             fixed_bytes: fixed,

@@ -5,7 +5,7 @@
 mod plan;
 mod ring;
 
-pub use plan::{plan, GroupInfo, Plan, PlanError, PlanInput};
+pub use plan::{auto_kv_layers, plan, GroupInfo, Plan, PlanError, PlanInput};
 pub use ring::{simulate, Op, SlotRing, SlotState, Violation};
 
 /// Parses a size like "12G", "512M", "1.5GiB", "4096" (bytes). K/M/G/T are

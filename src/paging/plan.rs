@@ -176,6 +176,33 @@ impl std::fmt::Display for Plan {
     }
 }
 
+/// How many layers keep their KV cache on the device when no KV budget is
+/// given: all of them if they fit beside the whole model or beside the
+/// smallest streaming working set (`slots` per group kind); otherwise as
+/// many as fit beside that working set and `windows` layer-sized KV windows
+/// (the rest travel with their attention group). `fixed` excludes the KV.
+pub fn auto_kv_layers(
+    groups: &[GroupInfo],
+    fixed: u64,
+    per_layer: u64,
+    n_layer: usize,
+    windows: usize,
+    slots: usize,
+    budget: Option<u64>,
+) -> usize {
+    let Some(budget) = budget else {
+        return n_layer;
+    };
+    let total: u64 = groups.iter().map(|g| g.bytes).sum();
+    let ring = slots.max(2) as u64
+        * (max_bytes(groups, GroupKind::Attn) + max_bytes(groups, GroupKind::Ffn));
+    if fixed + per_layer * n_layer as u64 + total.min(ring) <= budget {
+        return n_layer;
+    }
+    let room = budget.saturating_sub(fixed + ring + windows as u64 * per_layer);
+    ((room / per_layer.max(1)) as usize).min(n_layer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +280,21 @@ mod tests {
                 Err(e) => prop_assert!(false, "{}", e),
             }
         }
+    }
+
+    #[test]
+    fn kv_stays_on_the_device_while_it_fits() {
+        // 4 layers of weights (1200 bytes; ring of 2 slots: 600), KV of 8
+        // layers at 40 bytes each, 3 windows
+        let g = groups(4, 100, 200);
+        let kv = |budget| auto_kv_layers(&g, 50, 40, 8, 3, 2, budget);
+        assert_eq!(kv(None), 8);
+        // model and KV fit
+        assert_eq!(kv(Some(50 + 1200 + 320)), 8);
+        // KV fits beside the ring, the weights stream
+        assert_eq!(kv(Some(50 + 600 + 320)), 8);
+        // not even that: what fits beside the ring and 3 windows
+        assert_eq!(kv(Some(50 + 600 + 320 - 1)), 4);
+        assert_eq!(kv(Some(50 + 600 + 120 + 39)), 0);
     }
 }

@@ -77,7 +77,9 @@ pub struct ModelArgs {
     poison_slots: bool,
     /// GPU memory for KV caches (e.g. 2G): the first layers keep their KV
     /// on the GPU while it lasts, the others' KV lives in host memory and
-    /// travels with their attention group. Default: all KV on the GPU.
+    /// travels with their attention group. Default: all of it on the GPU
+    /// if it fits beside the smallest streaming working set of
+    /// --gpu-budget, else as many layers' as do.
     #[arg(long = "kv-budget", value_parser = strata::paging::parse_size)]
     pub kv_budget: Option<u64>,
     /// Host memory for the KV blocks of layers beyond --kv-budget (e.g. 8G);
