@@ -61,6 +61,43 @@ pub fn run_strata(e: &mut Engine, prompt: &[u32], n_gen: usize) -> Result<Run, E
     Ok(run)
 }
 
+/// strata: sequences taking turns. For `rounds` rounds, each prompt's
+/// sequence (seq i for prompt i) is fed what it has not been fed yet and
+/// generates `per_turn` greedy tokens. Tokens are listed in schedule order,
+/// with the logits of every step.
+pub fn run_turns(
+    e: &mut Engine,
+    prompts: &[Vec<u32>],
+    rounds: usize,
+    per_turn: usize,
+) -> Result<Run, EngineError> {
+    e.clear();
+    let mut toks: Vec<Vec<u32>> = prompts.to_vec();
+    let mut fed = vec![0usize; prompts.len()];
+    let mut run = Run::default();
+    for _ in 0..rounds {
+        for (s, t) in toks.iter_mut().enumerate() {
+            for _ in 0..per_turn {
+                let batch: Vec<_> = (fed[s]..t.len())
+                    .map(|i| BatchToken {
+                        token: t[i],
+                        pos: i as i32,
+                        seq: s as u32,
+                        logits: i + 1 == t.len(),
+                    })
+                    .collect();
+                let l = e.decode(&batch)?;
+                fed[s] = t.len();
+                let next = argmax(&l);
+                t.push(next);
+                run.tokens.push(next);
+                run.logits.push(l);
+            }
+        }
+    }
+    Ok(run)
+}
+
 /// llama.cpp: the same, through libllama.
 pub fn run_reference(
     r: &mut Reference,

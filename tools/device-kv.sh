@@ -24,6 +24,12 @@ s8=/root/m/llama3-8b-8.gguf
   $bin/strata check -m $s8 --device gpu -n 16 -c 2048 --kv-budget 0 --stream-all --poison-slots 2>&1 | f
   echo "== half the layers' KV on the device (8 MiB each), 64-cell blocks"
   $bin/strata check -m $s8 --device gpu -n 16 -c 2048 --kv-budget 32M --kv-block 64 2>&1 | f
+  echo "== 3 sequences taking turns, DRAM for 6 blocks of 16 cells: blocks go through spill files"
+  $bin/strata check -m $s8 --device gpu -n 48 -c 2048 --kv-budget 0 --kv-block 16 --kv-dram 3M \
+    --kv-spill-dir /root --turns 2 2>&1 | f
+  echo "== the same with weights streamed and slots and KV windows poisoned"
+  $bin/strata check -m $s8 --device gpu -n 48 -c 2048 --kv-budget 0 --kv-block 16 --kv-dram 3M \
+    --kv-spill-dir /root --turns 2 --stream-all --poison-slots 2>&1 | f
 } | tee "$out/check_kv.txt"
 m=/root/m/llama3-70b-q4_0.gguf
 [ -f "$m" ] || $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from $v "$m" | tail -1 | tee "$out/synth.txt"

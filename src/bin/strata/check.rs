@@ -5,7 +5,7 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use strata::engine::{DeviceChoice, Engine, EngineConfig};
 use strata::llama::{LlamaModel, Reference, ReferenceConfig};
-use strata::parity::{compare, run_reference, run_strata, run_strata_forced};
+use strata::parity::{compare, run_reference, run_strata, run_strata_forced, run_turns};
 
 #[derive(Args)]
 pub struct CheckArgs {
@@ -20,6 +20,12 @@ pub struct CheckArgs {
     /// Also compare with strata on the CPU backend.
     #[arg(long)]
     pub with_cpu: bool,
+    /// Also run the prompts as sequences taking turns, this many rounds of
+    /// n/2 tokens each, against an engine keeping all KV on the device (so
+    /// a tiered KV cache, --kv-budget/--kv-dram, is checked with several
+    /// sequences moving through DRAM and spill files).
+    #[arg(long, default_value_t = 0)]
+    pub turns: usize,
 }
 
 const PROMPTS: [&str; 3] = [
@@ -88,6 +94,36 @@ pub fn check(a: CheckArgs) -> Result<()> {
                 free_diff.map_or("identical".to_string(), |i| format!("parts at step {i}"))
             );
         }
+    }
+    if a.turns > 0 {
+        let dev = EngineConfig {
+            kv_budget: Some(u64::MAX),
+            ..cfg.clone()
+        };
+        let mut base =
+            Engine::load(&a.model.model, &dev).context("loading strata, KV on the device")?;
+        let prompts = PROMPTS
+            .iter()
+            .map(|p| lm.tokenize(p, true, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        let per_turn = (a.n_gen / 2).max(1);
+        let t = run_turns(&mut engine, &prompts, a.turns, per_turn)?;
+        let b = run_turns(&mut base, &prompts, a.turns, per_turn)?;
+        let (worst, diff) = compare(&t, &b);
+        let pass = worst <= a.max_nmse && diff.is_none();
+        ok &= pass;
+        let moved = engine
+            .kv_tier()
+            .map(|k| k.total)
+            .map_or("no KV tier".to_string(), |t| {
+                format!("{} blocks spilled, {} loaded back", t.spilled, t.loaded)
+            });
+        println!(
+            "  3 sequences taking turns ({} rounds of {per_turn}) vs all KV on the device: {:<4} nmse {worst:.3e} tokens {} ({moved})",
+            a.turns,
+            if pass { "ok" } else { "FAIL" },
+            diff.map_or("identical".to_string(), |i| format!("differ at {i}")),
+        );
     }
     anyhow::ensure!(ok, "strata check failed");
     println!("strata check: all passed");
