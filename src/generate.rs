@@ -114,8 +114,19 @@ impl<'a> Session<'a> {
         Ok(self.engine.save_seq(0, path, &bytes)?)
     }
 
-    /// Restores a session saved by [`Session::save`] on the same model.
+    /// Restores a session saved by [`Session::save`] on the same model. On
+    /// error the session is left empty.
     pub fn load(&mut self, path: &std::path::Path) -> Result<(), GenerateError> {
+        let r = self.load_inner(path);
+        if r.is_err() {
+            self.engine.clear_seq(0);
+            self.tokens.clear();
+            self.pending = None;
+        }
+        r
+    }
+
+    fn load_inner(&mut self, path: &std::path::Path) -> Result<(), GenerateError> {
         let bad = |what: &str| GenerateError::BadSession {
             path: path.display().to_string(),
             what: what.to_string(),

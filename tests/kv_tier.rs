@@ -412,3 +412,52 @@ fn gpu_budget_alone_windows_the_kv_that_does_not_fit() {
     }
     eprintln!("{mib} MiB windows {windowed} layers");
 }
+
+/// A batch that fails part-way (its second step needs more blocks than the
+/// DRAM frames hold) leaves the cache as it was: the next batch gives the
+/// same logits as on an engine that never saw the failed one.
+#[test]
+fn failed_batch_leaves_the_cache_as_it_was() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let prompt = tokenize(&path)[2].clone();
+    let probe = Engine::load(&path, &cfg()).expect("engine");
+    let frame =
+        (2 * 2 * 16) as u64 * probe.spec.hp.n_embd_kv() as u64 * probe.spec.hp.n_layer as u64;
+    let c = EngineConfig {
+        n_batch: 8,
+        kv_block: 16,
+        kv_dram: Some(2 * frame),
+        ..tiered(0, &probe)
+    };
+    drop(probe);
+    let mut e = Engine::load(&path, &c).expect("tiered engine");
+    let mut base = Engine::load(
+        &path,
+        &EngineConfig {
+            n_batch: 8,
+            ..cfg()
+        },
+    )
+    .expect("engine");
+    let batch = |from: usize, n: usize| -> Vec<BatchToken> {
+        (from..from + n)
+            .map(|i| BatchToken {
+                token: prompt[i % prompt.len()],
+                pos: i as i32,
+                seq: 0,
+                logits: true,
+            })
+            .collect()
+    };
+    e.decode(&batch(0, 10)).expect("first batch");
+    base.decode(&batch(0, 10)).expect("first batch");
+    // 30 more tokens need 3 blocks at once in the last step: more than 2
+    let err = e
+        .decode(&batch(10, 30))
+        .expect_err("too long for the frames");
+    assert!(matches!(err, EngineError::KvTier(_)), "{err}");
+    assert_eq!(e.cells.seq_cells(0).len(), 10, "no step of the batch stays");
+    let a = e.decode(&batch(10, 6)).expect("a batch that fits");
+    let b = base.decode(&batch(10, 6)).expect("a batch that fits");
+    assert_eq!(nmse(&a, &b), 0.0);
+}

@@ -230,8 +230,10 @@ impl KvTier {
     fn host_rows(&self, li: usize, kv: usize, hrow: usize, n: usize) -> &[u8] {
         let off = self.host_off(li, kv, hrow, n);
         // SAFETY: the range lies inside the host buffer (host_off checks);
-        // host writes need &mut self, and device copies into frames finish
-        // before the host reads them (the copy stream is drained first).
+        // host writes need &mut self. Device write-backs into frames may be
+        // in flight while an upload reads (other layers' rows, never these:
+        // a layer's write-back is queued before its next upload on the same
+        // stream); host reads of frames come after the copy stream drained.
         unsafe { std::slice::from_raw_parts(self.host.base().add(off), n * self.row) }
     }
 
@@ -342,9 +344,10 @@ impl KvTier {
                 let off = r.cell * self.row;
                 assert!(off + src.len() <= t.nbytes());
                 match copy {
-                    // SAFETY: src is pinned host memory not written until
-                    // the copy stream drained; the window slot is free (the
-                    // copy stream waited its free event); range checked.
+                    // SAFETY: src is host memory (pinned; if pinning fell
+                    // back, CUDA stages the copy) not written until the copy
+                    // stream drained; the window slot is free (the copy
+                    // stream waited its free event); range checked.
                     Some(c) => unsafe { c.tensor_set_async(t, src, off) },
                     None => t.set_bytes(src, off)?,
                 }
@@ -396,6 +399,11 @@ impl KvTier {
         self.step.down_bytes += bytes;
         self.total.down_bytes += bytes;
         Ok(())
+    }
+
+    /// Drops the write-backs of a step that failed.
+    pub fn forget_pending(&mut self) {
+        self.occupant.fill(None);
     }
 
     /// Window slots whose rows still wait to go back.

@@ -54,6 +54,8 @@ pub enum EngineError {
     BadPos { seq: u32, pos: i32, n_ctx: u32 },
     #[error("empty batch")]
     EmptyBatch,
+    #[error("context size {0} is out of range (at most 16777216 tokens)")]
+    BadContext(u32),
     #[error(transparent)]
     Storage(#[from] crate::storage::StorageError),
     #[error(transparent)]
@@ -196,7 +198,13 @@ impl Engine {
         backend.attach_cpu_threadpool(cfg.n_threads)?;
         // KV cells in multiples of 256, as llama.cpp pads them: attention
         // reads n_kv cells padded to 256 (see KvCells::n_kv)
-        let n_ctx = cfg.n_ctx.max(1).div_ceil(256) * 256;
+        let n_ctx = cfg
+            .n_ctx
+            .max(1)
+            .div_ceil(256)
+            .checked_mul(256)
+            .filter(|&c| c <= 1 << 24)
+            .ok_or(EngineError::BadContext(cfg.n_ctx))?;
         let lim = Limits {
             n_batch: cfg.n_batch.clamp(1, n_ctx),
             n_ctx,
@@ -230,7 +238,11 @@ impl Engine {
         let kv_slots = cfg.slots.max(2);
         let fixed_no_kv = head_bytes + persistent_bytes + buffers::activation_estimate(&dims, lim);
         let n_kv_resident = match cfg.kv_budget {
-            Some(b) => ((b / per_layer) as usize).min(n_layer),
+            // windowing pays only when fewer layers than the windows remain
+            Some(b) => match ((b / per_layer) as usize).min(n_layer) {
+                k if k + kv_slots >= n_layer && k > 0 => n_layer,
+                k => k,
+            },
             None => crate::paging::auto_kv_layers(
                 &groups,
                 fixed_no_kv,
@@ -472,13 +484,22 @@ impl Engine {
 
     /// Runs `tokens` (split into steps of at most n_batch) and returns the
     /// logits of each token with `logits == true`, in order, n_vocab each.
+    /// On error the KV cache holds what it held before the call.
     pub fn decode(&mut self, tokens: &[BatchToken]) -> Result<Vec<f32>, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyBatch);
         }
         let mut out = Vec::new();
+        let before = (tokens.len() > self.lim.n_batch as usize).then(|| self.cells.clone());
         for chunk in tokens.chunks(self.lim.n_batch as usize) {
-            self.step(chunk, &mut out)?;
+            if let Err(e) = self.step(chunk, &mut out) {
+                // all or nothing: earlier steps' cells are given back too
+                if let Some(b) = before {
+                    self.cells = b;
+                    self.release_kv_blocks();
+                }
+                return Err(e);
+            }
         }
         Ok(out)
     }
@@ -503,31 +524,50 @@ impl Engine {
         Ok(())
     }
 
+    /// One forward step. On any error the step's cells are given back and
+    /// the pager forgets the step, so the cache holds what it held before.
     fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
-        let start = Instant::now();
-        let disk0 = self.store.disk_bytes_read();
         self.validate(toks)?;
-        let n = toks.len() as u32;
-        let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         // host frames of the KV tier are written below: nothing may be in flight
         self.backend.synchronize();
         self.pager.synchronize();
-        let before = self.pager.kv.is_some().then(|| self.cells.clone());
+        let before = self.cells.clone();
+        let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let cells = self.cells.place(&sp)?;
-        if let (Some(kv), Some(before)) = (self.pager.kv.as_mut(), before) {
+        let out_len = out.len();
+        let r = self.run_step(toks, &cells, &before, out);
+        if r.is_err() {
+            self.backend.synchronize();
+            self.pager.synchronize();
+            self.pager.abort_step();
+            self.cells = before;
+            // frames given to blocks that are empty again
+            self.release_kv_blocks();
+            out.truncate(out_len);
+        }
+        r
+    }
+
+    fn run_step(
+        &mut self,
+        toks: &[BatchToken],
+        cells: &[u32],
+        before: &KvCells,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let start = Instant::now();
+        let disk0 = self.store.disk_bytes_read();
+        let n = toks.len() as u32;
+        let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
+        if let Some(kv) = self.pager.kv.as_mut() {
             let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
             let b = kv.block();
-            let r = kv.prepare(
+            kv.prepare(
                 &self.cells,
                 |blk| before.block_rows(blk as usize, b) > 0,
-                &cells,
+                cells,
                 mask,
-            );
-            if let Err(e) = r {
-                // the batch did not happen: its cells are given back
-                self.cells = before;
-                return Err(e);
-            }
+            )?;
         }
         let n_kv = self.cells.n_kv() as u32;
         let out_ids: Vec<i32> = toks
@@ -810,6 +850,15 @@ fn kv_fingerprint(spec: &ModelSpec) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // copies and computations still queued read or write buffers that
+        // the fields below free
+        self.backend.synchronize();
+        self.pager.synchronize();
+    }
 }
 
 fn group_index(layer: u32, kind: GroupKind) -> usize {

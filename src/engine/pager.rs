@@ -359,6 +359,21 @@ impl Pager {
         self.run_ops(ring, ops, store, compute, tl)
     }
 
+    /// Forgets a step that failed half-way; both streams must be drained.
+    /// Queued copies are dropped, and rows a KV window computed are not
+    /// written back (the failed step's cells are given back too).
+    pub fn abort_step(&mut self) {
+        for r in self.rings.iter_mut().flatten() {
+            r.abort();
+        }
+        if let Streams::Sync { pending } = &mut self.streams {
+            pending.clear();
+        }
+        if let Some(kv) = self.kv.as_mut() {
+            kv.forget_pending();
+        }
+    }
+
     /// Waits for the copy stream (before host-side writes to shared inputs).
     pub fn synchronize(&self) {
         if let Streams::Async { copy, .. } = &self.streams {

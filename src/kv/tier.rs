@@ -31,7 +31,7 @@ pub enum Action {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TierError {
-    #[error("the KV DRAM budget holds {frames} blocks but this batch needs {needed} at once; raise --kv-dram or use fewer sequences per batch")]
+    #[error("the KV DRAM budget holds {frames} blocks but this batch needs {needed} at once (the blocks holding cells of its sequences; sequences decoded together interleave their cells over more blocks); raise --kv-dram")]
     TooSmall { needed: usize, frames: usize },
 }
 

@@ -119,6 +119,15 @@ impl SlotRing {
         j - self.base
     }
 
+    /// Forgets a step that stopped half-way (an error), once both streams
+    /// are drained: every slot is empty, the next step uploads afresh.
+    pub fn abort(&mut self) {
+        self.base += self.issued;
+        self.issued = 0;
+        self.n = 0;
+        self.state.fill(SlotState::Empty);
+    }
+
     /// Starts a step with `n` streamed groups.
     pub fn begin_step(&mut self, n: usize) {
         self.base += self.issued;
