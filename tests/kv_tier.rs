@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{argmax, model, QWEN2, SMOLLM2};
+use common::{all_positions, argmax, model, QWEN2, SMOLLM2};
 use strata::engine::{BatchToken, DeviceChoice, Engine, EngineConfig, EngineError};
 use strata::llama::LlamaModel;
 use strata::parity::{compare, nmse, run_strata};
@@ -109,21 +109,10 @@ fn windowed_equals_device_kv(name: &str) {
         e.clear();
         let mut toks_a: Vec<Vec<u32>> = prompts.clone();
         let mut toks_b = prompts.clone();
-        let batch = |toks: &[Vec<u32>]| -> Vec<BatchToken> {
-            toks.iter()
-                .enumerate()
-                .flat_map(|(s, p)| {
-                    p.iter().enumerate().map(move |(i, &t)| BatchToken {
-                        token: t,
-                        pos: i as i32,
-                        seq: s as u32,
-                        logits: true,
-                    })
-                })
-                .collect()
-        };
-        let la = base.decode(&batch(&toks_a)).expect("device-KV batch");
-        let lb = e.decode(&batch(&toks_b)).expect("tiered batch");
+        let la = base
+            .decode(&all_positions(&toks_a))
+            .expect("device-KV batch");
+        let lb = e.decode(&all_positions(&toks_b)).expect("tiered batch");
         assert_eq!(nmse(&lb, &la), 0.0, "{name} {what}: batch logits differ");
         let mut fed_a: Vec<usize> = toks_a.iter().map(|t| t.len()).collect();
         let mut fed_b = fed_a.clone();

@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::model;
-use strata::engine::{BatchToken, DeviceChoice, Engine, EngineConfig};
+use common::{all_positions, model};
+use strata::engine::{DeviceChoice, Engine, EngineConfig};
 use strata::llama::LlamaModel;
 use strata::parity::{compare, nmse, run_strata};
 
@@ -22,22 +22,6 @@ fn cfg(stream_all: bool, slots: usize) -> EngineConfig {
         slots,
         ..EngineConfig::default()
     }
-}
-
-/// Every position of every prompt, one sequence per prompt, all with logits.
-fn all_positions(prompts: &[Vec<u32>]) -> Vec<BatchToken> {
-    prompts
-        .iter()
-        .enumerate()
-        .flat_map(|(s, p)| {
-            p.iter().enumerate().map(move |(i, &t)| BatchToken {
-                token: t,
-                pos: i as i32,
-                seq: s as u32,
-                logits: true,
-            })
-        })
-        .collect()
 }
 
 fn streamed_equals_resident(name: &str) {

@@ -527,55 +527,47 @@ impl KvTier {
         self.spill.as_ref().map(|d| d.path().to_path_buf())
     }
 
-    /// Reads cell rows [cell, cell + n) of windowed layer `layer` (K or V)
-    /// from the frames, loading the block from its spill file if needed.
-    /// Between steps only.
-    pub fn read_rows(
-        &mut self,
-        layer: u32,
-        kv: usize,
-        cell: usize,
-        out: &mut [u8],
-    ) -> Result<(), EngineError> {
+    /// Host rows of cells [cell, cell + n) that lie in one block, in its
+    /// frame: (windowed layer index, first host row, rows).
+    fn frame_rows(&self, layer: u32, cell: usize, n: usize) -> (usize, usize, usize) {
         let li = self.index_of[layer as usize].expect("layer is windowed");
-        let b = cell / self.block;
-        let n = out.len() / self.row;
-        debug_assert!(cell % self.block + n <= self.block);
-        match self.table.frame_of(b as u32) {
-            Some(f) => {
-                out.copy_from_slice(self.host_rows(
-                    li,
-                    kv,
-                    f as usize * self.block + cell % self.block,
-                    n,
-                ));
-                Ok(())
-            }
-            None => {
-                let path = self.spill_dir()?.path_for(&Self::file_name(b as u32));
-                let mut file = KvFile::open(&path, self.shape)?;
-                let mut k = vec![0u8; self.block * self.row];
-                let mut v = vec![0u8; self.block * self.row];
-                file.read_entry(li, &mut k, &mut v)?;
-                let src = if kv == 0 { &k } else { &v };
-                let off = (cell % self.block) * self.row;
-                out.copy_from_slice(&src[off..off + out.len()]);
-                Ok(())
-            }
+        let b = (cell / self.block) as u32;
+        let f = self
+            .table
+            .frame_of(b)
+            .expect("block has a frame (see prepare)");
+        let n = n.min(self.block - cell % self.block);
+        (li, f as usize * self.block + cell % self.block, n)
+    }
+
+    /// Reads the rows of cells [cell, cell + out.len() / row) of windowed
+    /// layer `layer` (K or V) from the frames, whose blocks `prepare`
+    /// brought in. Between steps only.
+    pub fn read_rows(&self, layer: u32, kv: usize, cell: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let (li, hrow, n) =
+                self.frame_rows(layer, cell + done / self.row, (out.len() - done) / self.row);
+            out[done..done + n * self.row].copy_from_slice(self.host_rows(li, kv, hrow, n));
+            done += n * self.row;
         }
     }
 
-    /// Writes cell rows of windowed layer `layer` into the frames (block must
-    /// have a frame, see `prepare`). Between steps only.
+    /// Writes rows of cells starting at `cell` of windowed layer `layer`
+    /// into the frames, as `read_rows` reads them. Between steps only.
     pub fn write_rows(&mut self, layer: u32, kv: usize, cell: usize, data: &[u8]) {
-        let li = self.index_of[layer as usize].expect("layer is windowed");
-        let f = self
-            .table
-            .frame_of((cell / self.block) as u32)
-            .expect("block has a frame");
-        let n = data.len() / self.row;
-        let hrow = f as usize * self.block + cell % self.block;
-        self.host_rows_mut(li, kv, hrow, n).copy_from_slice(data);
+        let mut done = 0;
+        while done < data.len() {
+            let (li, hrow, n) = self.frame_rows(
+                layer,
+                cell + done / self.row,
+                (data.len() - done) / self.row,
+            );
+            let bytes = n * self.row;
+            self.host_rows_mut(li, kv, hrow, n)
+                .copy_from_slice(&data[done..done + bytes]);
+            done += bytes;
+        }
     }
 
     pub fn n_ctx(&self) -> usize {

@@ -404,8 +404,7 @@ impl Engine {
     }
     /// Stops recording and returns the spans recorded.
     pub fn finish_timeline(&mut self) -> Vec<timeline::Span> {
-        self.backend.synchronize();
-        self.pager.synchronize();
+        self.pager_sync();
         self.timeline.take().map(|t| t.finish()).unwrap_or_default()
     }
 
@@ -431,6 +430,7 @@ impl Engine {
             kv.release_empty(&self.cells);
         }
     }
+    /// Drains the compute and copy streams.
     fn pager_sync(&self) {
         self.backend.synchronize();
         self.pager.synchronize();
@@ -452,19 +452,33 @@ impl Engine {
         let before = self.cells.clone();
         let sp: Vec<(u32, i32)> = (0..n as i32).map(|p| (seq, p)).collect();
         let cells = self.cells.place(&sp)?;
-        if let Some(kv) = self.pager.kv.as_mut() {
-            let b = kv.block();
-            if let Err(e) = kv.prepare(
-                &self.cells,
-                |blk| before.block_rows(blk as usize, b) > 0,
-                &cells,
-                1 << seq,
-            ) {
-                self.cells = before;
-                return Err(e);
-            }
+        if let Err(e) = self.prepare_kv(&before, &cells, 1 << seq) {
+            self.cells = before;
+            return Err(e);
         }
         Ok(())
+    }
+
+    /// Brings the blocks of the sequences in `mask` into the KV tier's
+    /// frames (a no-op without windowed layers) and plans the step's KV
+    /// copies. `before`: the cells before `new_cells` were placed. Both
+    /// streams must be drained.
+    fn prepare_kv(
+        &mut self,
+        before: &KvCells,
+        new_cells: &[u32],
+        mask: u64,
+    ) -> Result<(), EngineError> {
+        let Some(kv) = self.pager.kv.as_mut() else {
+            return Ok(());
+        };
+        let b = kv.block();
+        kv.prepare(
+            &self.cells,
+            |blk| before.block_rows(blk as usize, b) > 0,
+            new_cells,
+            mask,
+        )
     }
 
     /// The tiered KV cache of windowed layers, if any layer is windowed.
@@ -528,17 +542,16 @@ impl Engine {
     /// the pager forgets the step, so the cache holds what it held before.
     fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
         self.validate(toks)?;
-        // host frames of the KV tier are written below: nothing may be in flight
-        self.backend.synchronize();
-        self.pager.synchronize();
+        // inputs and the KV tier's host frames are written below: nothing
+        // may be in flight
+        self.pager_sync();
         let before = self.cells.clone();
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let cells = self.cells.place(&sp)?;
         let out_len = out.len();
         let r = self.run_step(toks, &cells, &before, out);
         if r.is_err() {
-            self.backend.synchronize();
-            self.pager.synchronize();
+            self.pager_sync();
             self.pager.abort_step();
             self.cells = before;
             // frames given to blocks that are empty again
@@ -559,16 +572,8 @@ impl Engine {
         let disk0 = self.store.disk_bytes_read();
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
-        if let Some(kv) = self.pager.kv.as_mut() {
-            let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
-            let b = kv.block();
-            kv.prepare(
-                &self.cells,
-                |blk| before.block_rows(blk as usize, b) > 0,
-                cells,
-                mask,
-            )?;
-        }
+        let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
+        self.prepare_kv(before, cells, mask)?;
         let n_kv = self.cells.n_kv() as u32;
         let out_ids: Vec<i32> = toks
             .iter()
@@ -578,9 +583,7 @@ impl Engine {
             .collect();
         let n_out = out_ids.len() as u32;
 
-        // inputs: synchronous writes, so nothing may be in flight
-        self.backend.synchronize();
-        self.pager.synchronize();
+        // inputs: synchronous writes (both streams drained in `step`)
         self.embed(toks)?;
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
         self.persistent.tensor(buffers::POS).set_i32(&pos)?;
@@ -856,8 +859,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // copies and computations still queued read or write buffers that
         // the fields below free
-        self.backend.synchronize();
-        self.pager.synchronize();
+        self.pager_sync();
     }
 }
 

@@ -32,27 +32,19 @@ impl Engine {
         }
     }
 
-    /// Reads rows of cells `run` of layer `l` (K or V) into `out`.
+    /// Reads rows of cells from `cell` on of layer `l` (K or V) into `out`.
+    /// Windowed layers read their frames (see `prepare_kv`).
     fn read_kv_rows(
-        &mut self,
+        &self,
         l: usize,
         kv: usize,
         cell: usize,
         out: &mut [u8],
     ) -> Result<(), EngineError> {
         let row = self.spec.hp.n_embd_kv() as usize * 2;
-        if l < self.kv.layers.len() {
-            return Ok(self.kv.tensor(l, kv).get_bytes(out, cell * row)?);
-        }
-        let tier = self.pager.kv.as_mut().expect("windowed layer");
-        // tier reads stay inside one block
-        let b = tier.block();
-        let mut done = 0;
-        while done < out.len() {
-            let c = cell + done / row;
-            let n = (b - c % b).min((out.len() - done) / row);
-            tier.read_rows(l as u32, kv, c, &mut out[done..done + n * row])?;
-            done += n * row;
+        match self.pager.kv.as_ref() {
+            Some(tier) if l >= self.kv.layers.len() => tier.read_rows(l as u32, kv, cell, out),
+            _ => self.kv.tensor(l, kv).get_bytes(out, cell * row)?,
         }
         Ok(())
     }
@@ -65,17 +57,9 @@ impl Engine {
         data: &[u8],
     ) -> Result<(), EngineError> {
         let row = self.spec.hp.n_embd_kv() as usize * 2;
-        if l < self.kv.layers.len() {
-            return Ok(self.kv.tensor(l, kv).set_bytes(data, cell * row)?);
-        }
-        let tier = self.pager.kv.as_mut().expect("windowed layer");
-        let b = tier.block();
-        let mut done = 0;
-        while done < data.len() {
-            let c = cell + done / row;
-            let n = (b - c % b).min((data.len() - done) / row);
-            tier.write_rows(l as u32, kv, c, &data[done..done + n * row]);
-            done += n * row;
+        match self.pager.kv.as_mut() {
+            Some(tier) if l >= self.kv.layers.len() => tier.write_rows(l as u32, kv, cell, data),
+            _ => self.kv.tensor(l, kv).set_bytes(data, cell * row)?,
         }
         Ok(())
     }
@@ -84,6 +68,9 @@ impl Engine {
     /// bytes written.
     pub fn save_seq(&mut self, seq: u32, path: &Path, extra: &[u8]) -> Result<u64, EngineError> {
         self.pager_sync();
+        // the sequence's blocks into frames (from spill files if needed)
+        let all = self.cells.clone();
+        self.prepare_kv(&all, &[], 1 << seq)?;
         let cells = self.cells.seq_cells(seq);
         let row = self.spec.hp.n_embd_kv() as usize * 2;
         let mut payload = Vec::with_capacity(8 + 4 * cells.len() + extra.len());
@@ -196,15 +183,7 @@ impl Engine {
         cells: &[u32],
         seq: u32,
     ) -> Result<(), EngineError> {
-        if let Some(tier) = self.pager.kv.as_mut() {
-            let b = tier.block();
-            tier.prepare(
-                &self.cells,
-                |blk| before.block_rows(blk as usize, b) > 0,
-                cells,
-                1 << seq,
-            )?;
-        }
+        self.prepare_kv(before, cells, 1 << seq)?;
         let row = self.spec.hp.n_embd_kv() as usize * 2;
         let chunks = cells.len().div_ceil(CHUNK);
         for i in 0..file.entries().len() {

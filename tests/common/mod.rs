@@ -37,3 +37,21 @@ pub use strata::parity::nmse;
 pub fn argmax(v: &[f32]) -> u32 {
     strata::sample::argmax(v).expect("non-empty logits")
 }
+
+/// Every position of every prompt, one sequence per prompt, all with logits.
+pub fn all_positions(prompts: &[Vec<u32>]) -> Vec<strata::engine::BatchToken> {
+    prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(s, p)| {
+            p.iter()
+                .enumerate()
+                .map(move |(i, &t)| strata::engine::BatchToken {
+                    token: t,
+                    pos: i as i32,
+                    seq: s as u32,
+                    logits: true,
+                })
+        })
+        .collect()
+}
