@@ -10,7 +10,9 @@ command -v git >/dev/null || need+=(git)
 command -v curl >/dev/null || need+=(curl ca-certificates)
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/*/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev clang)
+# bindgen loads libclang (the C API) at build time; libclang-cpp, which
+# llvm-*-dev installs, is another library: detect what bindgen would load.
+"$(dirname "${BASH_SOURCE[0]}")/find-libclang.sh" >/dev/null || need+=(libclang-dev)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "installing: ${need[*]}" >&2
