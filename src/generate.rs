@@ -6,6 +6,7 @@
 use crate::engine::{BatchToken, Engine, EngineError};
 use crate::llama::{LlamaError, LlamaModel};
 use crate::sample::{SampleError, Sampler};
+use crate::speculative::Speculator;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +85,8 @@ pub struct Session<'a> {
     /// The last sampled token, not yet in the KV cache (fed first by the
     /// next `generate`). None after an end-of-generation token.
     pub pending: Option<u32>,
+    /// Duration of the last target step of generation.
+    last_round: Duration,
 }
 
 impl<'a> Session<'a> {
@@ -95,6 +98,7 @@ impl<'a> Session<'a> {
             sampler,
             tokens: Vec::new(),
             pending: None,
+            last_round: Duration::ZERO,
         }
     }
 
@@ -185,6 +189,19 @@ impl<'a> Session<'a> {
         &mut self,
         prompt: &[u32],
         n_predict: usize,
+        on_text: impl FnMut(&str),
+    ) -> Result<(Vec<u32>, Timings), GenerateError> {
+        self.generate_with(prompt, n_predict, None, on_text)
+    }
+
+    /// [`Session::generate`], with drafts from `spec` verified in each step
+    /// (see [`crate::speculative`]): the tokens are those plain decoding
+    /// gives for the same logits.
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        n_predict: usize,
+        mut spec: Option<&mut Speculator>,
         mut on_text: impl FnMut(&str),
     ) -> Result<(Vec<u32>, Timings), GenerateError> {
         // the token sampled last time goes in first (the sampler saw it)
@@ -192,11 +209,11 @@ impl<'a> Session<'a> {
         if feed.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
-        let n_ctx = self.engine.n_ctx();
-        if self.tokens.len() + feed.len() > n_ctx as usize {
+        let n_ctx = self.engine.n_ctx() as usize;
+        if self.tokens.len() + feed.len() > n_ctx {
             return Err(GenerateError::PromptTooLong {
                 n: self.tokens.len() + feed.len(),
-                n_ctx,
+                n_ctx: n_ctx as u32,
             });
         }
         let mut t = Timings {
@@ -204,18 +221,7 @@ impl<'a> Session<'a> {
             ..Default::default()
         };
         let start = Instant::now();
-        let base = self.tokens.len() as i32;
-        let batch: Vec<BatchToken> = feed
-            .iter()
-            .enumerate()
-            .map(|(i, &tok)| BatchToken {
-                token: tok,
-                pos: base + i as i32,
-                seq: 0,
-                logits: i + 1 == feed.len(),
-            })
-            .collect();
-        let mut logits = self.engine.decode(&batch)?;
+        let mut rows = self.engine.decode(&self.batch(&feed, 1))?;
         for &p in prompt {
             self.sampler.accept(p);
         }
@@ -226,34 +232,110 @@ impl<'a> Session<'a> {
         let gen_start = Instant::now();
         let mut out = Vec::new();
         let mut text = Utf8Stream::default();
-        for _ in 0..n_predict {
-            let tok = self.sampler.sample(&logits)?;
-            self.sampler.accept(tok);
-            out.push(tok);
-            if self.vocab.is_eog(tok) {
-                break;
+        let n_vocab = self.engine.n_vocab() as usize;
+        // rows[i]: logits after the cache's last token and drafts[..i]
+        let mut drafts: Vec<u32> = Vec::new();
+        // tokens the KV cache holds: self.tokens plus unverified drafts
+        let mut cached = self.tokens.len();
+        'rounds: while out.len() < n_predict {
+            let mut stop = false;
+            let i = crate::speculative::verify(
+                &mut self.sampler,
+                &rows,
+                n_vocab,
+                &drafts,
+                |tok, verified| {
+                    out.push(tok);
+                    if self.vocab.is_eog(tok) {
+                        stop = true;
+                        return false;
+                    }
+                    self.pending = Some(tok);
+                    let s = text.push(&self.vocab.token_bytes(tok, false));
+                    if !s.is_empty() {
+                        on_text(&s);
+                    }
+                    if out.len() == n_predict || self.tokens.len() + 1 >= n_ctx {
+                        stop = true;
+                        return false;
+                    }
+                    if verified {
+                        // its KV row is in the cache already
+                        self.tokens.push(tok);
+                        self.pending = None;
+                    }
+                    true
+                },
+            )?;
+            if let Some(s) = spec.as_deref_mut() {
+                s.stats.record(drafts.len(), i, self.last_round);
             }
-            self.pending = Some(tok);
-            let s = text.push(&self.vocab.token_bytes(tok, false));
-            if !s.is_empty() {
-                on_text(&s);
+            if stop {
+                break 'rounds;
             }
-            if self.tokens.len() + 1 >= n_ctx as usize {
-                break;
-            }
-            let pos = self.tokens.len() as i32;
+            // rejected drafts leave the cache
+            self.drop_unverified(&mut cached);
+            // the next round: the pending token plus new drafts
+            let tok = self
+                .pending
+                .take()
+                .expect("a round ends with a pending token");
             self.tokens.push(tok);
-            self.pending = None;
-            logits = self.engine.decode(&[BatchToken {
-                token: tok,
-                pos,
-                seq: 0,
-                logits: true,
-            }])?;
+            drafts = match spec.as_deref_mut() {
+                // each round emits at most 1 + drafts tokens; drafts and
+                // the pending token must fit in the context
+                Some(s) => s.draft(
+                    &self.tokens,
+                    (n_predict - out.len() - 1).min(n_ctx.saturating_sub(self.tokens.len())),
+                )?,
+                None => Vec::new(),
+            };
+            let step: Vec<u32> = std::iter::once(tok).chain(drafts.iter().copied()).collect();
+            let base = self.tokens.len() - 1;
+            let round = Instant::now();
+            match self.engine.decode(&self.batch_at(&step, base, step.len())) {
+                Ok(r) => {
+                    rows = r;
+                    cached = base + step.len();
+                }
+                Err(e) => {
+                    self.tokens.pop();
+                    self.pending = Some(tok);
+                    return Err(e.into());
+                }
+            }
+            self.last_round = round.elapsed();
         }
-        // tokens sampled; all but an end-of-generation token are in the KV cache
+        self.drop_unverified(&mut cached);
+        // tokens sampled; all but an end-of-generation token and the last
+        // one (pending, fed first by the next call) are in the KV cache
         t.gen_tokens = out.len();
         t.gen_time = gen_start.elapsed();
         Ok((out, t))
+    }
+
+    /// Truncates drafts that were not accepted out of the KV cache.
+    fn drop_unverified(&mut self, cached: &mut usize) {
+        if *cached > self.tokens.len() {
+            self.engine.truncate_seq(0, self.tokens.len() as i32);
+            *cached = self.tokens.len();
+        }
+    }
+
+    /// `toks` at the positions after the cache, logits for the last `want`.
+    fn batch(&self, toks: &[u32], want: usize) -> Vec<BatchToken> {
+        self.batch_at(toks, self.tokens.len(), want)
+    }
+
+    fn batch_at(&self, toks: &[u32], base: usize, want: usize) -> Vec<BatchToken> {
+        toks.iter()
+            .enumerate()
+            .map(|(i, &tok)| BatchToken {
+                token: tok,
+                pos: (base + i) as i32,
+                seq: 0,
+                logits: i + want >= toks.len(),
+            })
+            .collect()
     }
 }

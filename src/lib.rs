@@ -21,4 +21,5 @@ pub mod model;
 pub mod paging;
 pub mod parity;
 pub mod sample;
+pub mod speculative;
 pub mod storage;

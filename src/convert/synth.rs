@@ -63,7 +63,7 @@ const fn llama(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_ff:
 }
 
 /// The presets: a tiny one for tests and the shapes of real models.
-pub const PRESETS: [Preset; 4] = [
+pub const PRESETS: [Preset; 5] = [
     Preset {
         name: "tiny",
         arch: Arch::Llama,
@@ -77,6 +77,8 @@ pub const PRESETS: [Preset; 4] = [
         rms_eps: 1e-5,
         llama3_rope: false,
     },
+    // the draft model of the Llama 3 family's speculative decoding
+    llama("llama3.2-1b", 2048, 16, 32, 8192),
     llama("llama3-8b", 4096, 32, 32, 14336),
     llama("llama3-70b", 8192, 80, 64, 28672),
     Preset {

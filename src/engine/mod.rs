@@ -358,6 +358,15 @@ impl Engine {
         self.kv.bytes + self.persistent.bytes
     }
 
+    /// Device bytes this engine holds or will allocate: resident weights,
+    /// KV, persistent tensors and the activation estimate the plan uses
+    /// (what a resident draft model takes from the target's GPU budget).
+    pub fn device_footprint(&self) -> u64 {
+        self.store.resident_bytes
+            + self.fixed_device_bytes()
+            + buffers::activation_estimate(&self.dims, self.lim)
+    }
+
     /// One line on where the weights live.
     pub fn placement_summary(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;

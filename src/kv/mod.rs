@@ -331,5 +331,49 @@ mod tests {
                 }
             }
         }
+
+        /// Speculative rounds: each appends a sequence's next token and k
+        /// drafts, then keeps a random prefix of the drafts and truncates
+        /// the rest. Afterwards every sequence holds exactly its accepted
+        /// positions, each once, every token sees exactly them, and a lone
+        /// sequence sits in the very cells a cache that never saw the
+        /// rejected drafts gives it (so attention reads the same cells in
+        /// the same order: same numerics).
+        #[test]
+        fn rejected_drafts_leave_no_trace(
+            rounds in proptest::collection::vec((0u32..3, 0usize..6, 0usize..7), 1..40),
+            lone in any::<bool>(),
+        ) {
+            let mut kv = KvCells::new(64);
+            let mut clean = KvCells::new(64);
+            let mut len = [0i32; 3];
+            for (s, k, keep) in rounds {
+                let s = if lone { 0 } else { s };
+                let keep = keep.min(k);
+                let base = len[s as usize];
+                let toks: Vec<_> = (0..=k as i32).map(|i| (s, base + i)).collect();
+                if kv.place(&toks).is_err() {
+                    continue;
+                }
+                kv.truncate_seq(s, base + 1 + keep as i32);
+                let kept: Vec<_> = (0..=keep as i32).map(|i| (s, base + i)).collect();
+                clean.place(&kept).expect("the clean cache has room when the other had");
+                len[s as usize] += 1 + keep as i32;
+                let counted = (0..kv.size()).filter(|&c| kv.seqs[c] != 0).count();
+                prop_assert_eq!(counted, kv.used());
+                for q in 0..3u32 {
+                    let mut pos: Vec<i32> = kv.seq_cells(q).iter().map(|&(_, p)| p).collect();
+                    pos.sort_unstable();
+                    prop_assert_eq!(pos, (0..len[q as usize]).collect::<Vec<_>>());
+                    let p = len[q as usize] - 1;
+                    let seen = (0..kv.size()).filter(|&c| kv.visible(c, q, p)).count();
+                    prop_assert_eq!(seen as i32, len[q as usize]);
+                }
+                if lone {
+                    prop_assert_eq!(&kv.pos, &clean.pos);
+                    prop_assert_eq!(&kv.seqs, &clean.seqs);
+                }
+            }
+        }
     }
 }

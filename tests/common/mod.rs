@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const QWEN2: &str = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+/// The speculative-decoding target (QWEN2 drafts for it).
+pub const QWEN15: &str = "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf";
 
 /// The cached test model `name`, or None (with a message) when absent.
 /// With STRATA_REQUIRE_MODELS=1 (CI) a missing model fails the test.

@@ -63,6 +63,16 @@ pub struct BenchArgs {
     /// Write a Chrome/Perfetto trace of the last generation step(s).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub spec: super::spec::SpecArgs,
+    /// Speculative step costs: the target step with 1 + k tokens and the
+    /// draft model's time for k tokens, for each k (e.g. 0,4,8,16).
+    #[arg(long = "spec-k", value_delimiter = ',')]
+    pub spec_k: Vec<usize>,
+    /// Speculative generation: N greedy tokens on each of a fixed set of
+    /// code and chat prompts, plain and with the drafter (-md or --lookup).
+    #[arg(long = "spec-gen", value_name = "N", default_value_t = 0)]
+    pub spec_gen: usize,
 }
 
 /// Token batches: (unmeasured setup steps, measured steps).
@@ -259,12 +269,28 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         .n_ctx
         .max(max_pp + a.tg + 16)
         .max(a.depth + a.tg + 16)
-        .max(max_seqs * (16 + a.batch_steps) + 16);
+        .max(max_seqs * (16 + a.batch_steps) + 16)
+        .max(a.depth.max(64) + a.spec_k.iter().copied().max().unwrap_or(0) as u32 + 16)
+        .max(if a.spec_gen > 0 {
+            512 + a.spec_gen as u32
+        } else {
+            0
+        });
     let mut tests: Vec<(String, Workload)> = Vec::new();
     let mut rows = Vec::new();
     let mut trace_spans: Vec<Span> = Vec::new();
     if !a.no_strata {
+        let draft = super::spec::load_draft(&a.spec, &mut cfg)?;
         let mut e = Engine::load(&a.model.model, &cfg).context("loading strata")?;
+        let vocab = if a.spec.enabled() {
+            Some(LlamaModel::load(&a.model.model, true, 0).context("loading the vocabulary")?)
+        } else {
+            None
+        };
+        let mut spec = match &vocab {
+            Some(v) => super::spec::speculator(&a.spec, draft, &e, v, &a.model.model)?,
+            None => None,
+        };
         let n_vocab = e.n_vocab();
         let bw = e.measure_h2d(256 << 20, 8).unwrap_or(0.0);
         eprintln!(
@@ -296,6 +322,22 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 step: fig,
             });
             print_row(rows.last().expect("row"), a.json);
+        }
+        if !a.spec_k.is_empty() {
+            super::bench_spec::step_costs(
+                &mut e,
+                spec.as_mut(),
+                &a.spec_k,
+                a.depth.max(64),
+                a.reps,
+                a.json,
+            )?;
+        }
+        if a.spec_gen > 0 {
+            let (Some(sp), Some(v)) = (spec.as_mut(), vocab.as_ref()) else {
+                anyhow::bail!("--spec-gen needs a drafter: -md FILE or --lookup N");
+            };
+            super::bench_spec::generation(&mut e, v, sp, a.spec_gen, a.json)?;
         }
     }
     for &ngl in &a.llama_ngl {

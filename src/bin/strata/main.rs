@@ -10,7 +10,9 @@ use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
 
 mod bench;
+mod bench_spec;
 mod check;
+mod spec;
 
 #[derive(Parser)]
 #[command(
@@ -137,10 +139,19 @@ struct RunArgs {
     /// prompt, if given, is appended first.
     #[arg(long = "load-session")]
     load_session: Option<PathBuf>,
+    #[command(flatten)]
+    spec: spec::SpecArgs,
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // llama.cpp spells the draft model -md, which clap would read as -m d
+    let cli = Cli::parse_from(std::env::args_os().map(|a| {
+        if a == "-md" {
+            "--model-draft".into()
+        } else {
+            a
+        }
+    }));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("STRATA_LOG"))
         .with_writer(std::io::stderr)
@@ -181,13 +192,12 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
     }
 }
 
-fn load(m: &ModelArgs) -> Result<(Engine, LlamaModel)> {
+fn load(m: &ModelArgs, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
     if !m.model.is_file() {
         bail!("model file {} does not exist", m.model.display());
     }
-    let cfg = engine_config(m, true);
     let engine =
-        Engine::load(&m.model, &cfg).with_context(|| format!("loading {}", m.model.display()))?;
+        Engine::load(&m.model, cfg).with_context(|| format!("loading {}", m.model.display()))?;
     let vocab = LlamaModel::load(&m.model, true, 0)
         .with_context(|| format!("loading the vocabulary of {}", m.model.display()))?;
     eprintln!(
@@ -212,7 +222,10 @@ fn run(a: RunArgs) -> Result<()> {
         seed: a.seed,
     };
     let sampler = Sampler::new(scfg).context("sampling parameters")?;
-    let (mut engine, vocab) = load(&a.model)?;
+    let mut cfg = engine_config(&a.model, true);
+    let draft = spec::load_draft(&a.spec, &mut cfg)?;
+    let (mut engine, vocab) = load(&a.model, &cfg)?;
+    let mut spec = spec::speculator(&a.spec, draft, &engine, &vocab, &a.model.model)?;
     let mut session = Session::new(&mut engine, &vocab, sampler);
     let mut stdout = std::io::stdout();
     if a.chat && (a.save_session.is_some() || a.load_session.is_some()) {
@@ -239,7 +252,7 @@ fn run(a: RunArgs) -> Result<()> {
         };
         print!("{}", a.prompt);
         stdout.flush()?;
-        let (_, t) = session.generate(&prompt, a.n_predict, |s| {
+        let (_, t) = session.generate_with(&prompt, a.n_predict, spec.as_mut(), |s| {
             print!("{s}");
             let _ = std::io::stdout().flush();
         })?;
@@ -251,6 +264,9 @@ fn run(a: RunArgs) -> Result<()> {
             t.gen_tokens,
             t.gen_tps()
         );
+        if let Some(s) = &spec {
+            eprintln!("{}", s.stats.summary());
+        }
         if let Some(p) = &a.save_session {
             let n = session
                 .save(p)
@@ -298,7 +314,7 @@ fn run(a: RunArgs) -> Result<()> {
         let new_part = full.get(rendered_len..).unwrap_or(&full);
         let toks = vocab.tokenize(new_part, rendered_len == 0, true)?;
         let mut reply = String::new();
-        let (_, t) = session.generate(&toks, a.n_predict, |s| {
+        let (_, t) = session.generate_with(&toks, a.n_predict, spec.as_mut(), |s| {
             print!("{s}");
             reply.push_str(s);
             let _ = std::io::stdout().flush();
@@ -317,6 +333,9 @@ fn run(a: RunArgs) -> Result<()> {
             session.engine.clear();
             session.tokens.clear();
             session.pending = None;
+            if let Some(s) = spec.as_mut() {
+                s.reset();
+            }
             rendered_len = 0;
         }
     }

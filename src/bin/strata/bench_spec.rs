@@ -1,0 +1,213 @@
+//! `strata bench` for speculative decoding: what a verifying step costs
+//! with k drafts beside the plain step (`--spec-k`), and real generation
+//! with the drafter on fixed code and chat prompts beside plain decoding
+//! (`--spec-gen N`): accepted tokens per step, draft and target time,
+//! effective tokens/s.
+
+use anyhow::{Context as _, Result};
+use std::time::{Duration, Instant};
+use strata::engine::{BatchToken, Engine};
+use strata::generate::Session;
+use strata::llama::LlamaModel;
+use strata::sample::{Sampler, SamplerConfig};
+use strata::speculative::{Drafter, SpecStats, Speculator};
+
+/// Raw code prompts: the model continues them.
+const CODE: [&str; 3] = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "// Reverse a singly linked list in C.\nstruct node { int value; struct node *next; };\n\nstruct node *reverse(struct node *head) {\n",
+    "import json\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\ndef save_config(path, config):\n",
+];
+
+/// User messages, rendered with the model's chat template.
+const CHAT: [&str; 3] = [
+    "Rename the variable `x` to `count` in this function and return the whole function:\n```python\ndef positives(items):\n    x = 0\n    for i in items:\n        if i > 0:\n            x += 1\n    return x\n```",
+    "Summarize in two sentences: A hash map stores key-value pairs in an array of buckets. A hash function maps each key to a bucket index. Collisions, where two keys map to the same bucket, are resolved by chaining or open addressing. Lookups, inserts and deletes take constant time on average.",
+    "What are three tips for writing good unit tests?",
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Target step time with 1 + k tokens (the pending token and k drafts) at
+/// `depth` cached tokens, and the draft's time to produce k tokens, for
+/// each k; medians of `reps`.
+pub fn step_costs(
+    e: &mut Engine,
+    spec: Option<&mut Speculator>,
+    ks: &[usize],
+    depth: u32,
+    reps: usize,
+    json: bool,
+) -> Result<()> {
+    let n_vocab = e.n_vocab();
+    let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
+    let depth = depth.max(1);
+    e.clear();
+    let prefix: Vec<BatchToken> = (0..depth)
+        .map(|i| BatchToken {
+            token: tok(i),
+            pos: i as i32,
+            seq: 0,
+            logits: i + 1 == depth,
+        })
+        .collect();
+    e.decode(&prefix).context("filling the context")?;
+    let context: Vec<u32> = (0..depth).map(tok).collect();
+    let mut model = match spec {
+        Some(Speculator {
+            drafter: Drafter::Model(m),
+            ..
+        }) => Some(m),
+        _ => None,
+    };
+    let mut base = None;
+    for &k in ks {
+        let mut step = Vec::new();
+        let mut draft = Vec::new();
+        for r in 0..reps.max(1) + 1 {
+            let batch: Vec<BatchToken> = (0..=k as u32)
+                .map(|i| BatchToken {
+                    token: tok(depth + i),
+                    pos: (depth + i) as i32,
+                    seq: 0,
+                    logits: true,
+                })
+                .collect();
+            let t = Instant::now();
+            e.decode(&batch)?;
+            let s = t.elapsed().as_secs_f64();
+            e.truncate_seq(0, depth as i32);
+            let d = match model.as_deref_mut() {
+                Some(m) if k > 0 => {
+                    // always k tokens: the probability floor off
+                    let p_min = std::mem::replace(&mut m.p_min, 0.0);
+                    let t = Instant::now();
+                    let out = m.draft(&context, k)?;
+                    let d = t.elapsed().as_secs_f64();
+                    m.p_min = p_min;
+                    anyhow::ensure!(
+                        out.len() == k,
+                        "the draft model made {} of {k} tokens",
+                        out.len()
+                    );
+                    d
+                }
+                _ => 0.0,
+            };
+            // the first repetition warms templates and graphs up
+            if r > 0 {
+                step.push(s);
+                draft.push(d);
+            }
+        }
+        let (s, d) = (median(step) * 1e3, median(draft) * 1e3);
+        let b = *base.get_or_insert(s);
+        if json {
+            println!(
+                "{{\"test\":\"spec-step\",\"k\":{k},\"target_step_ms\":{s:.3},\"vs_plain\":{:.4},\"draft_ms\":{d:.3},\"draft_share\":{:.4}}}",
+                s / b,
+                d / s
+            );
+        } else {
+            println!(
+                "spec step k={k:<3} target {s:>9.2} ms ({:.3}x the k={} step) | draft {d:>8.2} ms ({:.1}% of the step)",
+                s / b,
+                ks[0],
+                100.0 * d / s
+            );
+        }
+    }
+    e.clear();
+    Ok(())
+}
+
+/// One side of the generation comparison.
+#[derive(Default)]
+struct Side {
+    tokens: usize,
+    time: Duration,
+    out: Vec<Vec<u32>>,
+}
+
+/// Greedy generation of `n` tokens per prompt, plain and with `spec`.
+pub fn generation(
+    e: &mut Engine,
+    vocab: &LlamaModel,
+    spec: &mut Speculator,
+    n: usize,
+    json: bool,
+) -> Result<()> {
+    let mut prompts: Vec<(String, Vec<u32>)> = Vec::new();
+    for (i, p) in CODE.iter().enumerate() {
+        prompts.push((format!("code{}", i + 1), vocab.tokenize(p, true, true)?));
+    }
+    for (i, p) in CHAT.iter().enumerate() {
+        let text = vocab.apply_chat_template(&[("user".to_string(), p.to_string())], true)?;
+        prompts.push((
+            format!("chat{}", i + 1),
+            vocab.tokenize(&text, true, false)?,
+        ));
+    }
+    let (mut plain, mut drafted) = (Side::default(), Side::default());
+    let mut total = SpecStats::default();
+    for (name, p) in &prompts {
+        for (side, sp) in [(&mut plain, None), (&mut drafted, Some(&mut *spec))] {
+            let mut s = Session::new(e, vocab, Sampler::new(SamplerConfig::greedy())?);
+            let (out, t) = match sp {
+                Some(sp) => {
+                    sp.reset();
+                    sp.stats = SpecStats::default();
+                    let r = s.generate_with(p, n, Some(&mut *sp), |_| {})?;
+                    total.add(&sp.stats);
+                    if !json {
+                        println!(
+                            "  {name:<6} {:>4} tokens {:>8.2} t/s  {:.2} tokens/step  accepted {}",
+                            r.1.gen_tokens,
+                            r.1.gen_tps(),
+                            sp.stats.tokens_per_round(),
+                            sp.stats.histogram_text()
+                        );
+                    }
+                    r
+                }
+                None => s.generate_with(p, n, None, |_| {})?,
+            };
+            side.tokens += t.gen_tokens;
+            side.time += t.gen_time;
+            side.out.push(out);
+        }
+    }
+    let tps = |s: &Side| s.tokens as f64 / s.time.as_secs_f64().max(1e-9);
+    let same = plain.out == drafted.out;
+    if json {
+        println!(
+            "{{\"test\":\"spec-gen\",\"prompts\":{},\"n\":{n},\"plain_tps\":{:.3},\"spec_tps\":{:.3},\"speedup\":{:.4},\"tokens_per_step\":{:.4},\"acceptance\":{:.4},\"draft_ms_per_round\":{:.3},\"target_ms_per_round\":{:.3},\"histogram\":{:?},\"identical\":{same}}}",
+            prompts.len(),
+            tps(&plain),
+            tps(&drafted),
+            tps(&drafted) / tps(&plain),
+            total.tokens_per_round(),
+            total.acceptance(),
+            total.draft_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
+            total.target_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
+            total.histogram
+        );
+    } else {
+        println!(
+            "spec gen: plain {:.2} t/s, speculative {:.2} t/s ({:.2}x); {}; output {}",
+            tps(&plain),
+            tps(&drafted),
+            tps(&drafted) / tps(&plain),
+            total.summary(),
+            if same {
+                "identical to plain".to_string()
+            } else {
+                "DIFFERS from plain".to_string()
+            }
+        );
+    }
+    Ok(())
+}

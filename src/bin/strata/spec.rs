@@ -1,0 +1,150 @@
+//! Speculative-decoding flags (llama.cpp's names) and loading a target with
+//! its draft model, the draft's device memory taken out of --gpu-budget.
+
+use anyhow::{bail, Context as _, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use strata::engine::{Engine, EngineConfig};
+use strata::llama::LlamaModel;
+use strata::speculative::{check_vocab, DraftModel, Drafter, NgramLookup, SpecConfig, Speculator};
+
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Draft model for speculative decoding (llama.cpp's -md): a small model
+    /// with the target's vocabulary, kept resident on the device; its
+    /// memory counts against --gpu-budget.
+    #[arg(long = "model-draft", value_name = "FILE")]
+    pub model_draft: Option<PathBuf>,
+    /// Most tokens drafted per step.
+    #[arg(long = "draft-max", alias = "draft", default_value_t = 16)]
+    pub draft_max: usize,
+    /// Drafts shorter than this are not verified (the step runs without).
+    #[arg(long = "draft-min", default_value_t = 0)]
+    pub draft_min: usize,
+    /// The draft model stops drafting when its top token's probability
+    /// (among its 10 best, as llama.cpp computes it) is below this.
+    #[arg(long = "draft-p-min", default_value_t = 0.75)]
+    pub draft_p_min: f32,
+    /// Prompt lookup: without a draft model, draft up to N tokens from
+    /// n-grams (3, 2, 1 tokens) of the prompt and the generated text.
+    #[arg(long = "lookup", value_name = "N")]
+    pub lookup: Option<usize>,
+}
+
+impl SpecArgs {
+    pub fn enabled(&self) -> bool {
+        self.model_draft.is_some() || self.lookup.is_some_and(|n| n > 0)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.model_draft.is_some() && self.lookup.is_some() {
+            bail!("--model-draft and --lookup are two ways to draft: pass one");
+        }
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            bail!("--draft-p-min {} is outside [0, 1]", self.draft_p_min);
+        }
+        if self.draft_min > self.draft_max {
+            bail!(
+                "--draft-min {} is above --draft-max {}",
+                self.draft_min,
+                self.draft_max
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The draft model loaded and checked, and where it came from.
+pub struct Draft {
+    engine: Engine,
+    vocab: LlamaModel,
+    path: PathBuf,
+}
+
+/// Loads the draft model (if any) resident on `cfg`'s device, and takes its
+/// device memory out of `cfg.gpu_budget`.
+pub fn load_draft(s: &SpecArgs, cfg: &mut EngineConfig) -> Result<Option<Draft>> {
+    s.validate()?;
+    let Some(path) = &s.model_draft else {
+        return Ok(None);
+    };
+    if !path.is_file() {
+        bail!("draft model file {} does not exist", path.display());
+    }
+    // the draft stays resident: no budget, no tiers
+    let dcfg = EngineConfig {
+        gpu_budget: None,
+        dram_budget: None,
+        stream_all: false,
+        kv_budget: None,
+        kv_dram: None,
+        poison_slots: false,
+        progress: false,
+        ..cfg.clone()
+    };
+    let e = Engine::load(path, &dcfg)
+        .with_context(|| format!("loading draft model {}", path.display()))?;
+    let bytes = e.device_footprint();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    eprintln!(
+        "draft: {} ({} layers), {:.1} MiB on the device (weights {:.1}, KV and activations {:.1})",
+        e.spec.name,
+        e.spec.hp.n_layer,
+        mib(bytes),
+        mib(e.weight_bytes()),
+        mib(bytes.saturating_sub(e.weight_bytes())),
+    );
+    if let Some(b) = cfg.gpu_budget {
+        let Some(left) = b.checked_sub(bytes) else {
+            bail!("the draft model needs {bytes} bytes on the device, more than the GPU budget of {b}");
+        };
+        eprintln!(
+            "draft: the target plans with {:.1} MiB of the {:.1} MiB GPU budget",
+            mib(left),
+            mib(b)
+        );
+        cfg.gpu_budget = Some(left);
+    }
+    let vocab = LlamaModel::load(path, true, 0)
+        .with_context(|| format!("loading the vocabulary of {}", path.display()))?;
+    Ok(Some(Draft {
+        engine: e,
+        vocab,
+        path: path.clone(),
+    }))
+}
+
+/// The drafter for a loaded target: the draft model (its vocabulary checked
+/// against the target's) or prompt lookup; None without either.
+pub fn speculator(
+    s: &SpecArgs,
+    draft: Option<Draft>,
+    target: &Engine,
+    target_vocab: &LlamaModel,
+    target_path: &Path,
+) -> Result<Option<Speculator>> {
+    let drafter = match draft {
+        Some(d) => {
+            check_vocab(target_vocab, target, &d.vocab, &d.engine).with_context(|| {
+                format!(
+                    "draft model {} cannot draft for {}",
+                    d.path.display(),
+                    target_path.display()
+                )
+            })?;
+            Some(Drafter::Model(Box::new(DraftModel::new(
+                d.engine,
+                s.draft_p_min,
+            ))))
+        }
+        None => s
+            .lookup
+            .filter(|&n| n > 0)
+            .map(|_| Drafter::Lookup(NgramLookup::default())),
+    };
+    let cfg = SpecConfig {
+        draft_max: s.lookup.unwrap_or(s.draft_max),
+        draft_min: s.draft_min,
+    };
+    Ok(drafter.map(|d| Speculator::new(d, cfg)))
+}
