@@ -237,8 +237,11 @@ impl<'a> Session<'a> {
         let mut drafts: Vec<u32> = Vec::new();
         // tokens the KV cache holds: self.tokens plus unverified drafts
         let mut cached = self.tokens.len();
+        // the first round's rows come from the prompt, not a decode step
+        let mut prefill = true;
         'rounds: while out.len() < n_predict {
             let mut stop = false;
+            let first = out.len();
             let i = crate::speculative::verify(
                 &mut self.sampler,
                 &rows,
@@ -267,9 +270,10 @@ impl<'a> Session<'a> {
                     true
                 },
             )?;
-            if let Some(s) = spec.as_deref_mut() {
-                s.stats.record(drafts.len(), i, self.last_round);
+            if let (Some(s), false) = (spec.as_deref_mut(), prefill) {
+                s.round_done(drafts.len(), i, out[first], self.last_round);
             }
+            prefill = false;
             if stop {
                 break 'rounds;
             }
@@ -282,12 +286,23 @@ impl<'a> Session<'a> {
                 .expect("a round ends with a pending token");
             self.tokens.push(tok);
             drafts = match spec.as_deref_mut() {
-                // each round emits at most 1 + drafts tokens; drafts and
-                // the pending token must fit in the context
-                Some(s) => s.draft(
-                    &self.tokens,
-                    (n_predict - out.len() - 1).min(n_ctx.saturating_sub(self.tokens.len())),
-                )?,
+                Some(s) => {
+                    if s.uses_model() {
+                        // the draft model computes on the same cores
+                        self.engine.park_threads();
+                    }
+                    // each round emits at most 1 + drafts tokens; drafts
+                    // and the pending token must fit in the context
+                    let room = n_ctx.saturating_sub(self.tokens.len());
+                    match s.draft(&self.tokens, (n_predict - out.len() - 1).min(room)) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            self.tokens.pop();
+                            self.pending = Some(tok);
+                            return Err(e.into());
+                        }
+                    }
+                }
                 None => Vec::new(),
             };
             let step: Vec<u32> = std::iter::once(tok).chain(drafts.iter().copied()).collect();

@@ -61,6 +61,8 @@ fn lookup() -> Speculator {
         SpecConfig {
             draft_max: 8,
             draft_min: 0,
+            // every round drafts: the most verification and rollback
+            adaptive: false,
         },
     )
 }
@@ -143,6 +145,8 @@ fn draft_model_greedy_equals_plain_qwen15() {
         SpecConfig {
             draft_max: 8,
             draft_min: 0,
+            // every round drafts: the most verification and rollback
+            adaptive: false,
         },
     );
     for p in PROMPTS {
@@ -293,4 +297,165 @@ fn multi_token_step_matches_llama_cpp_qwen15() {
     if let Some((nmse, _)) = multi_token_step_vs_single(QWEN15) {
         assert!(nmse < 1e-2, "{nmse}");
     }
+}
+
+/// On the command line: `run` with prompt lookup or a draft model (-md, as
+/// llama.cpp spells it) prints what plain `run` prints, also when a
+/// drafted generation is saved and resumed as a session, and in `--chat`.
+#[test]
+fn cli_run_chat_and_sessions_with_drafting() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // a draft with SmolLM2's vocabulary: the converter's tiny synthetic model
+    let draft = dir.path().join("draft.gguf");
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_strata-convert"))
+        .args([
+            "synth",
+            "--preset",
+            "tiny",
+            "--type",
+            "q4_0",
+            "--vocab-from",
+        ])
+        .arg(&path)
+        .arg(&draft)
+        .output()
+        .expect("strata-convert runs");
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let run = |extra: &[&str], stdin: &str| -> (String, String) {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["run", "-m"])
+            .arg(&path)
+            .args(["--device", "cpu", "-t", "2", "-c", "512", "--seed", "5"])
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("strata runs");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().expect("strata ends");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        (String::from_utf8(out.stdout).expect("utf-8"), err)
+    };
+    let d = draft.to_str().unwrap();
+    let p =
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n";
+    for temp in ["0", "0.8"] {
+        let (plain, _) = run(&["-p", p, "-n", "40", "--temp", temp], "");
+        let (lookup, err) = run(
+            &[
+                "-p",
+                p,
+                "-n",
+                "40",
+                "--temp",
+                temp,
+                "--lookup",
+                "8",
+                "--draft-fixed",
+            ],
+            "",
+        );
+        assert_eq!(lookup, plain, "lookup, temp {temp}");
+        assert!(err.contains("speculative:"), "{err}");
+        let (drafted, err) = run(
+            &[
+                "-p",
+                p,
+                "-n",
+                "40",
+                "--temp",
+                temp,
+                "-md",
+                d,
+                "--draft-fixed",
+                "--draft-p-min",
+                "0",
+            ],
+            "",
+        );
+        assert_eq!(drafted, plain, "draft model, temp {temp}");
+        assert!(err.contains("draft: strata synthetic tiny"), "{err}");
+    }
+    // a drafted generation saved and resumed equals the unbroken one
+    let f = dir.path().join("s.kv");
+    let f = f.to_str().unwrap();
+    let (full, _) = run(&["-p", p, "-n", "30", "--temp", "0.8"], "");
+    let (a, _) = run(
+        &[
+            "-p",
+            p,
+            "-n",
+            "12",
+            "--temp",
+            "0.8",
+            "--lookup",
+            "8",
+            "--save-session",
+            f,
+        ],
+        "",
+    );
+    let (b, _) = run(
+        &[
+            "--load-session",
+            f,
+            "-n",
+            "18",
+            "--temp",
+            "0.8",
+            "-md",
+            d,
+            "--draft-p-min",
+            "0",
+        ],
+        "",
+    );
+    assert_eq!(
+        format!("{}{}", a.trim_end_matches('\n'), b.trim_end_matches('\n')),
+        full.trim_end_matches('\n')
+    );
+    // two chat turns
+    let turns = "Name a color.\nName another one.\n";
+    let (plain, _) = run(&["--chat", "-n", "24", "--temp", "0"], turns);
+    let (lookup, _) = run(
+        &[
+            "--chat",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--lookup",
+            "8",
+            "--draft-fixed",
+        ],
+        turns,
+    );
+    assert_eq!(lookup, plain, "chat with lookup");
+    // a draft model of another vocabulary is refused, naming both
+    let qwen = model(QWEN2).expect("model");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["run", "--device", "cpu", "-p", "hi", "-m"])
+        .arg(&path)
+        .arg("-md")
+        .arg(&qwen)
+        .output()
+        .expect("strata runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot draft for"),
+        "{err}"
+    );
 }

@@ -6,7 +6,9 @@
 # the draft's time for k tokens; plain decode with and without the draft's
 # share of the budget; llama.cpp ngl=24 decode beside it.
 #   tools/pack-device.sh VOCAB.gguf   (here), then on the device:
-#   bash tools/device-spec.sh
+#   bash tools/device-spec.sh          # all of it (REPS=7 for 7 repetitions)
+#   bash tools/device-spec.sh llama    # plain strata tg beside llama.cpp ngl=24,
+#                                      # default settings and strata-matched
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-out}; mkdir -p "$out"
@@ -21,11 +23,20 @@ m=/root/m/llama3-70b-q4_0.gguf; d=/root/m/llama3.2-1b-q4_0.gguf
 [ -f "$d" ] || $bin/strata-convert synth --preset llama3.2-1b --type q4_0 --vocab-from $v "$d" 2>&1 | tail -1 | tee -a "$out/synth.txt"
 wait
 tail -2 "$out/module.txt"
+if [ "${1:-all}" = llama ]; then
+  {
+    echo "== strata 12G plain tg; llama.cpp ngl=24 with its defaults (repacking on, flash attention auto), then configured like strata"
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 16 -B 0 -r ${REPS:-3} --llama-ngl 24 2>&1 | f
+    $bin/strata bench -m "$m" --device gpu --no-strata -p 0 -n 16 -B 0 -r ${REPS:-3} --llama-ngl 24 --llama-match 2>&1 | f
+  } | tee "$out/llama_12g.txt"
+  exit 0
+fi
 {
   echo "== 12G budget, draft resident: target step with 1+k tokens, draft time for k tokens; plain tg"
-  $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -md "$d" -p 0 -n 16 -B 0 -r 3 --spec-k 0,1,4,8,16 2>&1 | f
+  $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -md "$d" -p 0 -n 16 -B 0 -r ${REPS:-3} --spec-k 0,1,4,8,16 \
+    --trace "$out/trace_spec_k16.json" 2>&1 | f
   echo "== 12G budget, no draft: plain tg and the 1+k-token step"
-  $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 16 -B 0 -r 3 --spec-k 0,4,8,16 2>&1 | f
-  echo "== llama.cpp ngl=24 (default settings), same file"
-  $bin/strata bench -m "$m" --device gpu --no-strata -p 0 -n 16 -B 0 -r 3 --llama-ngl 24 2>&1 | f
+  $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 16 -B 0 -r ${REPS:-3} --spec-k 0,4,8,16 2>&1 | f
+  echo "== llama.cpp ngl=24 with its default settings (repacking on, flash attention auto), same file"
+  $bin/strata bench -m "$m" --device gpu --no-strata -p 0 -n 16 -B 0 -r ${REPS:-3} --llama-ngl 24 2>&1 | f
 } | tee "$out/spec_12g.txt"

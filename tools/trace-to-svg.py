@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Draws a strata bench trace (Chrome trace JSON) as an SVG timeline:
-one lane per stream (copy, compute), one box per operation.
+one lane per stream (copy, compute; a third for the draft model when the
+trace has one), one box per operation.
 
     tools/trace-to-svg.py TRACE.json OUT.svg [--steps N] [--skip K]
 
@@ -9,7 +10,7 @@ that (a step starts at an "attn 0" computation). Standard library only."""
 import argparse
 import json
 
-COLORS = {"upload": "#e4572e", "kv": "#f6ae2d", "attn": "#17bebb", "ffn": "#2e86ab", "head": "#a0a0a0"}
+COLORS = {"upload": "#e4572e", "kv": "#f6ae2d", "attn": "#17bebb", "ffn": "#2e86ab", "draft": "#8e44ad", "head": "#a0a0a0"}
 
 
 def kind(name):
@@ -35,29 +36,33 @@ def main():
         # copies for a step start before its first computation
         first_copy = min((e["ts"] for e in ev if e["tid"] == 1 and e["ts"] + e["dur"] >= t0), default=t0)
         t0 = min(t0, first_copy)
+        # a draft model proposes before the step that verifies its tokens
+        prev = starts[a.skip - 1] if a.skip > 0 else float("-inf")
+        t0 = min([t0] + [e["ts"] for e in ev if e["tid"] == 3 and prev <= e["ts"] < t0])
         ev = [e for e in ev if e["ts"] + e["dur"] > t0 and e["ts"] < t1]
     else:
         t0, t1 = ev[0]["ts"], max(e["ts"] + e["dur"] for e in ev)
     span = max(t1 - t0, 1.0)
+    lanes = ["copy", "compute"] + (["draft"] if any(e["tid"] == 3 for e in ev) else [])
     W, lane, top, left = 1400, 46, 40, 90
     x = lambda t: left + (t - t0) / span * (W - left - 20)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{top + 2 * lane + 70}" font-family="sans-serif" font-size="12">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{top + len(lanes) * lane + 70}" font-family="sans-serif" font-size="12">',
            f'<rect width="100%" height="100%" fill="white"/>',
            f'<text x="{left}" y="20">strata: one streamed step, {span / 1000:.1f} ms (copy stream vs compute stream)</text>']
-    for i, name in enumerate(["copy", "compute"]):
+    for i, name in enumerate(lanes):
         y = top + i * lane
         out.append(f'<text x="10" y="{y + lane / 2 + 4}">{name}</text>')
         out.append(f'<line x1="{left}" x2="{W - 20}" y1="{y + lane - 4}" y2="{y + lane - 4}" stroke="#ddd"/>')
-    busy = {1: 0.0, 2: 0.0}
+    busy = {1: 0.0, 2: 0.0, 3: 0.0}
     for e in ev:
         s, d = max(e["ts"], t0), min(e["ts"] + e["dur"], t1) - max(e["ts"], t0)
         if d <= 0:
             continue
         busy[e["tid"]] += d
-        y = top + (0 if e["tid"] == 1 else 1) * lane
+        y = top + (e["tid"] - 1) * lane
         out.append(f'<rect x="{x(s):.2f}" y="{y + 6}" width="{max(d / span * (W - left - 20), 0.5):.2f}" height="{lane - 14}" '
                    f'fill="{COLORS[kind(e["name"])]}"><title>{e["name"]} {e["dur"] / 1000:.3f} ms</title></rect>')
-    ty = top + 2 * lane + 20
+    ty = top + len(lanes) * lane + 20
     for k in range(11):
         t = t0 + span * k / 10
         out.append(f'<text x="{x(t):.1f}" y="{ty}" text-anchor="middle">{(t - t0) / 1000:.0f}</text>')
@@ -66,7 +71,7 @@ def main():
     for k, c in COLORS.items():
         out.append(f'<rect x="{lx}" y="{ty + 28}" width="12" height="12" fill="{c}"/><text x="{lx + 16}" y="{ty + 38}">{k}</text>')
         lx += 90
-    out.append(f'<text x="{lx + 20}" y="{ty + 38}">busy: copy {busy[1] / span * 100:.0f}%, compute {busy[2] / span * 100:.0f}%</text>')
+    out.append(f'<text x="{lx + 20}" y="{ty + 38}">busy: copy {busy[1] / span * 100:.0f}%, compute {busy[2] / span * 100:.0f}%' + (f', draft {busy[3] / span * 100:.0f}%' if len(lanes) > 2 else '') + '</text>')
     out.append("</svg>")
     open(a.out, "w").write("\n".join(out))
 

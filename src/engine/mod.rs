@@ -407,9 +407,28 @@ impl Engine {
         ) + &kv
     }
 
+    /// Lets this engine's CPU threads sleep until its next step, so another
+    /// engine (a draft model) gets the cores. See [`Backend::park_threads`].
+    pub fn park_threads(&self) {
+        self.backend.park_threads();
+    }
+
     /// Starts recording a timeline of copies and computations.
     pub fn start_timeline(&mut self) {
         self.timeline = Some(timeline::Timeline::new(self.device));
+    }
+    /// Adds a host-timed span (e.g. the draft model's turn) to the timeline
+    /// being recorded, if any.
+    pub fn record_host_span(
+        &mut self,
+        stream: timeline::Stream,
+        name: &str,
+        start: Instant,
+        end: Instant,
+    ) {
+        if let Some(t) = self.timeline.as_mut() {
+            t.host_span(stream, name, start, end);
+        }
     }
     /// Stops recording and returns the spans recorded.
     pub fn finish_timeline(&mut self) -> Vec<timeline::Span> {

@@ -18,6 +18,8 @@ use std::time::Instant;
 pub enum Stream {
     Copy,
     Compute,
+    /// Host-timed: a draft model proposing tokens (speculative decoding).
+    Draft,
 }
 
 /// One operation on one stream.
@@ -161,6 +163,20 @@ impl Timeline {
 
     /// Waits for every pending operation and returns all spans so far,
     /// sorted by start time.
+    /// Records an operation timed on the host (a draft model's turn).
+    pub fn host_span(&mut self, stream: Stream, name: &str, start: Instant, end: Instant) {
+        let t = |i: Instant| i.saturating_duration_since(self.t0).as_secs_f64();
+        if let Ok(mut s) = self.spans.lock() {
+            s.push(Span {
+                stream,
+                name: name.to_string(),
+                start: t(start),
+                end: t(end),
+                bytes: 0,
+            });
+        }
+    }
+
     pub fn finish(self) -> Vec<Span> {
         for (_, w) in self.watchers {
             drop(w.tx);
@@ -194,6 +210,7 @@ impl Overlap {
             let d = (s.end - s.start).max(0.0);
             match s.stream {
                 Stream::Compute => o.compute_s += d,
+                Stream::Draft => {}
                 Stream::Copy => {
                     o.copy_s += d;
                     o.bytes += s.bytes;
@@ -222,9 +239,14 @@ pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Re
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(f, "{{\"traceEvents\":[")?;
     writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{{\"name\":\"copy stream\"}}}},")?;
-    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{{\"name\":\"compute stream\"}}}}")?;
+    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{{\"name\":\"compute stream\"}}}},")?;
+    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":3,\"args\":{{\"name\":\"draft model\"}}}}")?;
     for s in spans {
-        let tid = if s.stream == Stream::Copy { 1 } else { 2 };
+        let tid = match s.stream {
+            Stream::Copy => 1,
+            Stream::Compute => 2,
+            Stream::Draft => 3,
+        };
         writeln!(
             f,
             ",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":1,\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"bytes\":{}}}}}",

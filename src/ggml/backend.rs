@@ -255,6 +255,29 @@ impl Backend {
         Ok(())
     }
 
+    /// Puts a CPU backend's pool threads to sleep now instead of letting
+    /// them poll for the next graph (ggml's hybrid polling spins for a few
+    /// milliseconds after each graph). Call it before another engine
+    /// computes on the same cores (a draft model and its target take
+    /// turns); the next computation wakes the pool. No-op elsewhere.
+    pub fn park_threads(&self) {
+        type Pause = unsafe extern "C" fn(sys::ggml_threadpool_t);
+        let Some(tp) = self.threadpool else {
+            return;
+        };
+        let Some(pause) = cpu_module_symbol("ggml_threadpool_pause") else {
+            return;
+        };
+        // SAFETY: the symbol comes from the loaded CPU module with this exact
+        // C signature (ggml-cpu.h); tp is the live pool this backend owns.
+        // Every computation is synchronous on the CPU backend, so none is in
+        // flight; ggml_graph_compute resumes a paused pool.
+        unsafe {
+            let pause: Pause = std::mem::transmute(pause);
+            pause(tp);
+        }
+    }
+
     /// Computes `graph` and waits for it.
     pub fn compute(&self, graph: &super::Graph<'_>) -> Result<()> {
         // SAFETY: the graph's tensors are allocated (caller ran the allocator)

@@ -70,14 +70,32 @@ impl LlamaModel {
         vocab_only: bool,
         n_gpu_layers: i32,
     ) -> Result<LlamaModel, LlamaError> {
+        // plain CPU buffers, like strata's (no weight repacking)
+        Self::load_with(path, vocab_only, n_gpu_layers, false)
+    }
+
+    /// Loads a model with llama.cpp's default settings, weight repacking
+    /// into its CPU extra buffer types included: llama.cpp as its users run
+    /// it (benchmarks). Its CPU numerics then differ from strata's.
+    pub fn load_as_users_run(path: &Path, n_gpu_layers: i32) -> Result<LlamaModel, LlamaError> {
+        Self::load_with(path, false, n_gpu_layers, true)
+    }
+
+    fn load_with(
+        path: &Path,
+        vocab_only: bool,
+        n_gpu_layers: i32,
+        repack: bool,
+    ) -> Result<LlamaModel, LlamaError> {
         crate::ggml::load_backends()?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| LlamaError::Nul)?;
         // SAFETY: default params are a plain struct; we change plain fields.
         let mut p = unsafe { sys::llama_model_default_params() };
         p.vocab_only = vocab_only;
         p.n_gpu_layers = n_gpu_layers;
-        // plain CPU buffers, like strata's (no weight repacking)
-        p.use_extra_bufts = false;
+        if !repack {
+            p.use_extra_bufts = false;
+        }
         quiet_logs();
         // SAFETY: c is a valid path string; params are valid.
         let m = unsafe { sys::llama_model_load_from_file(c.as_ptr(), p) };
@@ -279,6 +297,23 @@ pub struct ReferenceConfig {
 impl<'m> Reference<'m> {
     /// A context configured like strata computes: flash attention, F16 KV.
     pub fn new(model: &'m LlamaModel, cfg: &ReferenceConfig) -> Result<Reference<'m>, LlamaError> {
+        Self::with_flash_attn(model, cfg, sys::LLAMA_FLASH_ATTN_TYPE_ENABLED)
+    }
+
+    /// A context with llama.cpp's default flash-attention setting (auto),
+    /// for benchmarks against llama.cpp as its users run it.
+    pub fn new_default_settings(
+        model: &'m LlamaModel,
+        cfg: &ReferenceConfig,
+    ) -> Result<Reference<'m>, LlamaError> {
+        Self::with_flash_attn(model, cfg, sys::LLAMA_FLASH_ATTN_TYPE_AUTO)
+    }
+
+    fn with_flash_attn(
+        model: &'m LlamaModel,
+        cfg: &ReferenceConfig,
+        flash_attn: sys::llama_flash_attn_type,
+    ) -> Result<Reference<'m>, LlamaError> {
         // SAFETY: default params are a plain struct.
         let mut p = unsafe { sys::llama_context_default_params() };
         p.n_ctx = cfg.n_ctx;
@@ -291,7 +326,7 @@ impl<'m> Reference<'m> {
         p.n_seq_max = cfg.n_seq;
         p.n_threads = cfg.n_threads;
         p.n_threads_batch = cfg.n_threads;
-        p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        p.flash_attn_type = flash_attn;
         p.kv_unified = true;
         p.offload_kqv = cfg.offload_kqv;
         p.no_perf = true;

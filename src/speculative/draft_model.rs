@@ -89,7 +89,15 @@ impl DraftModel {
 
     /// Up to `max` greedy tokens to follow `context` (all tokens so far, the
     /// last one included). Drafting stops early when the draft is unsure.
+    /// The draft's CPU threads sleep afterwards, leaving the cores to the
+    /// target.
     pub fn draft(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, EngineError> {
+        let r = self.draft_inner(context, max);
+        self.engine.park_threads();
+        r
+    }
+
+    fn draft_inner(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, EngineError> {
         let Some(last) = context.len().checked_sub(1) else {
             return Ok(Vec::new());
         };
@@ -121,13 +129,8 @@ impl DraftModel {
                 logits: i == last,
             })
             .collect();
-        let mut logits = match self.engine.decode(&feed) {
-            Ok(l) => l,
-            Err(e) => {
-                // the cache holds what it held: the first `keep` tokens
-                return Err(e);
-            }
-        };
+        // on error the cache holds what it held: the first `keep` tokens
+        let mut logits = self.engine.decode(&feed)?;
         self.cached.extend_from_slice(&context[keep..]);
         let mut out = Vec::with_capacity(max);
         loop {

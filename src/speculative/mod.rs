@@ -31,9 +31,11 @@
 //! where that happens.
 
 mod draft_model;
+mod length;
 mod lookup;
 
 pub use draft_model::{check_vocab, top_token, DraftModel, VocabMismatch};
+pub use length::DraftLength;
 pub use lookup::NgramLookup;
 
 use crate::engine::EngineError;
@@ -53,6 +55,9 @@ pub struct SpecConfig {
     pub draft_max: usize,
     /// Fewer drafted tokens than this: the round runs without them.
     pub draft_min: usize,
+    /// Choose each round's length from measured costs and acceptance
+    /// ([`DraftLength`]); false: always up to `draft_max`.
+    pub adaptive: bool,
 }
 
 impl Default for SpecConfig {
@@ -60,6 +65,7 @@ impl Default for SpecConfig {
         SpecConfig {
             draft_max: 16,
             draft_min: 0,
+            adaptive: true,
         }
     }
 }
@@ -147,6 +153,11 @@ pub struct Speculator {
     pub drafter: Drafter,
     pub cfg: SpecConfig,
     pub stats: SpecStats,
+    pub length: DraftLength,
+    /// Time the last draft took.
+    last_draft: Duration,
+    /// A free proposal's first token that the last round did not verify.
+    shadow: Option<u32>,
 }
 
 impl Speculator {
@@ -155,27 +166,66 @@ impl Speculator {
             drafter,
             cfg,
             stats: SpecStats::default(),
+            length: DraftLength::default(),
+            last_draft: Duration::ZERO,
+            shadow: None,
         }
     }
 
-    /// Up to `max` (and at most `draft_max`) tokens to follow `context`;
-    /// empty when fewer than `draft_min` came.
+    /// Up to `max` (and at most `draft_max`; with `adaptive`, the length
+    /// that pays best) tokens to follow `context`; empty when fewer than
+    /// `draft_min` came.
     pub fn draft(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, EngineError> {
         let max = max.min(self.cfg.draft_max);
+        self.last_draft = Duration::ZERO;
+        self.shadow = None;
         if max == 0 {
             return Ok(Vec::new());
         }
-        let t = Instant::now();
-        let d = match &mut self.drafter {
-            Drafter::Lookup(l) => l.draft(context, max),
-            Drafter::Model(m) => m.draft(context, max)?,
+        let k = if self.cfg.adaptive {
+            self.length.choose(max)
+        } else {
+            max
         };
-        self.stats.draft_time += t.elapsed();
+        let t = Instant::now();
+        let mut d = match &mut self.drafter {
+            // proposals are free: look as far as allowed, keep k
+            Drafter::Lookup(l) => l.draft(context, max),
+            Drafter::Model(m) if k > 0 => m.draft(context, k)?,
+            Drafter::Model(_) => Vec::new(),
+        };
+        self.last_draft = t.elapsed();
+        self.stats.draft_time += self.last_draft;
+        if k == 0 {
+            self.shadow = d.first().copied();
+        }
+        d.truncate(k);
         Ok(if d.len() < self.cfg.draft_min {
             Vec::new()
         } else {
             d
         })
+    }
+
+    /// A round verified `drafted` drafts and accepted `accepted`; its first
+    /// emitted token was `first`; the target step took `step`.
+    pub fn round_done(&mut self, drafted: usize, accepted: usize, first: u32, step: Duration) {
+        self.stats.record(drafted, accepted, step);
+        self.length.record(
+            drafted,
+            accepted,
+            step.as_secs_f64(),
+            self.last_draft.as_secs_f64(),
+        );
+        if let Some(s) = self.shadow.take() {
+            self.length.shadow(s == first);
+        }
+    }
+
+    /// Whether drafts come from a model (which computes on the device or
+    /// cores the target uses).
+    pub fn uses_model(&self) -> bool {
+        matches!(self.drafter, Drafter::Model(_))
     }
 
     /// A new conversation: the draft model's cache no longer applies.

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// llama.cpp's physical batch (n_ubatch), as llama-bench defaults it.
     #[arg(long = "llama-ubatch", default_value_t = 512)]
     pub llama_ubatch: u32,
+    /// Time llama.cpp configured like strata computes (no weight repacking,
+    /// flash attention on) instead of with its default settings.
+    #[arg(long = "llama-match")]
+    pub llama_match: bool,
     /// Skip strata (time llama.cpp only).
     #[arg(long = "no-strata")]
     pub no_strata: bool,
@@ -324,14 +328,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             print_row(rows.last().expect("row"), a.json);
         }
         if !a.spec_k.is_empty() {
-            super::bench_spec::step_costs(
+            let spans = super::bench_spec::step_costs(
                 &mut e,
                 spec.as_mut(),
                 &a.spec_k,
                 a.depth.max(64),
                 a.reps,
                 a.json,
+                a.trace.is_some(),
             )?;
+            if !spans.is_empty() {
+                trace_spans = spans;
+            }
         }
         if a.spec_gen > 0 {
             let (Some(sp), Some(v)) = (spec.as_mut(), vocab.as_ref()) else {
@@ -341,7 +349,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     for &ngl in &a.llama_ngl {
-        let lm = LlamaModel::load(&a.model.model, false, ngl).context("loading llama.cpp")?;
+        // llama.cpp as its users run it: weight repacking on, flash attention
+        // auto (strata's parity checks use the settings that match strata)
+        let lm = if a.llama_match {
+            LlamaModel::load(&a.model.model, false, ngl)
+        } else {
+            LlamaModel::load_as_users_run(&a.model.model, ngl)
+        }
+        .context("loading llama.cpp")?;
         if tests.is_empty() {
             build_tests(&a, lm.n_vocab(), &mut tests);
         }
@@ -353,7 +368,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             n_threads: cfg.n_threads as i32,
             offload_kqv: !a.llama_nkvo,
         };
-        let mut r = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
+        let mut r = if a.llama_match {
+            Reference::new(&lm, &rcfg)
+        } else {
+            Reference::new_default_settings(&lm, &rcfg)
+        }
+        .context("llama.cpp context")?;
         for (name, (pre, run)) in &tests {
             let mut all = Vec::new();
             for _ in 0..a.reps.max(1) {
@@ -362,8 +382,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let mut s = all.clone();
             rows.push(Row {
                 engine: format!(
-                    "llama.cpp ngl={ngl}{}",
-                    if a.llama_nkvo { " nkvo" } else { "" }
+                    "llama.cpp ngl={ngl}{}{}",
+                    if a.llama_nkvo { " nkvo" } else { "" },
+                    if a.llama_match { " match" } else { "" }
                 ),
                 test: name.clone(),
                 tps: median(&mut s),

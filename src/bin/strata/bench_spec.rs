@@ -6,6 +6,7 @@
 
 use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
+use strata::engine::timeline::{Span, Stream};
 use strata::engine::{BatchToken, Engine};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
@@ -33,7 +34,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Target step time with 1 + k tokens (the pending token and k drafts) at
 /// `depth` cached tokens, and the draft's time to produce k tokens, for
-/// each k; medians of `reps`.
+/// each k; medians of `reps`. Returns the timeline of the last round of the
+/// last k (draft, then the target step) when `trace` is set.
 pub fn step_costs(
     e: &mut Engine,
     spec: Option<&mut Speculator>,
@@ -41,7 +43,8 @@ pub fn step_costs(
     depth: u32,
     reps: usize,
     json: bool,
-) -> Result<()> {
+    trace: bool,
+) -> Result<Vec<Span>> {
     let n_vocab = e.n_vocab();
     let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
     let depth = depth.max(1);
@@ -64,22 +67,16 @@ pub fn step_costs(
         _ => None,
     };
     let mut base = None;
-    for &k in ks {
+    let mut spans = Vec::new();
+    for (ki, &k) in ks.iter().enumerate() {
         let mut step = Vec::new();
         let mut draft = Vec::new();
         for r in 0..reps.max(1) + 1 {
-            let batch: Vec<BatchToken> = (0..=k as u32)
-                .map(|i| BatchToken {
-                    token: tok(depth + i),
-                    pos: (depth + i) as i32,
-                    seq: 0,
-                    logits: true,
-                })
-                .collect();
-            let t = Instant::now();
-            e.decode(&batch)?;
-            let s = t.elapsed().as_secs_f64();
-            e.truncate_seq(0, depth as i32);
+            let traced = trace && ki + 1 == ks.len() && r == reps.max(1);
+            if traced {
+                e.start_timeline();
+            }
+            let d0 = Instant::now();
             let d = match model.as_deref_mut() {
                 Some(m) if k > 0 => {
                     // always k tokens: the probability floor off
@@ -97,6 +94,24 @@ pub fn step_costs(
                 }
                 _ => 0.0,
             };
+            if traced {
+                e.record_host_span(Stream::Draft, &format!("draft {k}"), d0, Instant::now());
+            }
+            let batch: Vec<BatchToken> = (0..=k as u32)
+                .map(|i| BatchToken {
+                    token: tok(depth + i),
+                    pos: (depth + i) as i32,
+                    seq: 0,
+                    logits: true,
+                })
+                .collect();
+            let t = Instant::now();
+            e.decode(&batch)?;
+            let s = t.elapsed().as_secs_f64();
+            e.truncate_seq(0, depth as i32);
+            if traced {
+                spans = e.finish_timeline();
+            }
             // the first repetition warms templates and graphs up
             if r > 0 {
                 step.push(s);
@@ -121,7 +136,7 @@ pub fn step_costs(
         }
     }
     e.clear();
-    Ok(())
+    Ok(spans)
 }
 
 /// One side of the generation comparison.
@@ -179,6 +194,16 @@ pub fn generation(
             side.time += t.gen_time;
             side.out.push(out);
         }
+        let (a, b) = (
+            plain.out.last().expect("run"),
+            drafted.out.last().expect("run"),
+        );
+        if let Some(j) = a.iter().zip(b).position(|(x, y)| x != y) {
+            let gap = top2_gap(e, p, &a[..j])?;
+            println!(
+                "  {name:<6} differs from plain at token {j}: plain's top-2 logit gap there is {gap:.4}"
+            );
+        }
     }
     let tps = |s: &Side| s.tokens as f64 / s.time.as_secs_f64().max(1e-9);
     let same = plain.out == drafted.out;
@@ -210,4 +235,34 @@ pub fn generation(
         );
     }
     Ok(())
+}
+
+/// The gap between the two largest logits after `prompt` + `tokens`,
+/// computed one token per step as plain decoding does.
+fn top2_gap(e: &mut Engine, prompt: &[u32], tokens: &[u32]) -> Result<f32> {
+    e.clear();
+    let mut batch: Vec<BatchToken> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchToken {
+            token: t,
+            pos: i as i32,
+            seq: 0,
+            logits: i + 1 == prompt.len(),
+        })
+        .collect();
+    let mut logits = e.decode(&batch)?;
+    for (i, &t) in tokens.iter().enumerate() {
+        batch = vec![BatchToken {
+            token: t,
+            pos: (prompt.len() + i) as i32,
+            seq: 0,
+            logits: true,
+        }];
+        logits = e.decode(&batch)?;
+    }
+    e.clear();
+    let mut l = logits;
+    l.sort_by(|a, b| b.total_cmp(a));
+    Ok(l[0] - l.get(1).copied().unwrap_or(f32::NEG_INFINITY))
 }

@@ -25,8 +25,14 @@ pub struct SpecArgs {
     /// (among its 10 best, as llama.cpp computes it) is below this.
     #[arg(long = "draft-p-min", default_value_t = 0.75)]
     pub draft_p_min: f32,
+    /// Always draft up to --draft-max. Default: each round drafts the
+    /// length that the measured step cost, draft cost and acceptance say
+    /// pays best (on a PCIe-bound step that is --draft-max; on a CPU that
+    /// computes every token it can be none).
+    #[arg(long = "draft-fixed")]
+    pub draft_fixed: bool,
     /// Prompt lookup: without a draft model, draft up to N tokens from
-    /// n-grams (3, 2, 1 tokens) of the prompt and the generated text.
+    /// n-grams (3 and 2 tokens) of the prompt and the generated text.
     #[arg(long = "lookup", value_name = "N")]
     pub lookup: Option<usize>,
 }
@@ -145,6 +151,7 @@ pub fn speculator(
     let cfg = SpecConfig {
         draft_max: s.lookup.unwrap_or(s.draft_max),
         draft_min: s.draft_min,
+        adaptive: !s.draft_fixed,
     };
     Ok(drafter.map(|d| Speculator::new(d, cfg)))
 }
