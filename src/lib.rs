@@ -4,7 +4,8 @@
 //! Layout: [`ggml`] (safe wrappers over the raw bindings), [`gguf`] (model
 //! files), [`model`] (architectures and tensor tables), [`graph`] (graph
 //! builders), [`kv`] (KV cell bookkeeping), [`engine`] (the forward step),
-//! [`sample`] (sampling), [`llama`] (llama.cpp's tokenizer and reference
+//! [`sample`] (sampling), [`speculative`] (drafting and verifying several
+//! tokens per step), [`llama`] (llama.cpp's tokenizer and reference
 //! decoder).
 
 pub use llama_cpp_sys_2 as sys;
