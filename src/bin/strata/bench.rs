@@ -119,7 +119,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// A decode workload: (token batch) steps; returns tokens processed.
 /// Generation starts at position `depth`.
-fn workloads(test: &str, n: u32, n_vocab: u32, depth: u32) -> Workload {
+pub(super) fn workloads(test: &str, n: u32, n_vocab: u32, depth: u32) -> Workload {
     // deterministic pseudo-random tokens in the vocabulary
     let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
     match test {

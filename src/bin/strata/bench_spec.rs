@@ -49,16 +49,10 @@ pub fn step_costs(
     let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
     let depth = depth.max(1);
     e.clear();
-    let prefix: Vec<BatchToken> = (0..depth)
-        .map(|i| BatchToken {
-            token: tok(i),
-            pos: i as i32,
-            seq: 0,
-            logits: i + 1 == depth,
-        })
-        .collect();
-    e.decode(&prefix).context("filling the context")?;
-    let context: Vec<u32> = (0..depth).map(tok).collect();
+    // the context: the bench's pseudo-random prompt of `depth` tokens
+    let (_, prompt) = super::bench::workloads("pp", depth, n_vocab, 0);
+    e.decode(&prompt[0]).context("filling the context")?;
+    let context: Vec<u32> = prompt[0].iter().map(|t| t.token).collect();
     let mut model = match spec {
         Some(Speculator {
             drafter: Drafter::Model(m),
