@@ -39,7 +39,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     if !x.is_finite() || x < 0.0 {
         return Err(format!("'{s}' is not a size"));
     }
-    Ok((x * mult as f64) as u64)
+    let bytes = x * mult as f64;
+    // 2^64 and above would saturate silently
+    if bytes >= 18446744073709551616.0 {
+        return Err(format!("'{s}' is larger than 16 EiB"));
+    }
+    Ok(bytes as u64)
 }
 
 #[cfg(test)]
@@ -51,6 +56,8 @@ mod size_tests {
         assert_eq!(parse_size("512M"), Ok(512 << 20));
         assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("17179869184G").is_err());
         assert!(parse_size("12X").is_err());
         assert!(parse_size("lots").is_err());
     }

@@ -266,6 +266,10 @@ fn time_llama(r: &mut Reference, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
+    if a.no_strata && a.llama_ngl.is_empty() {
+        anyhow::bail!("--no-strata times llama.cpp only: give it --llama-ngl N");
+    }
+    super::check_model_path(&a.model.model, "model file")?;
     let mut cfg = super::engine_config(&a.model, true);
     let max_pp = a.pp.iter().copied().max().unwrap_or(0);
     let max_seqs = a.batched.iter().copied().max().unwrap_or(1);

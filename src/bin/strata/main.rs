@@ -47,14 +47,16 @@ pub struct ModelArgs {
     /// GGUF model file.
     #[arg(short = 'm', long)]
     pub model: PathBuf,
-    /// Context size in tokens.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    /// Context size in tokens (1 to 16777216).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     ctx_size: u32,
-    /// Most tokens per forward step.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    /// Most tokens per forward step (at least 1).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
-    /// CPU threads (default: all cores).
-    #[arg(short = 't', long)]
+    /// CPU threads, 1 to 1024 (default: all cores).
+    #[arg(short = 't', long, value_parser = parse_threads)]
     threads: Option<usize>,
     /// Compute device.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
@@ -88,8 +90,9 @@ pub struct ModelArgs {
     /// blocks beyond it spill to files. Default: room for the whole context.
     #[arg(long = "kv-dram", value_parser = strata::paging::parse_size)]
     pub kv_dram: Option<u64>,
-    /// Cells per KV block, the unit moved between GPU, DRAM and SSD.
-    #[arg(long = "kv-block", default_value_t = 256)]
+    /// Cells per KV block, the unit moved between GPU, DRAM and SSD (at least 1).
+    #[arg(long = "kv-block", default_value_t = 256,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 24))]
     pub kv_block: usize,
     /// Directory for KV spill files (default: the system temp directory).
     #[arg(long = "kv-spill-dir")]
@@ -103,8 +106,9 @@ pub struct ModelArgs {
 struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt text (with --chat: the first user message, optional).
-    #[arg(short = 'p', long, default_value = "")]
+    /// Prompt text (with --chat: the first user message, optional). May
+    /// start with '-' (as llama.cpp, the next argument is the value).
+    #[arg(short = 'p', long, default_value = "", allow_hyphen_values = true)]
     prompt: String,
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
@@ -129,7 +133,7 @@ struct RunArgs {
     #[arg(long)]
     chat: bool,
     /// System message for --chat.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     system: Option<String>,
     /// After generating, save the KV cache, tokens and sampler state here.
     #[arg(long = "save-session")]
@@ -167,6 +171,22 @@ fn main() {
     }
 }
 
+/// `--threads`: 1 to 1024 (ggml's thread pool refuses more, and 0 crashed
+/// inside it); more than the machine's cores is allowed with a warning.
+fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of threads"))?;
+    if !(1..=1024).contains(&n) {
+        return Err(format!("{n} threads is outside 1..=1024"));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n > cores {
+        eprintln!("warning: --threads {n} is more than the {cores} cores available; expect it to be slower");
+    }
+    Ok(n)
+}
+
 pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
     EngineConfig {
         n_ctx: m.ctx_size,
@@ -192,10 +212,21 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
     }
 }
 
-fn load(m: &ModelArgs, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
-    if !m.model.is_file() {
-        bail!("model file {} does not exist", m.model.display());
+/// Refuses a model path that is not a readable regular file, saying why.
+pub fn check_model_path(path: &std::path::Path, what: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("{what} {} does not exist", path.display())
+        }
+        Err(e) => bail!("{what} {}: {e}", path.display()),
+        Ok(m) if m.is_dir() => bail!("{what} {} is a directory, not a GGUF file", path.display()),
+        Ok(m) if !m.is_file() => bail!("{what} {} is not a regular file", path.display()),
+        Ok(_) => Ok(()),
     }
+}
+
+fn load(m: &ModelArgs, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
+    check_model_path(&m.model, "model file")?;
     let engine =
         Engine::load(&m.model, cfg).with_context(|| format!("loading {}", m.model.display()))?;
     let vocab = LlamaModel::load(&m.model, true, 0)

@@ -74,9 +74,7 @@ pub fn load_draft(s: &SpecArgs, cfg: &mut EngineConfig) -> Result<Option<Draft>>
     let Some(path) = &s.model_draft else {
         return Ok(None);
     };
-    if !path.is_file() {
-        bail!("draft model file {} does not exist", path.display());
-    }
+    super::check_model_path(path, "draft model file")?;
     // the draft stays resident: no budget, no tiers
     let dcfg = EngineConfig {
         gpu_budget: None,

@@ -1,0 +1,90 @@
+//! Flags are checked when parsed, with a message naming the flag and its
+//! range, instead of crashing (`--threads 0` crashed inside ggml's thread
+//! pool), hanging (`--threads 100000`) or being clamped without a word.
+
+mod common;
+
+use common::{model, SMOLLM2};
+use std::process::Command;
+
+fn strata(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("strata runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn out_of_range_flags_are_refused_naming_them() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    for (flag, value, says) in [
+        ("--threads", "0", "outside 1..=1024"),
+        ("--threads", "100000", "outside 1..=1024"),
+        ("-c", "0", "--ctx-size"),
+        ("-c", "99999999", "--ctx-size"),
+        ("-b", "0", "--batch-size"),
+        ("--kv-block", "0", "--kv-block"),
+        ("--gpu-budget", "99999999999999999999", "larger than 16 EiB"),
+        ("--kv-dram", "12Q", "unknown size unit"),
+    ] {
+        let (ok, _, err) = strata(&[
+            "run", "-m", m, "--device", "cpu", "-p", "hi", "-n", "1", flag, value,
+        ]);
+        assert!(!ok, "{flag} {value} was accepted");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn bad_model_paths_say_what_is_wrong() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().unwrap();
+    let (ok, _, err) = strata(&["run", "-m", d, "-p", "hi"]);
+    assert!(!ok && err.contains("is a directory"), "{err}");
+    let (ok, _, err) = strata(&["run", "-m", "/dev/null", "-p", "hi"]);
+    assert!(!ok && err.contains("not a regular file"), "{err}");
+    let missing = dir.path().join("missing.gguf");
+    let (ok, _, err) = strata(&["run", "-m", missing.to_str().unwrap(), "-p", "hi"]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    let (ok, _, err) = strata(&["run", "-m", "/dev/null", "-md", d, "-p", "hi"]);
+    assert!(
+        !ok && err.contains("draft model file") && err.contains("is a directory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bench_without_anything_to_time_is_an_error() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let (ok, _, err) = strata(&["bench", "-m", path.to_str().unwrap(), "--no-strata"]);
+    assert!(!ok && err.contains("--llama-ngl"), "{err}");
+}
+
+#[test]
+fn a_prompt_may_start_with_a_dash() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let (ok, out, err) = strata(&[
+        "run",
+        "-m",
+        path.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "-t",
+        "2",
+        "-p",
+        "-- SQL query",
+        "-n",
+        "3",
+        "--temp",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("-- SQL query"), "{out}");
+}
