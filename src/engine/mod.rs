@@ -83,6 +83,8 @@ pub struct EngineConfig {
     pub n_ctx: u32,
     pub n_batch: u32,
     pub n_threads: usize,
+    /// CPU thread pool polling level, 0-100 (llama.cpp's --poll).
+    pub poll: u32,
     pub device: DeviceChoice,
     pub progress: bool,
     /// Device memory strata may use; None: everything that fits stays resident.
@@ -119,6 +121,7 @@ impl Default for EngineConfig {
             n_ctx: 4096,
             n_batch: 512,
             n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
+            poll: 50,
             device: DeviceChoice::Auto,
             progress: false,
             gpu_budget: None,
@@ -195,7 +198,7 @@ impl Engine {
         };
         let mut backend = device.init_backend()?;
         backend.set_n_threads(cfg.n_threads);
-        backend.attach_cpu_threadpool(cfg.n_threads)?;
+        backend.attach_cpu_threadpool(cfg.n_threads, cfg.poll)?;
         // KV cells in multiples of 256, as llama.cpp pads them: attention
         // reads n_kv cells padded to 256 (see KvCells::n_kv)
         let n_ctx = cfg

@@ -220,7 +220,9 @@ impl Backend {
     /// Gives a CPU backend a persistent thread pool of `n` threads, so each
     /// graph computation does not start and join its own threads (strata
     /// computes one small graph per layer group). No-op on other backends.
-    pub fn attach_cpu_threadpool(&mut self, n: usize) -> Result<()> {
+    /// `poll`: ggml's polling level, 0 (workers sleep between graphs) to 100
+    /// (they spin longest); llama.cpp's `--poll`, default 50.
+    pub fn attach_cpu_threadpool(&mut self, n: usize, poll: u32) -> Result<()> {
         if !self.device.is_cpu() {
             return Ok(());
         }
@@ -243,6 +245,7 @@ impl Backend {
             let new: New = std::mem::transmute(new);
             let set: Set = std::mem::transmute(set);
             let mut params = sys::ggml_threadpool_params_default(n as i32);
+            params.poll = poll.min(100);
             let tp = new(&mut params);
             if tp.is_null() {
                 return Err(GgmlError::BackendInit(format!(

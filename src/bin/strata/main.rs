@@ -58,6 +58,12 @@ pub struct ModelArgs {
     /// CPU threads, 1 to 1024 (default: all cores).
     #[arg(short = 't', long, value_parser = parse_threads)]
     threads: Option<usize>,
+    /// How the CPU thread pool waits for the next graph, 0 (sleep) to 100
+    /// (spin longest), as llama.cpp's --poll. strata runs one graph per
+    /// layer group, so polling saves a wake-up per group; on a busy machine
+    /// spinning threads take cores from the process doing the work.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
+    poll: u32,
     /// Compute device.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
@@ -192,6 +198,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         n_ctx: m.ctx_size,
         n_batch: m.batch_size,
         n_threads: m.threads.unwrap_or(EngineConfig::default().n_threads),
+        poll: m.poll,
         device: match m.device {
             DeviceArg::Auto => DeviceChoice::Auto,
             DeviceArg::Cpu => DeviceChoice::Cpu,
