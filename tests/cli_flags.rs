@@ -88,3 +88,45 @@ fn a_prompt_may_start_with_a_dash() {
     assert!(ok, "{err}");
     assert!(out.starts_with("-- SQL query"), "{out}");
 }
+
+/// A real model file whose token 301 is set equal to token 300 (same
+/// length, so only those bytes change): libllama aborted the process on
+/// it (exit 134); now `run` refuses it naming the tokens.
+#[test]
+fn a_duplicated_token_is_refused_not_an_abort() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let f = strata::gguf::GgufFile::open(&path).expect("gguf");
+    let toks = f.get_str_array("tokenizer.ggml.tokens").expect("tokens");
+    // the first pair of equal-length neighbours from 300 on
+    let i = (300..toks.len() - 1)
+        .find(|&i| toks[i].len() == toks[i + 1].len() && toks[i] != toks[i + 1])
+        .expect("a pair");
+    let enc = |s: &str| [&(s.len() as u64).to_le_bytes()[..], s.as_bytes()].concat();
+    let needle = [enc(&toks[i]), enc(&toks[i + 1])].concat();
+    let mut bytes = std::fs::read(&path).expect("read");
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the pair in the file");
+    let second = toks[i + 1].clone();
+    bytes[at + 8..at + 8 + second.len()].copy_from_slice(second.as_bytes());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("dup.gguf");
+    std::fs::write(&bad, &bytes).expect("write");
+    let (ok, _, err) = strata(&[
+        "run",
+        "-m",
+        bad.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "-p",
+        "hi",
+        "-n",
+        "1",
+    ]);
+    assert!(!ok, "accepted");
+    assert!(
+        err.contains(&format!("token {} ", i + 1)) && err.contains("duplicates"),
+        "{err}"
+    );
+}

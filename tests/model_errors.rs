@@ -130,3 +130,56 @@ fn qwen2_requires_biases() {
     .unwrap_err();
     assert!(e.to_string().contains("attn_q.bias"), "{e}");
 }
+
+/// The tiny model with a vocabulary of `V` tokens "t0".."t31" and types.
+fn with_vocab(
+    edit: impl Fn(&mut Vec<String>, &mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, GgmlType)>),
+) -> ModelSpecResult {
+    tiny(|kv, ts| {
+        let mut toks: Vec<String> = (0..V).map(|i| format!("t{i}")).collect();
+        edit(&mut toks, kv, ts);
+        let n = toks.len();
+        kv.push((
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(strata::gguf::Array::Str(toks)),
+        ));
+        kv.push((
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(strata::gguf::Array::I32(vec![1; n.min(V as usize)])),
+        ));
+    })
+}
+
+#[test]
+fn vocabulary_is_checked_before_libllama_sees_it() {
+    with_vocab(|_, _, _| {}).expect("a valid vocabulary");
+    // a duplicated token string aborted the process inside libllama
+    let e = with_vocab(|t, _, _| t[30] = t[31].clone()).unwrap_err();
+    assert!(
+        e.to_string().contains("token 31") && e.to_string().contains("duplicates token 30"),
+        "{e}"
+    );
+    // fewer tokens than embedding rows let a sampled id reach a C++ throw
+    let e = with_vocab(|t, _, _| t.truncate(20)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("20 tokens but token_embd.weight has 32 rows"),
+        "{e}"
+    );
+    // a special id that names no token
+    let e = with_vocab(|_, kv, _| kv.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(32))))
+        .unwrap_err();
+    assert!(e.to_string().contains("eos_token_id"), "{e}");
+    with_vocab(|_, kv, _| kv.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(31))))
+        .expect("eos in range");
+}
+
+#[test]
+fn block_count_below_the_layers_present_is_refused() {
+    let e = tiny(|kv, _| kv[2].1 = Value::U32(1)).unwrap_err();
+    assert!(
+        matches!(e, ModelError::ExtraLayer { n_layer: 1, ref tensor, .. } if tensor.starts_with("blk.1.")),
+        "{e}"
+    );
+    assert!(e.to_string().contains("llama.block_count = 1"), "{e}");
+}

@@ -13,6 +13,8 @@ use std::ptr::NonNull;
 pub enum LlamaError {
     #[error("libllama could not load {0}")]
     Load(String),
+    #[error("{path}: {what}")]
+    Invalid { path: String, what: String },
     #[error("libllama could not create a context")]
     Context,
     #[error("tokenization failed for a text of {0} bytes")]
@@ -88,6 +90,13 @@ impl LlamaModel {
         repack: bool,
     ) -> Result<LlamaModel, LlamaError> {
         crate::ggml::load_backends()?;
+        // what libllama would abort or throw on, refused first
+        let invalid = |what: String| LlamaError::Invalid {
+            path: path.display().to_string(),
+            what,
+        };
+        let f = crate::gguf::GgufFile::open(path).map_err(|e| invalid(e.to_string()))?;
+        crate::model::validate_vocab(&f).map_err(|e| invalid(e.to_string()))?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| LlamaError::Nul)?;
         // SAFETY: default params are a plain struct; we change plain fields.
         let mut p = unsafe { sys::llama_model_default_params() };

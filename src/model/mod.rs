@@ -11,9 +11,11 @@
 
 mod arch;
 mod spec;
+mod vocab;
 
 pub use arch::Arch;
 pub use spec::{GroupKind, GroupSpec, Hparams, ModelSpec, Role, WeightSpec};
+pub use vocab::validate_vocab;
 
 use crate::gguf::GgufError;
 
@@ -40,4 +42,12 @@ pub enum ModelError {
     },
     #[error("unsupported feature: {0}")]
     Unsupported(String),
+    #[error("vocabulary: {0}")]
+    BadVocab(String),
+    #[error("{key} = {n_layer}, but the file has tensor '{tensor}' of a layer beyond it")]
+    ExtraLayer {
+        key: String,
+        n_layer: u32,
+        tensor: String,
+    },
 }

@@ -344,6 +344,22 @@ impl ModelSpec {
         let arch = Arch::from_name(f.get_str("general.architecture")?)?;
         let mut hp = Hparams::from_gguf(f, arch)?;
         let name = f.get_str_opt("general.name")?.unwrap_or("").to_string();
+        super::validate_vocab(f)?;
+        // a block_count below the layers present would silently drop them
+        for t in &f.tensors {
+            let layer = t
+                .name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<u64>().ok());
+            if layer.is_some_and(|l| l >= hp.n_layer as u64) {
+                return Err(ModelError::ExtraLayer {
+                    key: format!("{}.block_count", arch.name()),
+                    n_layer: hp.n_layer,
+                    tensor: t.name.clone(),
+                });
+            }
+        }
         let (e, l) = (hp.n_embd as u64, hp.n_layer);
 
         let tok = f.require_tensor("token_embd.weight")?;
