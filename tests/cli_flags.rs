@@ -130,3 +130,34 @@ fn a_duplicated_token_is_refused_not_an_abort() {
         "{err}"
     );
 }
+
+/// `strata-convert synth --layers 4294967295` allocated until it aborted.
+#[test]
+fn synth_refuses_a_layer_count_out_of_range() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_strata-convert"))
+        .args([
+            "synth",
+            "--preset",
+            "tiny",
+            "--type",
+            "q4_0",
+            "--layers",
+            "4294967295",
+            "--vocab-from",
+        ])
+        .arg(&path)
+        .arg(dir.path().join("x.gguf"))
+        .output()
+        .expect("strata-convert runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--layers 4294967295 (1 to 4096)"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
+        "left a file"
+    );
+}

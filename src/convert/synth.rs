@@ -248,8 +248,10 @@ pub fn llama3_rope_factors(
 pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
     let p = opts.preset;
     let n_layer = opts.layers.unwrap_or(p.n_layer);
-    if n_layer == 0 {
-        return Err(ConvertError::Unsupported("--layers 0".into()));
+    if n_layer == 0 || n_layer > 4096 {
+        return Err(ConvertError::Unsupported(format!(
+            "--layers {n_layer} (1 to 4096)"
+        )));
     }
     let vocab = super::open_gguf(&opts.vocab_from)?;
     let n_vocab = (vocab.get_str_array("tokenizer.ggml.tokens"))

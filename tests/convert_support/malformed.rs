@@ -138,6 +138,24 @@ fn checkpoint_disagreeing_with_config() {
     cfg["num_hidden_layers"] = json!(0);
     std::fs::write(dir.join("config.json"), cfg.to_string()).expect("w");
     expect_msg(&hf_error(dir), "'num_hidden_layers' is 0");
+    // counts are bounded before anything is allocated from them (10^12
+    // layers allocated until the process aborted), and nothing wraps into
+    // a u32 field (4294967552 became a context of 256)
+    cfg["num_hidden_layers"] = json!(1_000_000_000_000u64);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).expect("w");
+    expect_msg(
+        &hf_error(dir),
+        "'num_hidden_layers' = 1000000000000 is outside 1..=4096",
+    );
+    cfg["num_hidden_layers"] = json!(1);
+    cfg["max_position_embeddings"] = json!(4294967552u64);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).expect("w");
+    expect_msg(
+        &hf_error(dir),
+        "'max_position_embeddings' = 4294967552 is outside",
+    );
+    cfg["max_position_embeddings"] = json!(2048);
+    cfg["num_hidden_layers"] = json!(0);
     cfg.as_object_mut().expect("obj").remove("hidden_size");
     std::fs::write(dir.join("config.json"), cfg.to_string()).expect("w");
     expect_msg(&hf_error(dir), "missing 'hidden_size'");

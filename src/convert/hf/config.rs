@@ -106,8 +106,21 @@ impl HfConfig {
             Some(c) => return Err(ConvertError::Unsupported(format!("architecture {c} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"))),
             None => return Err(cfg_err("no 'architectures' list".into())),
         };
-        let hidden = need_u64(&j, "hidden_size")?;
-        let n_head = need_u64(&j, "num_attention_heads")?;
+        // the ranges strata's model check accepts: nothing is allocated from
+        // a count before it is bounded, and nothing wraps into a u32 field
+        let bounded = |key: &str, v: u64, max: u64| -> Result<u64> {
+            if (1..=max).contains(&v) {
+                Ok(v)
+            } else {
+                Err(cfg_err(format!("'{key}' = {v} is outside 1..={max}")))
+            }
+        };
+        let hidden = bounded("hidden_size", need_u64(&j, "hidden_size")?, 1 << 16)?;
+        let n_head = bounded(
+            "num_attention_heads",
+            need_u64(&j, "num_attention_heads")?,
+            1024,
+        )?;
         let n_kv = get_u64(&j, "num_key_value_heads")?.unwrap_or(n_head);
         if n_kv == 0 || n_head % n_kv != 0 {
             return Err(cfg_err(format!(
@@ -167,16 +180,28 @@ impl HfConfig {
             arch,
             class: class.to_string(),
             hidden,
-            inter: need_u64(&j, "intermediate_size")?,
-            n_layer: need_u64(&j, "num_hidden_layers")?,
+            inter: bounded(
+                "intermediate_size",
+                need_u64(&j, "intermediate_size")?,
+                1 << 20,
+            )?,
+            n_layer: bounded(
+                "num_hidden_layers",
+                need_u64(&j, "num_hidden_layers")?,
+                4096,
+            )?,
             n_head,
             n_kv,
             head_dim,
             explicit_head_dim: explicit.is_some(),
             eps: get_f32(&j, "rms_norm_eps", 1e-6)?,
             rope_theta,
-            ctx: get_u64(&j, "max_position_embeddings")?.unwrap_or(4096),
-            vocab: need_u64(&j, "vocab_size")?,
+            ctx: bounded(
+                "max_position_embeddings",
+                get_u64(&j, "max_position_embeddings")?.unwrap_or(4096),
+                u32::MAX as u64,
+            )?,
+            vocab: bounded("vocab_size", need_u64(&j, "vocab_size")?, 1 << 24)?,
             tie: j
                 .get("tie_word_embeddings")
                 .and_then(Json::as_bool)
