@@ -7,7 +7,7 @@
 mod common;
 
 use common::{all_positions, argmax, model, QWEN2, SMOLLM2};
-use strata::engine::{BatchToken, DeviceChoice, Engine, EngineConfig, EngineError};
+use strata::engine::{BatchToken, Engine, EngineConfig, EngineError};
 use strata::llama::LlamaModel;
 use strata::parity::{compare, nmse, run_strata};
 
@@ -18,13 +18,7 @@ const PROMPTS: [&str; 3] = [
 ];
 
 fn cfg() -> EngineConfig {
-    EngineConfig {
-        n_ctx: 512,
-        n_batch: 512,
-        n_threads: 2,
-        device: DeviceChoice::Cpu,
-        ..EngineConfig::default()
-    }
+    common::cpu_cfg()
 }
 
 fn tiered(kv_layers_on_device: u64, e: &Engine) -> EngineConfig {

@@ -6,19 +6,13 @@
 mod common;
 
 use common::{model, QWEN2, SMOLLM2};
-use strata::engine::{DeviceChoice, Engine, EngineConfig};
+use strata::engine::{Engine, EngineConfig};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
 
 fn cfg() -> EngineConfig {
-    EngineConfig {
-        n_ctx: 512,
-        n_batch: 512,
-        n_threads: 2,
-        device: DeviceChoice::Cpu,
-        ..EngineConfig::default()
-    }
+    common::cpu_cfg()
 }
 
 fn sampler(seed: u64) -> Sampler {

@@ -6,20 +6,14 @@
 mod common;
 
 use common::{model, QWEN15, QWEN2, SMOLLM2};
-use strata::engine::{DeviceChoice, Engine, EngineConfig};
+use strata::engine::{Engine, EngineConfig};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
 use strata::speculative::{check_vocab, DraftModel, Drafter, NgramLookup, SpecConfig, Speculator};
 
 fn cfg() -> EngineConfig {
-    EngineConfig {
-        n_ctx: 512,
-        n_batch: 512,
-        n_threads: 2,
-        device: DeviceChoice::Cpu,
-        ..EngineConfig::default()
-    }
+    common::cpu_cfg()
 }
 
 /// Prompts whose continuations repeat their text (lookup finds drafts) and

@@ -36,6 +36,18 @@ pub fn model(name: &str) -> Option<PathBuf> {
 #[allow(unused_imports)]
 pub use strata::parity::nmse;
 
+/// The engine configuration the CPU tests share: a 512-token context and
+/// batch, 2 threads.
+pub fn cpu_cfg() -> strata::engine::EngineConfig {
+    strata::engine::EngineConfig {
+        n_ctx: 512,
+        n_batch: 512,
+        n_threads: 2,
+        device: strata::engine::DeviceChoice::Cpu,
+        ..strata::engine::EngineConfig::default()
+    }
+}
+
 pub fn argmax(v: &[f32]) -> u32 {
     strata::sample::argmax(v).expect("non-empty logits")
 }
