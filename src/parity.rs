@@ -17,7 +17,7 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// strata: the logits after feeding one more token of sequence 0.
-fn decode_next(e: &mut Engine, token: u32, pos: i32) -> Result<Vec<f32>, EngineError> {
+pub fn decode_next(e: &mut Engine, token: u32, pos: i32) -> Result<Vec<f32>, EngineError> {
     e.decode(&[BatchToken {
         token,
         pos,

@@ -9,23 +9,14 @@ use common::{model, QWEN2, SMOLLM2};
 use strata::engine::{Engine, EngineConfig};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
-use strata::sample::{Sampler, SamplerConfig};
+use strata::sample::Sampler;
 
 fn cfg() -> EngineConfig {
     common::cpu_cfg()
 }
 
 fn sampler(seed: u64) -> Sampler {
-    Sampler::new(SamplerConfig {
-        temperature: 0.9,
-        top_k: 40,
-        top_p: 0.95,
-        min_p: 0.05,
-        repeat_penalty: 1.1,
-        repeat_last_n: 16,
-        seed,
-    })
-    .expect("sampler")
+    Sampler::new(common::sampled_cfg(seed)).expect("sampler")
 }
 
 fn resume_equals_unbroken(name: &str) {

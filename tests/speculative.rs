@@ -25,15 +25,7 @@ const PROMPTS: [&str; 3] = [
 ];
 
 fn sampled(seed: u64) -> SamplerConfig {
-    SamplerConfig {
-        temperature: 0.9,
-        top_k: 40,
-        top_p: 0.95,
-        min_p: 0.05,
-        repeat_penalty: 1.1,
-        repeat_last_n: 16,
-        seed,
-    }
+    common::sampled_cfg(seed)
 }
 
 fn generate(

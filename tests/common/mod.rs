@@ -69,3 +69,17 @@ pub fn all_positions(prompts: &[Vec<u32>]) -> Vec<strata::engine::BatchToken> {
         })
         .collect()
 }
+
+/// The sampling configuration the sampled-generation tests share
+/// (temperature 0.9, top-k 40, top-p 0.95, min-p 0.05, penalty 1.1 over 16).
+pub fn sampled_cfg(seed: u64) -> strata::sample::SamplerConfig {
+    strata::sample::SamplerConfig {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        repeat_penalty: 1.1,
+        repeat_last_n: 16,
+        seed,
+    }
+}

@@ -235,7 +235,7 @@ pub fn generation(
 /// computed one token per step as plain decoding does.
 fn top2_gap(e: &mut Engine, prompt: &[u32], tokens: &[u32]) -> Result<f32> {
     e.clear();
-    let mut batch: Vec<BatchToken> = prompt
+    let batch: Vec<BatchToken> = prompt
         .iter()
         .enumerate()
         .map(|(i, &t)| BatchToken {
@@ -247,13 +247,7 @@ fn top2_gap(e: &mut Engine, prompt: &[u32], tokens: &[u32]) -> Result<f32> {
         .collect();
     let mut logits = e.decode(&batch)?;
     for (i, &t) in tokens.iter().enumerate() {
-        batch = vec![BatchToken {
-            token: t,
-            pos: (prompt.len() + i) as i32,
-            seq: 0,
-            logits: true,
-        }];
-        logits = e.decode(&batch)?;
+        logits = strata::parity::decode_next(e, t, (prompt.len() + i) as i32)?;
     }
     e.clear();
     let mut l = logits;
