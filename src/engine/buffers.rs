@@ -44,11 +44,7 @@ impl Persistent {
         for (t, s) in list.iter().zip(&sizes) {
             buf.place(*t, off)?;
             off += s;
-            // SAFETY: t was just placed.
-            bindings.push(Binding {
-                data: unsafe { (*t.raw()).data },
-                buffer: buf.raw(),
-            });
+            bindings.push(Binding::of(*t));
         }
         let tensors = list.iter().filter_map(|t| NonNull::new(t.raw())).collect();
         Ok(Persistent {
@@ -97,11 +93,7 @@ impl KvStore {
         for (i, pair) in ts.chunks(2).enumerate() {
             buf.place(pair[0], 2 * i * each)?;
             buf.place(pair[1], (2 * i + 1) * each)?;
-            // SAFETY: both were just placed.
-            let b = |t: &Tensor<'_>| Binding {
-                data: unsafe { (*t.raw()).data },
-                buffer: buf.raw(),
-            };
+            let b = |t: &Tensor<'_>| Binding::of(*t);
             layers.push([b(&pair[0]), b(&pair[1])]);
         }
         let bytes = (each * ts.len()) as u64;

@@ -140,11 +140,7 @@ impl KvTier {
         for (s, pair) in ts.chunks(2).enumerate() {
             wbuf.place(pair[0], 2 * s * each)?;
             wbuf.place(pair[1], (2 * s + 1) * each)?;
-            // SAFETY: both were just placed.
-            let b = |t: &Tensor<'_>| Binding {
-                data: unsafe { (*t.raw()).data },
-                buffer: wbuf.raw(),
-            };
+            let b = |t: &Tensor<'_>| Binding::of(*t);
             wbindings.push([b(&pair[0]), b(&pair[1])]);
             let nn = |t: &Tensor<'_>| NonNull::new(t.raw()).expect("tensor handle");
             wtensors.push([nn(&pair[0]), nn(&pair[1])]);

@@ -10,6 +10,8 @@
 //! per kind.
 
 mod buffers;
+mod cpuweights;
+pub mod host;
 pub mod kvtier;
 mod pager;
 mod session;
@@ -68,6 +70,18 @@ pub enum EngineError {
     DramBudget { budget: u64, minimum: u64 },
 }
 
+/// Whether the host CPU computes some streamed groups (hybrid decode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hybrid {
+    /// When the plan predicts it pays (a GPU streaming weights).
+    Auto,
+    Off,
+    /// Exactly this many groups at every step size the CPU takes part in,
+    /// whatever the prediction; on the CPU device too, where a second CPU
+    /// backend stands in for the host (tests, benchmarks).
+    Force(usize),
+}
+
 /// Which device computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -113,6 +127,10 @@ pub struct EngineConfig {
     pub kv_spill_dir: Option<std::path::PathBuf>,
     /// Most bytes the KV spill files may take.
     pub kv_spill_max: Option<u64>,
+    /// CPU weights in the CPU's repacked buffer types (llama.cpp's
+    /// default; its --no-repack turns it off).
+    pub repack: bool,
+    pub hybrid: Hybrid,
 }
 
 impl Default for EngineConfig {
@@ -135,6 +153,8 @@ impl Default for EngineConfig {
             kv_block: 256,
             kv_spill_dir: None,
             kv_spill_max: None,
+            repack: true,
+            hybrid: Hybrid::Auto,
         }
     }
 }
@@ -159,6 +179,8 @@ pub struct StepStats {
     pub disk_bytes: u64,
     /// KV traffic of windowed layers during the step.
     pub kv: KvStats,
+    /// What the host CPU computed (hybrid decode).
+    pub host: host::HostStats,
 }
 
 pub struct Engine {
@@ -171,6 +193,7 @@ pub struct Engine {
     templates: HashMap<TemplateKey, Template>,
     allocators: HashMap<u8, (GraphAllocator, usize)>,
     pager: Pager,
+    host: Option<host::HostCompute>,
     backend: Backend,
     store: WeightStore,
     persistent: Persistent,
@@ -263,7 +286,7 @@ impl Engine {
                 0
             };
         let fixed = fixed_no_kv + kv_device;
-        let plan = crate::paging::plan(&PlanInput {
+        let mut input = PlanInput {
             groups,
             fixed_bytes: fixed,
             budget: cfg.gpu_budget,
@@ -276,7 +299,13 @@ impl Engine {
             compute_s: 0.0,
             slots: cfg.slots,
             stream_all: cfg.stream_all,
-        })?;
+            cpu: None,
+        };
+        let mut plan = crate::paging::plan(&input)?;
+        if let Some(c) = cpu_input(&spec, &plan, &input, device, &backend, cfg)? {
+            input.cpu = Some(c);
+            plan = crate::paging::plan(&input)?;
+        }
         let store = WeightStore::load(
             &spec,
             &file,
@@ -285,8 +314,32 @@ impl Engine {
             &plan,
             layouts,
             cfg.dram_budget,
+            cfg.repack,
             cfg.progress,
         )?;
+        let host = match &plan.hybrid {
+            Some(h) => {
+                let bar = store::progress(h.host_bytes, cfg.progress);
+                let hl = Limits {
+                    n_batch: crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch),
+                    n_ctx,
+                };
+                let hc = host::HostCompute::new(
+                    &spec,
+                    &dims,
+                    hl,
+                    &h.host,
+                    &file,
+                    cfg.n_threads,
+                    cfg.poll,
+                    cfg.repack,
+                    &bar,
+                )?;
+                bar.finish_and_clear();
+                Some(hc)
+            }
+            None => None,
+        };
         let tier = if n_kv_resident < n_layer {
             Some(KvTier::new(
                 device,
@@ -326,6 +379,7 @@ impl Engine {
             templates: HashMap::new(),
             allocators: HashMap::new(),
             pager,
+            host,
             backend,
             store,
             persistent,
@@ -414,6 +468,9 @@ impl Engine {
     /// engine (a draft model) gets the cores. See [`Backend::park_threads`].
     pub fn park_threads(&self) {
         self.backend.park_threads();
+        if let Some(h) = &self.host {
+            h.park_threads();
+        }
     }
 
     /// Starts recording a timeline of copies and computations.
@@ -670,13 +727,33 @@ impl Engine {
                 },
             ));
         }
-        let gis: Vec<usize> = order.iter().map(|(l, k, _)| group_index(*l, *k)).collect();
+        // hybrid decode: the groups the CPU computes at this step size
+        let on_cpu = match (&self.host, &self.plan.hybrid) {
+            (Some(_), Some(h)) => h.cpu_groups(n),
+            _ => vec![false; self.spec.groups.len()],
+        };
+        if let Some(h) = self.host.as_mut() {
+            h.stats = host::HostStats::default();
+        }
+        let gis: Vec<usize> = order
+            .iter()
+            .map(|(l, k, _)| group_index(*l, *k))
+            .filter(|&gi| !on_cpu[gi])
+            .collect();
         let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
         self.evict_templates(&shapes);
         self.pager.begin_step(&gis, &self.store)?;
+        // rows of the residual stream on the host, while they are there
+        let mut x_host: Option<u32> = None;
         for (l, kind, shape) in order {
-            self.run_group(l, kind, shape)?;
+            if on_cpu[group_index(l, kind)] {
+                self.run_host_group(l, kind, shape, &mut x_host)?;
+            } else {
+                self.residual_to_device(&mut x_host)?;
+                self.run_group(l, kind, shape)?;
+            }
         }
+        self.residual_to_device(&mut x_host)?;
         self.pager.end_step()?;
         if n_out > 0 {
             self.run_head(n_out, out)?;
@@ -688,6 +765,7 @@ impl Engine {
             pager: self.pager.stats,
             disk_bytes: self.store.disk_bytes_read() - disk0,
             kv: self.pager.kv.as_ref().map(|k| k.step).unwrap_or_default(),
+            host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
         };
         Ok(())
     }
@@ -845,6 +923,50 @@ impl Engine {
         Ok(())
     }
 
+    /// Computes a group on the host CPU (hybrid decode), bringing the
+    /// residual rows down first if they are on the device.
+    fn run_host_group(
+        &mut self,
+        layer: u32,
+        kind: GroupKind,
+        shape: StepShape,
+        x_host: &mut Option<u32>,
+    ) -> Result<(), EngineError> {
+        let gi = group_index(layer, kind);
+        let key = TemplateKey::Group {
+            kind,
+            sig: self.spec.groups[gi].signature(),
+            shape,
+            instance: gi as u32,
+        };
+        let host = self.host.as_mut().expect("hybrid plan has a host");
+        if x_host.is_none() {
+            // the device's groups so far wrote the residual
+            self.backend.synchronize();
+            host.download(self.persistent.tensor(buffers::X), shape.n_tokens)?;
+        }
+        *x_host = Some(shape.n_tokens);
+        let t0 = Instant::now();
+        host.compute(gi, &key)?;
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.host_span(
+                timeline::Stream::Cpu,
+                &format!("{} {layer}", kind.name()),
+                t0,
+                Instant::now(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Sends the residual rows the host computed back to the device.
+    fn residual_to_device(&mut self, x_host: &mut Option<u32>) -> Result<(), EngineError> {
+        if let (Some(rows), Some(host)) = (x_host.take(), self.host.as_mut()) {
+            host.upload(self.persistent.tensor(buffers::X), rows)?;
+        }
+        Ok(())
+    }
+
     fn run_head(&mut self, n_rows: u32, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let key = TemplateKey::Head {
             out_ty: self.spec.output.ty,
@@ -915,6 +1037,101 @@ fn alloc_key(k: &TemplateKey) -> u8 {
 fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
     // SAFETY: plain numeric slices viewed as bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: every byte pattern is a valid f32, so writing bytes is sound.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// What the planner needs to know about the host CPU, measured, when the
+/// plan streams FFN groups the CPU could compute instead (see
+/// `paging::hybrid`); None when hybrid decode is off or cannot apply.
+fn cpu_input(
+    spec: &ModelSpec,
+    plan: &Plan,
+    input: &PlanInput,
+    device: Device,
+    backend: &Backend,
+    cfg: &EngineConfig,
+) -> Result<Option<crate::paging::CpuInput>, EngineError> {
+    let force = match cfg.hybrid {
+        Hybrid::Off => return Ok(None),
+        Hybrid::Auto if device.is_cpu() => return Ok(None),
+        Hybrid::Auto => None,
+        Hybrid::Force(n) => Some(n),
+    };
+    let cand: Vec<usize> = (0..spec.groups.len())
+        .filter(|&i| !plan.resident[i] && spec.groups[i].kind == GroupKind::Ffn)
+        .collect();
+    let Some(&first) = cand.first() else {
+        return Ok(None);
+    };
+    let streamed: u64 = input
+        .groups
+        .iter()
+        .zip(&plan.resident)
+        .filter(|(_, r)| !**r)
+        .map(|(g, _)| g.bytes)
+        .sum();
+    // host room for the CPU copies: none while a DRAM window pages the
+    // streamed groups from disk
+    let room = match cfg.dram_budget {
+        Some(b) => b.saturating_sub(streamed),
+        None => host_available().saturating_sub(streamed + (2 << 30)),
+    };
+    // a representative matrix: the group's largest
+    let w = spec.groups[first]
+        .weights
+        .iter()
+        .max_by_key(|w| w.size)
+        .expect("an FFN group has weights");
+    let ne = [w.ne[0], w.ne[1]];
+    let probe_bytes = (512u64 << 20).min(cand.iter().map(|&i| spec.groups[i].bytes()).sum());
+    let cpu = ggml::cpu_device()?;
+    let mut cb = cpu.init_backend()?;
+    cb.set_n_threads(cfg.n_threads);
+    cb.attach_cpu_threadpool(cfg.n_threads, cfg.poll)?;
+    let buft = if cfg.repack {
+        host::cpu_weight_buft(cpu, w.ty, ne)
+    } else {
+        cpu.buffer_type()
+    };
+    const PROBE_TOKENS: u32 = 16;
+    let s1 = host::measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1)?;
+    let sn = host::measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS)?;
+    let gpu = host::measure_matmul(backend, device.buffer_type(), w.ty, ne, probe_bytes, 1)?;
+    let hop = host::measure_hop(device, backend, spec.hp.n_embd as i64)?;
+    let c = crate::paging::CpuInput {
+        s_per_byte_1: s1,
+        s_per_byte_n: sn,
+        probe_tokens: PROBE_TOKENS,
+        host_room: room,
+        hop_s: hop,
+        gpu_s_per_byte: gpu,
+        force,
+    };
+    tracing::info!(
+        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s; hop {:.0} us; host room {:.1} GiB",
+        1e-9 / s1,
+        1e-9 / sn,
+        1e-9 / gpu,
+        hop * 1e6,
+        room as f64 / (1u64 << 30) as f64
+    );
+    Ok(Some(c))
+}
+
+/// Host memory available now (MemAvailable), or 0 where unknown.
+fn host_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 impl Engine {

@@ -2,6 +2,7 @@
 //! memory laid out exactly like a slot, so streaming a group into a slot is
 //! one contiguous copy.
 
+use super::cpuweights::CpuWeights;
 use super::window::DramWindow;
 use super::EngineError;
 use crate::ggml::{Buffer, BufferUsage, Context, Device, GgmlError};
@@ -55,6 +56,14 @@ pub enum Location {
     },
 }
 
+/// The memory of resident weights: one device buffer (with the context of
+/// its tensors), or CPU memory partly repacked.
+enum ResidentMemory {
+    // field order is drop order: tensors before their buffer
+    Device { _ctx: Context, _buf: Buffer },
+    Cpu { _weights: CpuWeights },
+}
+
 /// A ring's device slots: one buffer each, and a byte tensor spanning it
 /// that uploads target.
 pub struct RingBuffers {
@@ -88,8 +97,7 @@ pub struct WeightStore {
     windows: [Option<(DramWindow, usize)>; 2],
     /// Each group's tensors in the file (the window reads them from there).
     weights: Vec<Vec<WeightSpec>>,
-    _ctx: Context,
-    _resident: Buffer,
+    _resident: ResidentMemory,
 }
 
 fn align_up(x: usize, a: usize) -> usize {
@@ -119,7 +127,7 @@ pub fn layouts(spec: &ModelSpec, dev: Device) -> Result<Vec<GroupLayout>, Engine
     Ok(out)
 }
 
-fn progress(total: u64, on: bool) -> ProgressBar {
+pub(super) fn progress(total: u64, on: bool) -> ProgressBar {
     if !on {
         return ProgressBar::hidden();
     }
@@ -142,6 +150,7 @@ impl WeightStore {
         plan: &Plan,
         layouts: Vec<GroupLayout>,
         dram_budget: Option<u64>,
+        repack: bool,
         show_progress: bool,
     ) -> Result<WeightStore, EngineError> {
         let buft = dev.buffer_type();
@@ -157,31 +166,45 @@ impl WeightStore {
                 resident_specs.extend(g.weights.iter());
             }
         }
-        let ctx = Context::new(resident_specs.len() + 8, 0)?;
-        let tensors: Vec<_> = resident_specs
-            .iter()
-            .map(|w| ctx.new_tensor(w.ty, &w.ne[..]).named(&w.name))
-            .collect();
-        let mut offs = Vec::with_capacity(tensors.len());
-        let mut size = 0usize;
-        for t in &tensors {
-            offs.push(size);
-            size += align_up(buft.alloc_size(*t), align);
-        }
-        let resident = Buffer::alloc(buft, size, BufferUsage::Weights)?;
-        // zero the padding quantized kernels may read past a row
-        resident.clear(0);
-        let mut bindings = Vec::with_capacity(tensors.len());
-        for ((t, w), off) in tensors.iter().zip(&resident_specs).zip(&offs) {
-            resident.place(*t, *off)?;
-            t.set_bytes(file.bytes(w), 0)?;
-            bar.inc(w.size);
-            // SAFETY: t was just placed.
-            bindings.push(Binding {
-                data: unsafe { (*t.raw()).data },
-                buffer: resident.raw(),
-            });
-        }
+        // on the CPU device, matrices go into the CPU's repacked buffer
+        // types as llama.cpp puts them (unless repacking is off)
+        let (resident, bindings, size) = if dev.is_cpu() && repack {
+            let w = CpuWeights::load(dev, &[resident_specs.clone()], file, true, &bar)?;
+            let size = (w.repacked_bytes + w.plain_bytes) as usize;
+            let b = w.sets[0].clone();
+            (ResidentMemory::Cpu { _weights: w }, b, size)
+        } else {
+            let ctx = Context::new(resident_specs.len() + 8, 0)?;
+            let tensors: Vec<_> = resident_specs
+                .iter()
+                .map(|w| ctx.new_tensor(w.ty, &w.ne[..]).named(&w.name))
+                .collect();
+            let mut offs = Vec::with_capacity(tensors.len());
+            let mut size = 0usize;
+            for t in &tensors {
+                offs.push(size);
+                size += align_up(buft.alloc_size(*t), align);
+            }
+            let resident = Buffer::alloc(buft, size, BufferUsage::Weights)?;
+            // zero the padding quantized kernels may read past a row
+            resident.clear(0);
+            let mut bindings = Vec::with_capacity(tensors.len());
+            for ((t, w), off) in tensors.iter().zip(&resident_specs).zip(&offs) {
+                resident.place(*t, *off)?;
+                t.set_bytes(file.bytes(w), 0)?;
+                bar.inc(w.size);
+                bindings.push(Binding::of(*t));
+            }
+            drop(tensors);
+            (
+                ResidentMemory::Device {
+                    _ctx: ctx,
+                    _buf: resident,
+                },
+                bindings,
+                size,
+            )
+        };
         let mut it = bindings.into_iter();
         let head: Vec<Binding> = it.by_ref().take(2).collect();
         let rope_freqs = if spec.rope_freqs.is_some() {
@@ -322,7 +345,6 @@ impl WeightStore {
                 tensors: ts,
             });
         }
-        drop(tensors);
         Ok(WeightStore {
             groups,
             layouts,
@@ -335,7 +357,6 @@ impl WeightStore {
             rings,
             windows,
             weights: spec.groups.iter().map(|g| g.weights.clone()).collect(),
-            _ctx: ctx,
             _resident: resident,
         })
     }
@@ -436,10 +457,7 @@ impl WeightStore {
             .offsets
             .iter()
             // SAFETY: offsets lie inside the slot (slot_bytes is the max extent).
-            .map(|&o| Binding {
-                data: unsafe { b.base().add(o) }.cast(),
-                buffer: b.raw(),
-            })
+            .map(|&o| Binding::plain(unsafe { b.base().add(o) }.cast(), b.raw()))
             .collect()
     }
 }

@@ -20,6 +20,8 @@ pub enum Stream {
     Compute,
     /// Host-timed: a draft model proposing tokens (speculative decoding).
     Draft,
+    /// Host-timed: layer groups the CPU computes (hybrid decode).
+    Cpu,
 }
 
 /// One operation on one stream.
@@ -193,7 +195,9 @@ impl Timeline {
 pub struct Overlap {
     pub copy_s: f64,
     pub compute_s: f64,
-    /// Copy time that ran while the compute stream was busy.
+    /// Host CPU compute (hybrid decode).
+    pub cpu_s: f64,
+    /// Copy time that ran while the compute stream or the CPU was busy.
     pub overlapped_s: f64,
     pub bytes: u64,
 }
@@ -203,7 +207,7 @@ impl Overlap {
         let mut o = Overlap::default();
         let comp: Vec<(f64, f64)> = spans
             .iter()
-            .filter(|s| s.stream == Stream::Compute)
+            .filter(|s| matches!(s.stream, Stream::Compute | Stream::Cpu))
             .map(|s| (s.start, s.end))
             .collect();
         for s in spans {
@@ -211,6 +215,7 @@ impl Overlap {
             match s.stream {
                 Stream::Compute => o.compute_s += d,
                 Stream::Draft => {}
+                Stream::Cpu => o.cpu_s += d,
                 Stream::Copy => {
                     o.copy_s += d;
                     o.bytes += s.bytes;
@@ -240,12 +245,14 @@ pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Re
     writeln!(f, "{{\"traceEvents\":[")?;
     writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{{\"name\":\"copy stream\"}}}},")?;
     writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{{\"name\":\"compute stream\"}}}},")?;
-    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":3,\"args\":{{\"name\":\"draft model\"}}}}")?;
+    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":3,\"args\":{{\"name\":\"draft model\"}}}},")?;
+    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":4,\"args\":{{\"name\":\"host CPU\"}}}}")?;
     for s in spans {
         let tid = match s.stream {
             Stream::Copy => 1,
             Stream::Compute => 2,
             Stream::Draft => 3,
+            Stream::Cpu => 4,
         };
         writeln!(
             f,

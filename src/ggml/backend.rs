@@ -72,6 +72,35 @@ fn check_module_stamps(dir: &Path) -> std::result::Result<(), GgmlError> {
     Ok(())
 }
 
+/// Sends ggml's log to `tracing`: warnings and errors as warnings, the
+/// rest (module loading, weight repacking) at debug level, instead of
+/// ggml's default of printing everything to stderr.
+fn route_logs() {
+    unsafe extern "C" fn to_tracing(
+        level: sys::ggml_log_level,
+        text: *const std::os::raw::c_char,
+        _: *mut std::ffi::c_void,
+    ) {
+        if text.is_null() {
+            return;
+        }
+        // SAFETY: ggml passes a NUL-terminated message valid for the call.
+        let msg = unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy();
+        let msg = msg.trim_end();
+        if msg.is_empty() {
+            return;
+        }
+        if level == sys::GGML_LOG_LEVEL_WARN || level == sys::GGML_LOG_LEVEL_ERROR {
+            tracing::warn!(target: "ggml", "{msg}");
+        } else {
+            tracing::debug!(target: "ggml", "{msg}");
+        }
+    }
+    // SAFETY: the callback is a plain function valid for the program's
+    // lifetime and safe to call from any thread.
+    unsafe { sys::ggml_log_set(Some(to_tracing), std::ptr::null_mut()) };
+}
+
 /// Loads every backend module found next to the executable, once per process.
 /// Returns the directory they came from.
 pub fn load_backends() -> Result<PathBuf> {
@@ -85,6 +114,7 @@ pub fn load_backends() -> Result<PathBuf> {
             return Err(format!("no libggml-cpu*.so in {}", searched.join(", ")));
         };
         check_module_stamps(dir).map_err(|e| e.to_string())?;
+        route_logs();
         let c = CString::new(dir.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
         // SAFETY: c is a valid NUL-terminated path; the loader copies what it needs.
         unsafe { sys::ggml_backend_load_all_from_path(c.as_ptr()) };
@@ -184,6 +214,59 @@ impl Device {
     }
     pub fn raw(&self) -> sys::ggml_backend_dev_t {
         self.0
+    }
+}
+
+impl Device {
+    /// The CPU's extra buffer types (repacked weight layouts such as
+    /// CPU_REPACK or AMX), in the order llama.cpp prefers them. Empty for
+    /// other devices or when the CPU module offers none.
+    pub fn extra_buffer_types(&self) -> Vec<BufferType> {
+        let Some(f) = self.proc_address("ggml_backend_dev_get_extra_bufts") else {
+            return Vec::new();
+        };
+        // SAFETY: the registry hands out this symbol with the
+        // ggml_backend_dev_get_extra_bufts_t signature; it returns a
+        // NULL-terminated static array of buffer types.
+        unsafe {
+            let f: unsafe extern "C" fn(
+                sys::ggml_backend_dev_t,
+            ) -> *mut sys::ggml_backend_buffer_type_t = std::mem::transmute(f);
+            let mut p = f(self.0);
+            let mut out = Vec::new();
+            while !p.is_null() && !(*p).is_null() {
+                out.push(BufferType(*p));
+                p = p.add(1);
+            }
+            out
+        }
+    }
+
+    /// Whether a weight of type `ty` and shape `ne` may live in `buft` when
+    /// this device computes `mul_mat(weight, f32 activations)`: the test
+    /// llama.cpp makes before putting a weight into an extra buffer type
+    /// (a dummy op whose weight sits in an empty buffer of that type).
+    pub fn supports_weight(&self, buft: BufferType, ty: crate::gguf::GgmlType, ne: &[i64]) -> bool {
+        let Ok(ctx) = super::Context::new(4, 0) else {
+            return false;
+        };
+        let w = ctx.new_tensor(ty, ne);
+        let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[ne[0], 512]);
+        let op = ctx.mul_mat(w, x);
+        // SAFETY: a zero-sized buffer of `buft` only serves as the weight's
+        // buffer tag for the query; it is freed below and the tensors are
+        // never computed.
+        unsafe {
+            let buf = sys::ggml_backend_buft_alloc_buffer(buft.0, 0);
+            if buf.is_null() {
+                return false;
+            }
+            (*w.raw()).buffer = buf;
+            let ok = sys::ggml_backend_dev_supports_op(self.0, op.raw());
+            (*w.raw()).buffer = std::ptr::null_mut();
+            sys::ggml_backend_buffer_free(buf);
+            ok
+        }
     }
 }
 

@@ -30,6 +30,35 @@ pub enum TemplateKey {
 pub struct Binding {
     pub data: *mut std::ffi::c_void,
     pub buffer: crate::sys::ggml_backend_buffer_t,
+    /// The backend's per-tensor data (a repacked CPU weight's layout
+    /// traits); null for plain memory.
+    pub extra: *mut std::ffi::c_void,
+}
+
+impl Binding {
+    /// Plain memory at `data` inside `buffer`.
+    pub fn plain(
+        data: *mut std::ffi::c_void,
+        buffer: crate::sys::ggml_backend_buffer_t,
+    ) -> Binding {
+        Binding {
+            data,
+            buffer,
+            extra: std::ptr::null_mut(),
+        }
+    }
+    /// Where a placed tensor lives (data, buffer and the buffer's extra).
+    pub fn of(t: crate::ggml::Tensor<'_>) -> Binding {
+        // SAFETY: reading three pointer fields of a live tensor header.
+        unsafe {
+            let r = &*t.raw();
+            Binding {
+                data: r.data,
+                buffer: r.buffer,
+                extra: r.extra,
+            }
+        }
+    }
 }
 
 /// A graph template: its own context, graph and placeholder handles.
@@ -124,7 +153,7 @@ impl Template {
     /// activations are allocated.
     pub fn bind_externals(&mut self, ext: &[Binding]) {
         for (&p, b) in self.ext.iter().zip(ext) {
-            self.tensor(p).rebind_to_raw(b.data, b.buffer);
+            self.tensor(p).rebind_to_raw(b.data, b.buffer, b.extra);
         }
     }
 
@@ -143,13 +172,13 @@ impl Template {
         let mut roots = Vec::with_capacity(self.weights.len() + 2);
         for (&p, b) in self.weights.iter().zip(weights) {
             let t = self.tensor(p);
-            t.rebind_to_raw(b.data, b.buffer);
+            t.rebind_to_raw(b.data, b.buffer, b.extra);
             roots.push(t);
         }
         if let (Some(ph), Some(kv)) = (self.kv, kv) {
             for (p, b) in ph.iter().zip(kv) {
                 let t = self.tensor(*p);
-                t.rebind_to_raw(b.data, b.buffer);
+                t.rebind_to_raw(b.data, b.buffer, b.extra);
                 roots.push(t);
             }
         }

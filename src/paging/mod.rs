@@ -2,9 +2,14 @@
 //! streaming the others through a small ring of slots while earlier groups
 //! compute. Plain Rust (no FFI); the engine executes what these decide.
 
+mod hybrid;
 mod plan;
 mod ring;
 
+pub use hybrid::{
+    plan_hybrid, spread, CpuInput, HybridPlan, Prediction, SizePlan,
+    MAX_TOKENS as HYBRID_MAX_TOKENS,
+};
 pub use plan::{auto_kv_layers, plan, GroupInfo, Plan, PlanError, PlanInput};
 pub use ring::{simulate, Op, SlotRing, SlotState, Violation};
 

@@ -32,6 +32,9 @@ pub struct PlanInput {
     pub slots: usize,
     /// Stream every group, whatever the budget (tests, benchmarks).
     pub stream_all: bool,
+    /// The host CPU as a compute tier for streamed groups (hybrid decode);
+    /// None: the bus carries every streamed group.
+    pub cpu: Option<super::CpuInput>,
 }
 
 /// A placement.
@@ -48,6 +51,8 @@ pub struct Plan {
     pub fixed_bytes: u64,
     pub predicted_copy_s: f64,
     pub predicted_compute_s: f64,
+    /// Streamed groups the CPU computes at small steps, if that pays.
+    pub hybrid: Option<super::HybridPlan>,
 }
 
 impl Plan {
@@ -139,7 +144,13 @@ pub fn plan(inp: &PlanInput) -> Result<Plan, PlanError> {
             .any(|(g, r)| !*r && g.kind == k)
     };
     let slots_of = |k| if kind_streams(k) { slots } else { 0 };
+    let streams: Vec<bool> = resident.iter().map(|r| !r).collect();
+    let hybrid = inp
+        .cpu
+        .as_ref()
+        .and_then(|c| super::plan_hybrid(&inp.groups, &streams, inp.copy_bw, c));
     Ok(Plan {
+        hybrid,
         slots: (slots_of(GroupKind::Attn), slots_of(GroupKind::Ffn)),
         prefetch: slots - 1,
         resident,
@@ -172,7 +183,26 @@ impl std::fmt::Display for Plan {
             self.predicted_copy_s * 1e3,
             self.predicted_compute_s * 1e3,
             self.floor_s() * 1e3
-        )
+        )?;
+        if let Some(h) = &self.hybrid {
+            let d = &h.per_size[0];
+            write!(
+                f,
+                "\nhybrid: the CPU keeps {} streamed groups ({:.1} MiB); a 1-token step: CPU computes {} ({:.1} MiB), predicted bus {:.2} ms, CPU {:.2} ms, GPU {:.2} ms, step {:.2} ms",
+                h.host.iter().filter(|h| **h).count(),
+                mib(h.host_bytes),
+                d.cpu_groups,
+                mib(d.cpu_bytes),
+                d.predicted.bus_s * 1e3,
+                d.predicted.cpu_s * 1e3,
+                d.predicted.gpu_s * 1e3,
+                d.predicted.step_s() * 1e3
+            )?;
+            if let Some(last) = h.per_size.iter().rposition(|s| s.cpu_groups > 0) {
+                write!(f, "; CPU takes part up to {}-token steps", last + 1)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -234,6 +264,7 @@ mod tests {
             compute_s: 0.5,
             slots: 2,
             stream_all: false,
+            cpu: None,
         }
     }
 
@@ -264,7 +295,7 @@ mod tests {
     proptest! {
         #[test]
         fn plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, slots in 2usize..5) {
-            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots, stream_all: false };
+            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots, stream_all: false, cpu: None };
             match plan(&inp) {
                 Ok(p) => {
                     prop_assert!(p.device_bytes() <= budget);

@@ -131,7 +131,7 @@ impl DraftLength {
         };
         if best == 0 && max > 0 {
             self.idle += 1;
-            if self.idle % EXPLORE_EVERY == 0 {
+            if self.idle.is_multiple_of(EXPLORE_EVERY) {
                 return 1;
             }
         }

@@ -38,7 +38,8 @@ pub fn check(a: CheckArgs) -> Result<()> {
     let cfg = super::engine_config(&a.model, false);
     let mut engine = Engine::load(&a.model.model, &cfg).context("loading strata")?;
     let on_gpu = !engine.device().is_cpu();
-    let lm = LlamaModel::load(&a.model.model, false, if on_gpu { 999 } else { 0 })
+    // llama.cpp as its users run it: repacked CPU weights, flash attention auto
+    let lm = LlamaModel::load_as_users_run(&a.model.model, if on_gpu { 999 } else { 0 })
         .context("loading llama.cpp")?;
     let rcfg = ReferenceConfig {
         n_ctx: cfg.n_ctx,
@@ -48,7 +49,7 @@ pub fn check(a: CheckArgs) -> Result<()> {
         n_threads: cfg.n_threads as i32,
         offload_kqv: true,
     };
-    let mut reference = Reference::new(&lm, &rcfg).context("llama.cpp context")?;
+    let mut reference = Reference::new_default_settings(&lm, &rcfg).context("llama.cpp context")?;
     let mut cpu = if a.with_cpu && on_gpu {
         let c = EngineConfig {
             device: DeviceChoice::Cpu,

@@ -4,7 +4,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use strata::engine::{DeviceChoice, Engine, EngineConfig};
+use strata::engine::{DeviceChoice, Engine, EngineConfig, Hybrid};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
@@ -106,6 +106,28 @@ pub struct ModelArgs {
     /// Most bytes KV spill files may take.
     #[arg(long = "kv-spill-max", value_parser = strata::paging::parse_size)]
     pub kv_spill_max: Option<u64>,
+    /// Hybrid decode: the host CPU computes some streamed FFN groups from
+    /// its own copy while the bus streams the others. auto: when the plan
+    /// predicts it pays; off; or a number: exactly that many groups at every
+    /// step the CPU takes part in (on --device cpu a second CPU backend
+    /// stands in for the host).
+    #[arg(long, default_value = "auto", value_parser = parse_hybrid)]
+    pub hybrid: Hybrid,
+    /// Keep CPU weights in plain memory instead of the CPU's repacked
+    /// layouts (llama.cpp's --no-repack).
+    #[arg(long = "no-repack", visible_alias = "nr")]
+    pub no_repack: bool,
+}
+
+fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
+    match s {
+        "auto" => Ok(Hybrid::Auto),
+        "off" => Ok(Hybrid::Off),
+        n => n
+            .parse::<usize>()
+            .map(Hybrid::Force)
+            .map_err(|_| format!("'{s}': use auto, off or a number of groups")),
+    }
 }
 
 #[derive(Args)]
@@ -216,6 +238,8 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         kv_block: m.kv_block,
         kv_spill_dir: m.kv_spill_dir.clone(),
         kv_spill_max: m.kv_spill_max,
+        repack: !m.no_repack,
+        hybrid: m.hybrid,
     }
 }
 
@@ -246,6 +270,9 @@ fn load(m: &ModelArgs, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
         engine.weight_bytes() as f64 / (1 << 20) as f64,
         engine.device().description()
     );
+    if engine.plan.n_streamed() > 0 {
+        eprintln!("strata: {}", engine.plan);
+    }
     Ok((engine, vocab))
 }
 

@@ -1,0 +1,108 @@
+//! Weights the CPU computes from, placed as llama.cpp places them by
+//! default: each matrix in the first of the CPU's extra buffer types that
+//! takes it (repacked layouts such as CPU_REPACK or AMX, which interleave
+//! rows for the SIMD kernels), everything else in plain CPU memory.
+//! Repacking is both llama.cpp's CPU speed and its CPU numerics.
+
+use super::store::ModelFile;
+use super::EngineError;
+use crate::ggml::{Buffer, BufferType, BufferUsage, Context, Device};
+use crate::graph::Binding;
+use crate::model::WeightSpec;
+use indicatif::ProgressBar;
+use std::collections::HashMap;
+
+/// Weights in CPU memory, some repacked.
+pub struct CpuWeights {
+    /// Per set loaded, the bindings of its weights in order.
+    pub sets: Vec<Vec<Binding>>,
+    /// Bytes in extra (repacked) buffer types, and in plain memory.
+    pub repacked_bytes: u64,
+    pub plain_bytes: u64,
+    _ctx: Context,
+    // after _ctx: the tensors point into these buffers
+    _bufs: Vec<Buffer>,
+}
+
+/// Where each weight goes: the index of an extra buffer type, or None for
+/// plain memory. Decided once per (type, shape).
+fn choose(cpu: Device, extras: &[BufferType], w: &WeightSpec, repack: bool) -> Option<usize> {
+    let matrix = w.ne.len() >= 2 && w.ne[1] > 1 && w.ne[2..].iter().all(|&d| d == 1);
+    if !repack || !matrix {
+        return None;
+    }
+    extras
+        .iter()
+        .position(|&b| cpu.supports_weight(b, w.ty, &w.ne[..2]))
+}
+
+impl CpuWeights {
+    /// Loads `sets` of weights from `file` into CPU memory (`repack`: into
+    /// the extra buffer types where they take them, as llama.cpp does
+    /// unless run with --no-repack).
+    pub fn load(
+        cpu: Device,
+        sets: &[Vec<&WeightSpec>],
+        file: &ModelFile,
+        repack: bool,
+        bar: &ProgressBar,
+    ) -> Result<CpuWeights, EngineError> {
+        let extras = if repack {
+            cpu.extra_buffer_types()
+        } else {
+            Vec::new()
+        };
+        let plain = cpu.buffer_type();
+        let n: usize = sets.iter().map(|s| s.len()).sum();
+        let ctx = Context::new(n + 1, 0)?;
+        // buffer type of each weight: 0 plain, 1 + i extra i
+        let mut memo: HashMap<(crate::gguf::GgmlType, Vec<i64>), usize> = HashMap::new();
+        let mut placed = Vec::with_capacity(n);
+        let mut sizes = vec![0usize; extras.len() + 1];
+        for &w in sets.iter().flat_map(|s| s.iter()) {
+            let k = *memo
+                .entry((w.ty, w.ne.to_vec()))
+                .or_insert_with(|| choose(cpu, &extras, w, repack).map_or(0, |i| i + 1));
+            let buft = if k == 0 { plain } else { extras[k - 1] };
+            let t = ctx.new_tensor(w.ty, &w.ne[..]).named(&w.name);
+            let off = sizes[k];
+            let a = buft.alignment();
+            sizes[k] += buft.alloc_size(t).div_ceil(a) * a;
+            placed.push((t, k, off, w));
+        }
+        let mut bufs: Vec<Option<Buffer>> = Vec::with_capacity(sizes.len());
+        for (k, &size) in sizes.iter().enumerate() {
+            if size == 0 {
+                bufs.push(None);
+                continue;
+            }
+            let buft = if k == 0 { plain } else { extras[k - 1] };
+            let b = Buffer::alloc(buft, size, BufferUsage::Weights)?;
+            // padding quantized kernels may read past a row stays zero
+            b.clear(0);
+            bufs.push(Some(b));
+        }
+        let mut flat = Vec::with_capacity(n);
+        for (t, k, off, w) in placed {
+            let b = bufs[k].as_ref().expect("buffer of a used type");
+            // placing runs the buffer's init_tensor (a repacked layout's
+            // traits go to tensor->extra); the write repacks
+            b.place(t, off)?;
+            t.set_bytes(file.bytes(w), 0)?;
+            bar.inc(w.size);
+            flat.push(Binding::of(t));
+        }
+        let mut it = flat.into_iter();
+        let out = sets
+            .iter()
+            .map(|s| it.by_ref().take(s.len()).collect())
+            .collect();
+        Ok(CpuWeights {
+            sets: out,
+            repacked_bytes: sizes[1..].iter().sum::<usize>() as u64,
+            plain_bytes: sizes[0] as u64,
+            _ctx: ctx,
+            _bufs: bufs.into_iter().flatten().collect(),
+        })
+    }
+}

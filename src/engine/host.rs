@@ -1,0 +1,246 @@
+//! Hybrid decode, the execution side: the layer groups the host CPU
+//! computes (see `paging::hybrid` for which and why) from its own repacked
+//! copy of their weights, on a CPU backend of its own, while the device's
+//! copy stream keeps uploading the groups the GPU computes.
+//!
+//! The residual stream hops between the device and the host around each
+//! run of CPU groups: the engine drains the compute stream, downloads the
+//! rows, the CPU computes, the rows go back up. At decode that is a few
+//! tens of KB each way.
+
+use super::buffers::{self, Persistent};
+use super::cpuweights::CpuWeights;
+use super::store::ModelFile;
+use super::EngineError;
+use crate::ggml::{
+    Backend, Buffer, BufferType, BufferUsage, Context, Device, GraphAllocator, Tensor,
+};
+use crate::graph::{Dims, Limits, Template, TemplateKey};
+use crate::model::ModelSpec;
+use indicatif::ProgressBar;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// What the CPU did in one step.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostStats {
+    pub groups: u64,
+    pub bytes: u64,
+    pub compute: Duration,
+    /// Host time in residual hops (drain, download, upload).
+    pub hops: Duration,
+}
+
+pub struct HostCompute {
+    // field order is drop order: graphs before the buffers they point into
+    templates: HashMap<TemplateKey, Template>,
+    allocator: GraphAllocator,
+    alloc_size: usize,
+    backend: Backend,
+    persistent: Persistent,
+    weights: CpuWeights,
+    /// Group index -> its set in `weights`.
+    set_of: HashMap<usize, usize>,
+    group_bytes: HashMap<usize, u64>,
+    dims: Dims,
+    pub lim: Limits,
+    x: Vec<f32>,
+    pub stats: HostStats,
+}
+
+impl HostCompute {
+    /// Loads the CPU copies of the groups marked in `host` (repacked
+    /// unless `repack` is false).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        spec: &ModelSpec,
+        dims: &Dims,
+        lim: Limits,
+        host: &[bool],
+        file: &ModelFile,
+        n_threads: usize,
+        poll: u32,
+        repack: bool,
+        bar: &ProgressBar,
+    ) -> Result<HostCompute, EngineError> {
+        let cpu = crate::ggml::cpu_device()?;
+        let mut backend = cpu.init_backend()?;
+        backend.set_n_threads(n_threads);
+        backend.attach_cpu_threadpool(n_threads, poll)?;
+        let gis: Vec<usize> = (0..host.len()).filter(|&i| host[i]).collect();
+        let sets: Vec<Vec<&crate::model::WeightSpec>> = gis
+            .iter()
+            .map(|&i| spec.groups[i].weights.iter().collect())
+            .collect();
+        let weights = CpuWeights::load(cpu, &sets, file, repack, bar)?;
+        let persistent = Persistent::alloc(dims, lim, cpu)?;
+        Ok(HostCompute {
+            templates: HashMap::new(),
+            allocator: GraphAllocator::new(cpu.buffer_type())?,
+            alloc_size: 0,
+            backend,
+            persistent,
+            set_of: gis.iter().enumerate().map(|(s, &g)| (g, s)).collect(),
+            group_bytes: gis.iter().map(|&g| (g, spec.groups[g].bytes())).collect(),
+            weights,
+            dims: dims.clone(),
+            lim,
+            x: Vec::new(),
+            stats: HostStats::default(),
+        })
+    }
+
+    /// Host bytes of the CPU copies (repacked and plain).
+    pub fn bytes(&self) -> u64 {
+        self.weights.repacked_bytes + self.weights.plain_bytes
+    }
+    pub fn repacked_bytes(&self) -> u64 {
+        self.weights.repacked_bytes
+    }
+
+    /// Lets the pool threads sleep (between steps).
+    pub fn park_threads(&self) {
+        self.backend.park_threads();
+    }
+
+    /// Copies the first `rows` rows of the device residual `x` to the host.
+    /// The device's compute stream must be drained.
+    pub fn download(&mut self, x: Tensor<'_>, rows: u32) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let n = rows as usize * self.dims.hp.n_embd as usize;
+        self.x.resize(n, 0.0);
+        x.get_bytes(super::as_bytes_mut(&mut self.x), 0)?;
+        self.persistent
+            .tensor(buffers::X)
+            .set_bytes(super::as_bytes(&self.x), 0)?;
+        self.stats.hops += t0.elapsed();
+        Ok(())
+    }
+
+    /// Copies the first `rows` rows of the host residual back to the
+    /// device's `x` (whose compute stream is idle: it waited for the CPU).
+    pub fn upload(&mut self, x: Tensor<'_>, rows: u32) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let n = rows as usize * self.dims.hp.n_embd as usize;
+        self.x.resize(n, 0.0);
+        self.persistent
+            .tensor(buffers::X)
+            .get_bytes(super::as_bytes_mut(&mut self.x), 0)?;
+        x.set_bytes(super::as_bytes(&self.x), 0)?;
+        self.stats.hops += t0.elapsed();
+        Ok(())
+    }
+
+    /// Computes group `gi` (the template `key` describes) on the CPU, on
+    /// the host residual.
+    pub fn compute(&mut self, gi: usize, key: &TemplateKey) -> Result<(), EngineError> {
+        let set = *self
+            .set_of
+            .get(&gi)
+            .expect("the plan only gives the CPU groups it has copies of");
+        if !self.templates.contains_key(key) {
+            let mut t = Template::build(key, &self.dims, self.lim)?;
+            t.bind_externals(&self.persistent.bindings);
+            t.bind((gi as u32, 0), &self.weights.sets[set], None);
+            // one activation buffer for every CPU template (they run one at
+            // a time, synchronously): when it grows, the others re-allocate
+            self.allocator.alloc(&t.graph())?;
+            let size = self.allocator.buffer_size();
+            if size != self.alloc_size {
+                self.alloc_size = size;
+                self.templates.clear();
+            }
+            t.allocated = true;
+            self.templates.insert(key.clone(), t);
+        }
+        let t = self.templates.get_mut(key).expect("template exists");
+        if !t.allocated {
+            self.allocator.alloc(&t.graph())?;
+            t.allocated = true;
+        }
+        let t0 = Instant::now();
+        self.backend.compute(&t.graph())?;
+        self.stats.compute += t0.elapsed();
+        self.stats.groups += 1;
+        self.stats.bytes += self.group_bytes.get(&gi).copied().unwrap_or(0);
+        Ok(())
+    }
+}
+
+/// Seconds per weight byte of a step of `n_tokens` tokens on `backend`:
+/// matrix-vector products over about `bytes` of weights of type `ty` and
+/// shape `ne` (several matrices, so caches do not hold them), placed in
+/// `buft` (a repacked CPU layout, the device's memory). The best of three
+/// timed runs after a warm-up.
+pub fn measure_matmul(
+    backend: &Backend,
+    buft: BufferType,
+    ty: crate::gguf::GgmlType,
+    ne: [i64; 2],
+    bytes: u64,
+    n_tokens: u32,
+) -> Result<f64, EngineError> {
+    let ctx = Context::new(256, 256)?;
+    let probe = ctx.new_tensor(ty, &ne);
+    let each = probe.nbytes().max(1);
+    let count = (bytes as usize / each).clamp(1, 96);
+    let a = buft.alignment();
+    let stride = buft.alloc_size(probe).div_ceil(a) * a;
+    let wbuf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
+    wbuf.clear(0);
+    let zeros = vec![0u8; each];
+    let mut ws = Vec::with_capacity(count);
+    for i in 0..count {
+        let w = ctx.new_tensor(ty, &ne);
+        wbuf.place(w, i * stride)?;
+        // whole-tensor writes: a repacked buffer repacks them
+        w.set_bytes(&zeros, 0)?;
+        ws.push(w);
+    }
+    let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[ne[0], n_tokens as i64]);
+    let xbuf = Buffer::alloc(backend.device().buffer_type(), x.nbytes(), BufferUsage::Any)?;
+    xbuf.place(x, 0)?;
+    x.set_f32(&vec![0.5f32; (ne[0] * n_tokens as i64) as usize])?;
+    let mut g = ctx.new_graph(256);
+    for &w in &ws {
+        g.expand(ctx.mul_mat(w, x));
+    }
+    let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
+    alloc.alloc(&g)?;
+    backend.compute(&g)?;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        backend.compute(&g)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best / (each * count) as f64)
+}
+
+/// The extra (repacked) CPU buffer type that takes weights of `ty`/`ne`,
+/// or plain CPU memory.
+pub fn cpu_weight_buft(cpu: Device, ty: crate::gguf::GgmlType, ne: [i64; 2]) -> BufferType {
+    cpu.extra_buffer_types()
+        .into_iter()
+        .find(|&b| cpu.supports_weight(b, ty, &ne))
+        .unwrap_or_else(|| cpu.buffer_type())
+}
+
+/// Seconds one residual round trip of one token costs on `device` (drain,
+/// download, upload), the best of 20.
+pub fn measure_hop(device: Device, backend: &Backend, n_embd: i64) -> Result<f64, EngineError> {
+    let ctx = Context::new(2, 0)?;
+    let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[n_embd]);
+    let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
+    buf.place(x, 0)?;
+    let mut v = vec![0f32; n_embd as usize];
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        backend.synchronize();
+        x.get_f32(&mut v)?;
+        x.set_f32(&v)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
