@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without Rust needs into .carry/ (ignored by git,
 # carried to the device): the stripped binaries (strata, strata-convert,
-# readbench for tools/fio-compare.sh), their shared libraries, one CPU backend
-# module, a cached CUDA module if .carry-cache/ holds one (saves the 4-minute
+# readbench for tools/fio-compare.sh), their shared libraries, a CPU backend
+# module per x86 server generation, a cached CUDA module if .carry-cache/ holds one (saves the 4-minute
 # build), Debian's fio in .carry/fio/ (run it as .carry/fio/run-fio) if
 # tools/fetch-fio.sh put it in .carry-cache/fio/, and the files given.
 set -euo pipefail
@@ -12,7 +12,10 @@ cargo build --release --bin strata --bin strata-convert --example readbench
 strip -o .carry/bin/strata target/release/strata
 strip -o .carry/bin/strata-convert target/release/strata-convert
 strip -o .carry/bin/readbench target/release/examples/readbench
-for f in libggml-base.so.0 libggml.so.0 libllama.so.0 libggml-cpu-haswell.so; do
+# the x86 CPU variants a server picks from (ggml loads the best one the CPU
+# supports, as llama.cpp does for its users)
+for f in libggml-base.so.0 libggml.so.0 libllama.so.0 libggml-cpu-haswell.so libggml-cpu-skylakex.so \
+    libggml-cpu-icelake.so libggml-cpu-sapphirerapids.so libggml-cpu-zen4.so; do
   strip --strip-debug -o .carry/bin/$f target/release/$f
 done
 [ -d .carry-cache ] && cp .carry-cache/libggml-cuda.so.* .carry/cuda/ 2>/dev/null || true

@@ -946,8 +946,17 @@ impl Engine {
             host.download(self.persistent.tensor(buffers::X), shape.n_tokens)?;
         }
         *x_host = Some(shape.n_tokens);
+        // a CPU standing in for the device: its pool would spin on the
+        // cores the host's pool computes on (and the other way round)
+        let shared_cores = self.device.is_cpu();
+        if shared_cores {
+            self.backend.park_threads();
+        }
         let t0 = Instant::now();
         host.compute(gi, &key)?;
+        if shared_cores {
+            host.park_threads();
+        }
         if let Some(tl) = self.timeline.as_mut() {
             tl.host_span(
                 timeline::Stream::Cpu,

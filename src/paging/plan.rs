@@ -60,6 +60,16 @@ impl Plan {
     pub fn floor_s(&self) -> f64 {
         self.predicted_copy_s.max(self.predicted_compute_s)
     }
+    /// The predicted time of a step of `n` tokens: the hybrid split's
+    /// prediction where the CPU takes part, else the floor.
+    pub fn predicted_step_s(&self, n: u32) -> f64 {
+        match &self.hybrid {
+            Some(h) if n >= 1 && (n as usize) <= h.per_size.len() => {
+                h.per_size[n as usize - 1].predicted.step_s()
+            }
+            _ => self.floor_s(),
+        }
+    }
     pub fn n_streamed(&self) -> usize {
         self.resident.iter().filter(|r| !**r).count()
     }

@@ -106,6 +106,13 @@ struct StepFigures {
     /// KV MiB per step up to the GPU and back (windowed layers).
     kv_up_mib: f64,
     kv_down_mib: f64,
+    /// Hybrid decode, per step: host CPU compute, groups, GB/s of weights
+    /// it read, residual hops; and the plan's predicted step.
+    cpu_ms: f64,
+    cpu_groups: f64,
+    cpu_gbs: f64,
+    hop_ms: f64,
+    predicted_ms: f64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -204,12 +211,22 @@ fn time_strata(
     let disk0 = e.store().disk_bytes_read();
     let wait0 = e.store().read_wait();
     let (mut kv_up, mut kv_down) = (0u64, 0u64);
+    let mut host = strata::engine::host::HostStats::default();
+    let mut predicted = 0.0;
     let t0 = Instant::now();
     let mut tokens = 0usize;
     for b in run {
         e.decode(b)?;
         kv_up += e.last_step.kv.up_bytes;
         kv_down += e.last_step.kv.down_bytes;
+        let h = e.last_step.host;
+        host.groups += h.groups;
+        host.bytes += h.bytes;
+        host.compute += h.compute;
+        host.hops += h.hops;
+        for c in b.chunks(e.n_batch() as usize) {
+            predicted += e.plan.predicted_step_s(c.len() as u32);
+        }
         tokens += b.len();
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -238,6 +255,11 @@ fn time_strata(
         read_wait_ms: read_wait * 1e3 / steps as f64,
         kv_up_mib: kv_up as f64 / steps as f64 / (1u64 << 20) as f64,
         kv_down_mib: kv_down as f64 / steps as f64 / (1u64 << 20) as f64,
+        cpu_ms: host.compute.as_secs_f64() * 1e3 / steps as f64,
+        cpu_groups: host.groups as f64 / steps as f64,
+        cpu_gbs: host.bytes as f64 / host.compute.as_secs_f64().max(1e-9) / 1e9,
+        hop_ms: host.hops.as_secs_f64() * 1e3 / steps as f64,
+        predicted_ms: predicted * 1e3 / steps as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -455,8 +477,8 @@ fn print_row(r: &Row, json: bool) {
     if json {
         let step = r.step.as_ref().map_or("null".to_string(), |f| {
             format!(
-                "{{\"step_ms\":{:.3},\"disk_mib\":{:.2},\"disk_gbs\":{:.3},\"read_wait_ms\":{:.3},\"mib_uploaded\":{:.2},\"kv_up_mib\":{:.2},\"kv_down_mib\":{:.3},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3}}}",
-                f.step_ms, f.disk_mib, f.disk_gbs, f.read_wait_ms, f.mib_up, f.kv_up_mib, f.kv_down_mib, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms
+                "{{\"step_ms\":{:.3},\"disk_mib\":{:.2},\"disk_gbs\":{:.3},\"read_wait_ms\":{:.3},\"mib_uploaded\":{:.2},\"kv_up_mib\":{:.2},\"kv_down_mib\":{:.3},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3},\"cpu_ms\":{:.3},\"cpu_groups\":{:.2},\"hop_ms\":{:.3},\"predicted_ms\":{:.3}}}",
+                f.step_ms, f.disk_mib, f.disk_gbs, f.read_wait_ms, f.mib_up, f.kv_up_mib, f.kv_down_mib, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms, f.cpu_ms, f.cpu_groups, f.hop_ms, f.predicted_ms
             )
         });
         println!(
@@ -475,6 +497,12 @@ fn print_row(r: &Row, json: bool) {
                 println!(
                     "{:<43} disk read {:>8.1} MiB/step at {:.2} GB/s, pager waited on reads {:.1} ms/step",
                     "", f.disk_mib, f.disk_gbs, f.read_wait_ms
+                );
+            }
+            if f.cpu_groups > 0.0 {
+                println!(
+                    "{:<43} host CPU {:>8.2} ms/step ({:.1} groups at {:.1} GB/s), residual hops {:.2} ms/step; predicted step {:.2} ms (measured/predicted {:.2})",
+                    "", f.cpu_ms, f.cpu_groups, f.cpu_gbs, f.hop_ms, f.predicted_ms, f.step_ms / f.predicted_ms.max(1e-9)
                 );
             }
             if f.kv_up_mib > 0.0 {

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# On the GPU machine: hybrid decode (the host CPU computes streamed FFN
+# groups while the bus streams the rest) on the 70B-shaped Q4_0 model, side
+# by side with strata without it and llama.cpp with its default settings at
+# the same GPU memory; big steps (pp2048, 64 sequences) with hybrid on; a
+# trace of the hybrid step; NMSE against llama.cpp all on the GPU; and
+# compute-sanitizer on a forced hybrid run of a tiny model.
+#   tools/pack-device.sh VOCAB.gguf   (here), then on the device:
+#   bash tools/device-hybrid.sh bench    # 12G decode (hybrid, not, llama.cpp), trace
+#   bash tools/device-hybrid.sh big      # 24G decode; pp2048 and 64-sequence decode at 12G
+#   bash tools/device-hybrid.sh checks   # NMSE vs llama.cpp all-GPU, compute-sanitizer
+# The module and models go under /root (kept while the machine stays warm).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device-out}; mkdir -p "$out"
+bin=.carry/bin; v=.carry/models/vocab-smollm2.gguf
+mkdir -p /root/m /root/cuda
+f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/machine.txt"
+lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|Flags" | cut -c1-200 >> "$out/machine.txt"
+# the CUDA module: built once per machine (4 minutes), while the model is written
+if [ ! -f /root/cuda/libggml-cuda.so ]; then
+  { bash tools/device-restore-module.sh && cp $bin/libggml-cuda.so* /root/cuda/; } > "$out/module.txt" 2>&1 &
+fi
+m=/root/m/llama3-70b-q4_0.gguf
+[ -f "$m" ] || $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from $v "$m" 2>&1 | tail -1 > "$out/synth.txt"
+wait
+cp /root/cuda/libggml-cuda.so* $bin/
+R=${REPS:-3}
+case "${1:-bench}" in
+bench)
+  {
+    echo "== 12G: strata hybrid auto (plan, prediction), hybrid off, llama.cpp ngl=24 with its defaults"
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 16 -B 0 -r $R --llama-ngl 24 \
+      --trace "$out/trace_hybrid_12g.json" 2>&1 | f
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --hybrid off -p 0 -n 16 -B 0 -r $R 2>&1 | f
+  } 2>&1 | tee "$out/hybrid_bench.txt"
+  # keep the module for a fresh machine (16 MB per returned file)
+  xz -T0 -3 -c /root/cuda/libggml-cuda.so | split -b 15m - "$out/libggml-cuda.so.xz.part-" \
+    && cp /root/cuda/libggml-cuda.so.ggml-version "$out/" ;;
+big)
+  {
+    echo "== 24G: strata hybrid auto, llama.cpp ngl=44 with its defaults"
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 24G -p 0 -n 16 -B 0 -r $R --llama-ngl 44 2>&1 | f
+    echo "== 12G, hybrid auto: pp2048 and 64-sequence decode (the CPU takes no part above 32 tokens)"
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -n 0 -B 64 -r 2 2>&1 | f
+  } 2>&1 | tee "$out/hybrid_big.txt" ;;
+checks)
+  {
+    echo "== NMSE: strata 12G hybrid vs llama.cpp all on the GPU"
+    $bin/strata check -m "$m" --device gpu --gpu-budget 12G -n 8 -c 512 2>&1 | f
+  } 2>&1 | tee "$out/hybrid_check.txt"
+  t=/root/m/tiny.gguf
+  [ -f $t ] || $bin/strata-convert synth --preset tiny --type q4_0 --vocab-from $v $t > /dev/null 2>&1
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool, forced hybrid (every other FFN group on the CPU)"
+    timeout 200 "$cs" --tool $tool $bin/strata run -m $t --device gpu --stream-all --hybrid 2 --slots 2 \
+      -c 256 -b 32 -p "Hello there" -n 4 --temp 0 2>&1 | f | tail -4
+  done 2>&1 | tee "$out/hybrid_sanitizer.txt" ;;
+esac
+ls -la "$out"
