@@ -6,8 +6,8 @@
 # trace of the hybrid step; NMSE against llama.cpp all on the GPU; and
 # compute-sanitizer on a forced hybrid run of a tiny model.
 #   tools/pack-device.sh VOCAB.gguf   (here), then on the device:
-#   bash tools/device-hybrid.sh bench    # 12G decode (hybrid, not, llama.cpp), trace
-#   bash tools/device-hybrid.sh big      # 24G decode; pp2048 and 64-sequence decode at 12G
+#   bash tools/device-hybrid.sh bench    # 12G and 24G decode (hybrid, not, llama.cpp), trace
+#   bash tools/device-hybrid.sh big      # pp2048 and 64-sequence decode at 12G
 #   bash tools/device-hybrid.sh checks   # NMSE vs llama.cpp all-GPU, compute-sanitizer
 # The module and models go under /root (kept while the machine stays warm).
 set -uo pipefail
@@ -34,14 +34,14 @@ bench)
     $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 16 -B 0 -r $R --llama-ngl 24 \
       --trace "$out/trace_hybrid_12g.json" 2>&1 | f
     $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --hybrid off -p 0 -n 16 -B 0 -r $R 2>&1 | f
-  } 2>&1 | tee "$out/hybrid_bench.txt"
-  # keep the module for a fresh machine (16 MB per returned file)
-  xz -T0 -3 -c /root/cuda/libggml-cuda.so | split -b 15m - "$out/libggml-cuda.so.xz.part-" \
-    && cp /root/cuda/libggml-cuda.so.ggml-version "$out/" ;;
-big)
-  {
     echo "== 24G: strata hybrid auto, llama.cpp ngl=44 with its defaults"
     $bin/strata bench -m "$m" --device gpu --gpu-budget 24G -p 0 -n 16 -B 0 -r $R --llama-ngl 44 2>&1 | f
+  } 2>&1 | tee "$out/hybrid_bench.txt"
+  # keep a module built here for a fresh machine (16 MB per returned file)
+  grep -q restored "$out/module.txt" 2>/dev/null || { xz -T0 -3 -c /root/cuda/libggml-cuda.so \
+    | split -b 15m - "$out/libggml-cuda.so.xz.part-" && cp /root/cuda/libggml-cuda.so.ggml-version "$out/"; } ;;
+big)
+  {
     echo "== 12G, hybrid auto: pp2048 and 64-sequence decode (the CPU takes no part above 32 tokens)"
     $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -n 0 -B 64 -r 2 2>&1 | f
   } 2>&1 | tee "$out/hybrid_big.txt" ;;

@@ -171,7 +171,8 @@ impl HostCompute {
 /// matrix-vector products over about `bytes` of weights of type `ty` and
 /// shape `ne` (several matrices, so caches do not hold them), placed in
 /// `buft` (a repacked CPU layout, the device's memory). The best of three
-/// timed runs after a warm-up.
+/// timed runs after a warm-up; with `bus` (a device and its copy rate),
+/// while that device's bus uploads (see [`BusLoad`]).
 pub fn measure_matmul(
     backend: &Backend,
     buft: BufferType,
@@ -179,6 +180,7 @@ pub fn measure_matmul(
     ne: [i64; 2],
     bytes: u64,
     n_tokens: u32,
+    bus: Option<(Device, f64)>,
 ) -> Result<f64, EngineError> {
     let ctx = Context::new(256, 256)?;
     let probe = ctx.new_tensor(ty, &ne);
@@ -208,6 +210,11 @@ pub fn measure_matmul(
     let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
     alloc.alloc(&g)?;
     backend.compute(&g)?;
+    // about 40 ms of uploads per timed run (the runs take less)
+    let _load = match bus {
+        Some((dev, bw)) => BusLoad::start(dev, bw, 0.15)?,
+        None => None,
+    };
     let mut best = f64::MAX;
     for _ in 0..3 {
         let t0 = Instant::now();
@@ -215,6 +222,54 @@ pub fn measure_matmul(
         best = best.min(t0.elapsed().as_secs_f64());
     }
     Ok(best / (each * count) as f64)
+}
+
+/// Uploads keeping the bus busy for a while: a copy stream of a device
+/// uploading from pinned host memory, so a CPU measurement meanwhile sees
+/// the host memory bandwidth the copies take, as in a hybrid step.
+pub struct BusLoad {
+    // field order is drop order: the stream drains before the buffers go
+    copy: Backend,
+    _ctx: Context,
+    _dev: Buffer,
+    _host: Buffer,
+}
+
+impl BusLoad {
+    /// About `seconds` of uploads at `copy_bw` bytes/s; None on the CPU
+    /// device (nothing to load the bus with).
+    pub fn start(device: Device, copy_bw: f64, seconds: f64) -> Result<Option<BusLoad>, EngineError> {
+        let Some(host_buft) = device.host_buffer_type().filter(|_| !device.is_cpu()) else {
+            return Ok(None);
+        };
+        const CHUNK: usize = 256 << 20;
+        let host = Buffer::alloc(host_buft, CHUNK, BufferUsage::Any)?;
+        let dev = Buffer::alloc(device.buffer_type(), CHUNK, BufferUsage::Any)?;
+        let ctx = Context::new(2, 0)?;
+        let t = ctx.new_tensor(crate::gguf::GgmlType::I8, &[CHUNK as i64]);
+        dev.place(t, 0)?;
+        let copy = device.init_backend()?;
+        // SAFETY: the host buffer holds CHUNK bytes, nothing writes it, and
+        // it outlives the copies: BusLoad drains the stream before freeing.
+        let src = unsafe { std::slice::from_raw_parts(host.base(), CHUNK) };
+        let n = ((seconds * copy_bw) / CHUNK as f64).ceil().clamp(1.0, 64.0) as usize;
+        for _ in 0..n {
+            // SAFETY: as above; the device tensor is only a copy target.
+            unsafe { copy.tensor_set_async(t, src, 0) };
+        }
+        Ok(Some(BusLoad {
+            copy,
+            _ctx: ctx,
+            _dev: dev,
+            _host: host,
+        }))
+    }
+}
+
+impl Drop for BusLoad {
+    fn drop(&mut self) {
+        self.copy.synchronize();
+    }
 }
 
 /// The extra (repacked) CPU buffer type that takes weights of `ty`/`ne`,

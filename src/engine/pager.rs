@@ -64,7 +64,8 @@ impl Pager {
     ) -> Result<Pager, EngineError> {
         let mk = |n: usize| {
             (n > 0).then(|| {
-                let mut r = SlotRing::new(n, plan.prefetch);
+                // each ring uploads as far ahead as its slots allow
+                let mut r = SlotRing::new(n, n - 1);
                 r.poison = poison;
                 r.skip_load_wait = skip_load_wait;
                 r

@@ -91,6 +91,28 @@ impl Prediction {
     }
 }
 
+/// Attention slots for hybrid decode: while the CPU computes an FFN group,
+/// the bus should keep uploading the next attention groups, so the ring
+/// holds one FFN group's CPU time of uploads, half again for slack, plus the
+/// two any ring needs (at least `base`, at most 16).
+pub fn attn_slots(groups: &[GroupInfo], copy_bw: f64, c: &CpuInput, base: usize) -> usize {
+    let max = |k| {
+        groups
+            .iter()
+            .filter(|g| g.kind == k)
+            .map(|g| g.bytes)
+            .max()
+            .unwrap_or(0)
+    };
+    let (attn, ffn) = (max(GroupKind::Attn), max(GroupKind::Ffn));
+    if attn == 0 {
+        return base;
+    }
+    let during = ffn as f64 * c.s_per_byte_1 * copy_bw;
+    let need = (1.5 * during / attn as f64).ceil().min(14.0) as usize + 2;
+    need.max(base)
+}
+
 /// `k` of the `m` items 0..m, spread evenly (every m/k-th), in order.
 pub fn spread(m: usize, k: usize) -> Vec<usize> {
     let k = k.min(m);

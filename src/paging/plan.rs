@@ -103,15 +103,32 @@ fn max_bytes(groups: &[GroupInfo], kind: GroupKind) -> u64 {
 
 /// Chooses the placement. Groups are kept resident from the first layer on
 /// (streamed groups are then one run at the end, which keeps the ring
-/// simple); everything else streams through `slots` slots per kind.
+/// simple); everything else streams through `slots` slots per kind. With a
+/// CPU input, the host CPU computes some streamed FFN groups if that pays
+/// (see `hybrid`), and attention gets the deeper ring that keeps the bus
+/// busy while the CPU computes.
 pub fn plan(inp: &PlanInput) -> Result<Plan, PlanError> {
     if inp.groups.is_empty() {
         return Err(PlanError::Empty);
     }
+    let slots = inp.slots.max(2);
+    if let Some(c) = &inp.cpu {
+        let deep = super::hybrid::attn_slots(&inp.groups, inp.copy_bw, c, slots);
+        if let Ok(p) = place(inp, deep, true) {
+            if p.hybrid.is_some() {
+                return Ok(p);
+            }
+        }
+    }
+    place(inp, slots, inp.cpu.is_some())
+}
+
+/// A placement with `attn_slots` attention slots and `inp.slots` FFN slots.
+fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanError> {
     let total: u64 = inp.groups.iter().map(|g| g.bytes).sum();
     let slots = inp.slots.max(2);
-    let ring = slots as u64
-        * (max_bytes(&inp.groups, GroupKind::Attn) + max_bytes(&inp.groups, GroupKind::Ffn));
+    let ring = attn_slots as u64 * max_bytes(&inp.groups, GroupKind::Attn)
+        + slots as u64 * max_bytes(&inp.groups, GroupKind::Ffn);
     let budget = inp.budget.unwrap_or(u64::MAX);
     let mut resident = vec![true; inp.groups.len()];
     let mut resident_bytes = total;
@@ -158,10 +175,18 @@ pub fn plan(inp: &PlanInput) -> Result<Plan, PlanError> {
     let hybrid = inp
         .cpu
         .as_ref()
+        .filter(|_| hybrid)
         .and_then(|c| super::plan_hybrid(&inp.groups, &streams, inp.copy_bw, c));
     Ok(Plan {
         hybrid,
-        slots: (slots_of(GroupKind::Attn), slots_of(GroupKind::Ffn)),
+        slots: (
+            if kind_streams(GroupKind::Attn) {
+                attn_slots
+            } else {
+                0
+            },
+            slots_of(GroupKind::Ffn),
+        ),
         prefetch: slots - 1,
         resident,
         resident_bytes,
@@ -316,6 +341,29 @@ mod tests {
                     // resident groups form a prefix
                     let first_streamed = p.resident.iter().position(|r| !r).unwrap_or(p.resident.len());
                     prop_assert!(p.resident[first_streamed..].iter().all(|r| !r));
+                }
+                Err(PlanError::BudgetTooSmall { minimum, .. }) => prop_assert!(budget < minimum),
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn hybrid_plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, spb in 0.001f64..2.0) {
+            let cpu = crate::paging::CpuInput {
+                s_per_byte_1: spb, s_per_byte_n: spb * 4.0, probe_tokens: 16, host_room: u64::MAX,
+                hop_s: 0.0, gpu_s_per_byte: 0.0, force: None,
+            };
+            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots: 2, stream_all: false, cpu: Some(cpu) };
+            match plan(&inp) {
+                Ok(p) => {
+                    prop_assert!(p.device_bytes() <= budget);
+                    let ring = p.slots.0 as u64 * a + p.slots.1 as u64 * f;
+                    prop_assert!(p.n_streamed() == 0 || p.slot_bytes >= ring);
+                    if p.hybrid.is_some() { prop_assert!(p.slots.0 >= 2); }
+                    let r: u64 = inp.groups.iter().zip(&p.resident).filter(|(_, r)| **r).map(|(g, _)| g.bytes).sum();
+                    prop_assert_eq!(r, p.resident_bytes);
                 }
                 Err(PlanError::BudgetTooSmall { minimum, .. }) => prop_assert!(budget < minimum),
                 Err(e) => prop_assert!(false, "{}", e),
