@@ -15,6 +15,9 @@ cd "$(dirname "$0")/.."
 out=${OUT:-device-out}; mkdir -p "$out"
 bin=.carry/bin; v=.carry/models/vocab-smollm2.gguf
 mkdir -p /root/m /root/cuda
+# the vocabulary model may travel xz-compressed (with a CUDA module in
+# .carry/cuda the carry is close to its 64 MiB)
+[ -f $v ] || { xz -dc $v.xz > /root/m/vocab.gguf && v=/root/m/vocab.gguf; }
 f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|Flags" | cut -c1-200 >> "$out/machine.txt"
