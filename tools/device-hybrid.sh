@@ -7,6 +7,7 @@
 # compute-sanitizer on a forced hybrid run of a tiny model.
 #   tools/pack-device.sh VOCAB.gguf   (here), then on the device:
 #   bash tools/device-hybrid.sh bench    # 12G and 24G decode (hybrid, not, llama.cpp), trace
+#   bash tools/device-hybrid.sh sweep    # 12G: CPU groups auto / 61 / 30, 15 threads
 #   bash tools/device-hybrid.sh big      # pp2048 and 64-sequence decode at 12G
 #   bash tools/device-hybrid.sh checks   # NMSE vs llama.cpp all-GPU, compute-sanitizer
 # The module and models go under /root (kept while the machine stays warm).
@@ -43,6 +44,15 @@ bench)
   # keep a module built here for a fresh machine (16 MB per returned file)
   grep -q restored "$out/module.txt" 2>/dev/null || { xz -T0 -3 -c /root/cuda/libggml-cuda.so \
     | split -b 15m - "$out/libggml-cuda.so.xz.part-" && cp /root/cuda/libggml-cuda.so.ggml-version "$out/"; } ;;
+sweep)
+  {
+    echo "== 12G: how many FFN groups the CPU should take (auto: the plan's choice), and 15 threads"
+    for h in auto 61 30; do
+      STRATA_LOG=strata=info $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --hybrid $h -p 0 -n 16 -B 0 -r 1 \
+        ${TRACE:+--trace "$out/trace_hybrid_12g_$h.json"} 2>&1 | f | grep -v "^plan:\|^strata:"
+    done
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -t 15 -p 0 -n 16 -B 0 -r 1 2>&1 | f | grep "tg16\|host CPU"
+  } 2>&1 | tee "$out/hybrid_sweep.txt" ;;
 big)
   {
     echo "== 12G, hybrid auto: pp2048 and 64-sequence decode (the CPU takes no part above 32 tokens)"

@@ -182,10 +182,10 @@ pub fn measure_matmul(
     n_tokens: u32,
     bus: Option<(Device, f64)>,
 ) -> Result<f64, EngineError> {
-    let ctx = Context::new(256, 256)?;
+    let ctx = Context::new(512, 512)?;
     let probe = ctx.new_tensor(ty, &ne);
     let each = probe.nbytes().max(1);
-    let count = (bytes as usize / each).clamp(1, 96);
+    let count = (bytes as usize / each).clamp(1, 200);
     let a = buft.alignment();
     let stride = buft.alloc_size(probe).div_ceil(a) * a;
     let wbuf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
@@ -203,16 +203,16 @@ pub fn measure_matmul(
     let xbuf = Buffer::alloc(backend.device().buffer_type(), x.nbytes(), BufferUsage::Any)?;
     xbuf.place(x, 0)?;
     x.set_f32(&vec![0.5f32; (ne[0] * n_tokens as i64) as usize])?;
-    let mut g = ctx.new_graph(256);
+    let mut g = ctx.new_graph(512);
     for &w in &ws {
         g.expand(ctx.mul_mat(w, x));
     }
     let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
     alloc.alloc(&g)?;
     backend.compute(&g)?;
-    // about 40 ms of uploads per timed run (the runs take less)
+    // uploads for longer than the timed runs take
     let _load = match bus {
-        Some((dev, bw)) => BusLoad::start(dev, bw, 0.15)?,
+        Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
         None => None,
     };
     let mut best = f64::MAX;

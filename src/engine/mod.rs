@@ -1096,7 +1096,10 @@ fn cpu_input(
         .max_by_key(|w| w.size)
         .expect("an FFN group has weights");
     let ne = [w.ne[0], w.ne[1]];
-    let probe_bytes = (512u64 << 20).min(cand.iter().map(|&i| spec.groups[i].bytes()).sum());
+    // more than a server's last-level cache (up to 320 MB): a probe that
+    // fits partly in it reads faster and meets less contention than the
+    // model's weights will
+    let probe_bytes = (2u64 << 30).min(cand.iter().map(|&i| spec.groups[i].bytes()).sum());
     let cpu = ggml::cpu_device()?;
     let mut cb = cpu.init_backend()?;
     cb.set_n_threads(cfg.n_threads);
