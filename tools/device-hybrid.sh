@@ -7,9 +7,10 @@
 # compute-sanitizer on a forced hybrid run of a tiny model.
 #   tools/pack-device.sh VOCAB.gguf   (here), then on the device:
 #   bash tools/device-hybrid.sh bench    # 12G and 24G decode (hybrid, not, llama.cpp), trace
-#   bash tools/device-hybrid.sh sweep    # 12G: CPU groups auto / 61 / 30, 15 threads
+#   bash tools/device-hybrid.sh sweep    # 12G: CPU groups auto / 61 / 30 (SPLITS=...), T15=1: -t 15
 #   bash tools/device-hybrid.sh big      # pp2048 and 64-sequence decode at 12G
 #   bash tools/device-hybrid.sh checks   # NMSE vs llama.cpp all-GPU, compute-sanitizer
+# Several may be named in one call (bash tools/device-hybrid.sh bench sweep).
 # The module and models go under /root (kept while the machine stays warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,8 @@ m=/root/m/llama3-70b-q4_0.gguf
 wait
 cp /root/cuda/libggml-cuda.so* $bin/
 R=${REPS:-3}
-case "${1:-bench}" in
+for what in ${@:-bench}; do
+case "$what" in
 bench)
   {
     echo "== 12G: strata hybrid auto (plan, prediction), hybrid off, llama.cpp ngl=24 with its defaults"
@@ -46,12 +48,12 @@ bench)
     | split -b 15m - "$out/libggml-cuda.so.xz.part-" && cp /root/cuda/libggml-cuda.so.ggml-version "$out/"; } ;;
 sweep)
   {
-    echo "== 12G: how many FFN groups the CPU should take (auto: the plan's choice), and 15 threads"
-    for h in auto 61 30; do
+    echo "== 12G: how many FFN groups the CPU should take (auto: the plan's choice)"
+    for h in ${SPLITS:-auto 61 30}; do
       STRATA_LOG=strata=info $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --hybrid $h -p 0 -n 16 -B 0 -r 1 \
         ${TRACE:+--trace "$out/trace_hybrid_12g_$h.json"} 2>&1 | f | grep -v "^plan:\|^strata:"
     done
-    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -t 15 -p 0 -n 16 -B 0 -r 1 2>&1 | f | grep "tg16\|host CPU"
+    [ -z "${T15:-}" ] || $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -t 15 -p 0 -n 16 -B 0 -r 1 2>&1 | f | grep "tg16\|host CPU"
   } 2>&1 | tee "$out/hybrid_sweep.txt" ;;
 big)
   {
@@ -72,4 +74,5 @@ checks)
       -c 256 -b 32 -p "Hello there" -n 4 --temp 0 2>&1 | f | tail -4
   done 2>&1 | tee "$out/hybrid_sanitizer.txt" ;;
 esac
+done
 ls -la "$out"

@@ -281,20 +281,26 @@ pub fn cpu_weight_buft(cpu: Device, ty: crate::gguf::GgmlType, ne: [i64; 2]) -> 
         .unwrap_or_else(|| cpu.buffer_type())
 }
 
-/// Seconds one residual round trip of one token costs on `device` (drain,
-/// download, upload), the best of 20.
+/// Seconds one residual hop of one token costs on `device`, the way a
+/// hybrid step pays it around each CPU group: upload the rows, launch a
+/// small graph on them, drain the stream, download the rows. The best of 20.
 pub fn measure_hop(device: Device, backend: &Backend, n_embd: i64) -> Result<f64, EngineError> {
-    let ctx = Context::new(2, 0)?;
+    let ctx = Context::new(8, 8)?;
     let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[n_embd]);
     let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
     buf.place(x, 0)?;
+    let mut g = ctx.new_graph(8);
+    g.expand(ctx.cpy(ctx.rms_norm(x, 1e-5), x));
+    let mut alloc = GraphAllocator::new(device.buffer_type())?;
+    alloc.alloc(&g)?;
     let mut v = vec![0f32; n_embd as usize];
     let mut best = f64::MAX;
     for _ in 0..20 {
         let t0 = Instant::now();
+        x.set_f32(&v)?;
+        backend.compute_async(&g)?;
         backend.synchronize();
         x.get_f32(&mut v)?;
-        x.set_f32(&v)?;
         best = best.min(t0.elapsed().as_secs_f64());
     }
     Ok(best)

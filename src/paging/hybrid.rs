@@ -83,11 +83,14 @@ pub struct Prediction {
     pub cpu_s: f64,
     /// GPU compute (serial with the CPU chain).
     pub gpu_s: f64,
+    /// The step's first streamed upload, which nothing hides (each step
+    /// starts with drained streams).
+    pub startup_s: f64,
 }
 
 impl Prediction {
     pub fn step_s(&self) -> f64 {
-        self.bus_s.max(self.cpu_s + self.gpu_s)
+        self.bus_s.max(self.startup_s + self.cpu_s + self.gpu_s)
     }
 }
 
@@ -120,7 +123,7 @@ pub fn spread(m: usize, k: usize) -> Vec<usize> {
 }
 
 /// Predicts a step of `n` tokens with the CPU computing `cpu_bytes` in
-/// `cpu_groups` groups.
+/// `cpu_groups` groups; `first_upload` bytes start the step.
 #[allow(clippy::too_many_arguments)]
 pub fn predict(
     c: &CpuInput,
@@ -130,8 +133,10 @@ pub fn predict(
     copy_bw: f64,
     cpu_groups: usize,
     cpu_bytes: u64,
+    first_upload: u64,
 ) -> Prediction {
     Prediction {
+        startup_s: first_upload as f64 / copy_bw.max(1.0),
         bus_s: streamed_bytes.saturating_sub(cpu_bytes) as f64 / copy_bw.max(1.0),
         cpu_s: cpu_bytes as f64 * c.s_per_byte(n) + cpu_groups as f64 * c.hop_s,
         gpu_s: gpu_bytes.saturating_sub(cpu_bytes) as f64 * c.gpu_s_per_byte,
@@ -156,6 +161,11 @@ pub fn plan_hybrid(
         .map(|i| groups[i].bytes)
         .sum();
     let total: u64 = groups.iter().map(|g| g.bytes).sum();
+    // the first streamed group is attention (layers stream from the first
+    // non-resident one, attention first) or an FFN group the GPU computes
+    let first_upload = (0..groups.len())
+        .find(|&i| streamed[i])
+        .map_or(0, |i| groups[i].bytes);
     // the most that fit the host room (groups of one kind have one size
     // in a Llama model; take the largest to be safe)
     let largest = cand.iter().map(|&i| groups[i].bytes).max().unwrap_or(0);
@@ -171,7 +181,7 @@ pub fn plan_hybrid(
                 .iter()
                 .map(|&j| groups[pool[j]].bytes)
                 .sum();
-            (k, b, predict(c, n, streamed_bytes, total, copy_bw, k, b))
+            (k, b, predict(c, n, streamed_bytes, total, copy_bw, k, b, first_upload))
         };
         if let Some(f) = c.force {
             return eval(f.min(most));
@@ -336,12 +346,13 @@ mod tests {
                 let b: u64 = g.iter().zip(&set).filter(|(_, c)| **c).map(|(g, _)| g.bytes).sum();
                 prop_assert_eq!(b, s.cpu_bytes);
                 // the prediction is the chains' maximum, each from its bytes
-                let q = predict(&c, i as u32 + 1, streamed_bytes, total, bw, s.cpu_groups, s.cpu_bytes);
+                let first = (0..g.len()).find(|&i| streamed[i]).map_or(0, |i| g[i].bytes);
+                let q = predict(&c, i as u32 + 1, streamed_bytes, total, bw, s.cpu_groups, s.cpu_bytes, first);
                 prop_assert_eq!(q, s.predicted);
                 prop_assert!(s.predicted.step_s() >= s.predicted.bus_s);
                 // never worse than streaming everything (unless forced)
                 if force.is_none() {
-                    let none = predict(&c, i as u32 + 1, streamed_bytes, total, bw, 0, 0);
+                    let none = predict(&c, i as u32 + 1, streamed_bytes, total, bw, 0, 0, first);
                     prop_assert!(s.predicted.step_s() <= none.step_s() + 1e-12);
                 }
             }

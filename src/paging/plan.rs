@@ -223,12 +223,13 @@ impl std::fmt::Display for Plan {
             let d = &h.per_size[0];
             write!(
                 f,
-                "\nhybrid: the CPU keeps {} streamed groups ({:.1} MiB); a 1-token step: CPU computes {} ({:.1} MiB), predicted bus {:.2} ms, CPU {:.2} ms, GPU {:.2} ms, step {:.2} ms",
+                "\nhybrid: the CPU keeps {} streamed groups ({:.1} MiB); a 1-token step: CPU computes {} ({:.1} MiB), predicted bus {:.2} ms, first upload {:.2} ms + CPU {:.2} ms + GPU {:.2} ms, step {:.2} ms",
                 h.host.iter().filter(|h| **h).count(),
                 mib(h.host_bytes),
                 d.cpu_groups,
                 mib(d.cpu_bytes),
                 d.predicted.bus_s * 1e3,
+                d.predicted.startup_s * 1e3,
                 d.predicted.cpu_s * 1e3,
                 d.predicted.gpu_s * 1e3,
                 d.predicted.step_s() * 1e3
