@@ -238,7 +238,11 @@ pub struct BusLoad {
 impl BusLoad {
     /// About `seconds` of uploads at `copy_bw` bytes/s; None on the CPU
     /// device (nothing to load the bus with).
-    pub fn start(device: Device, copy_bw: f64, seconds: f64) -> Result<Option<BusLoad>, EngineError> {
+    pub fn start(
+        device: Device,
+        copy_bw: f64,
+        seconds: f64,
+    ) -> Result<Option<BusLoad>, EngineError> {
         let Some(host_buft) = device.host_buffer_type().filter(|_| !device.is_cpu()) else {
             return Ok(None);
         };
@@ -301,6 +305,37 @@ pub fn measure_hop(device: Device, backend: &Backend, n_embd: i64) -> Result<f64
         backend.compute_async(&g)?;
         backend.synchronize();
         x.get_f32(&mut v)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Seconds a small group graph costs on `backend` beyond its weight reads:
+/// a chain of 12 tiny kernels (a group launches about that many at decode)
+/// launched and drained, the best of 20.
+pub fn measure_group_overhead(
+    device: Device,
+    backend: &Backend,
+    n_embd: i64,
+) -> Result<f64, EngineError> {
+    let ctx = Context::new(32, 32)?;
+    let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[n_embd]);
+    let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
+    buf.place(x, 0)?;
+    x.set_f32(&vec![1.0f32; n_embd as usize])?;
+    let mut g = ctx.new_graph(32);
+    let mut cur = x;
+    for _ in 0..12 {
+        cur = ctx.rms_norm(cur, 1e-5);
+    }
+    g.expand(cur);
+    let mut alloc = GraphAllocator::new(device.buffer_type())?;
+    alloc.alloc(&g)?;
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        backend.compute_async(&g)?;
+        backend.synchronize();
         best = best.min(t0.elapsed().as_secs_f64());
     }
     Ok(best)

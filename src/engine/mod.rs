@@ -1117,8 +1117,17 @@ fn cpu_input(
     let bus = Some((device, input.copy_bw));
     let s1 = host::measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1, bus)?;
     let sn = host::measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS, bus)?;
-    let gpu = host::measure_matmul(backend, device.buffer_type(), w.ty, ne, probe_bytes, 1, None)?;
+    let gpu = host::measure_matmul(
+        backend,
+        device.buffer_type(),
+        w.ty,
+        ne,
+        probe_bytes,
+        1,
+        None,
+    )?;
     let hop = host::measure_hop(device, backend, spec.hp.n_embd as i64)?;
+    let per_group = host::measure_group_overhead(device, backend, spec.hp.n_embd as i64)?;
     let c = crate::paging::CpuInput {
         s_per_byte_1: s1,
         s_per_byte_n: sn,
@@ -1126,13 +1135,15 @@ fn cpu_input(
         host_room: room,
         hop_s: hop,
         gpu_s_per_byte: gpu,
+        gpu_group_s: per_group,
         force,
     };
     tracing::info!(
-        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s; hop {:.0} us; host room {:.1} GiB",
+        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; host room {:.1} GiB",
         1e-9 / s1,
         1e-9 / sn,
         1e-9 / gpu,
+        per_group * 1e6,
         hop * 1e6,
         room as f64 / (1u64 << 30) as f64
     );

@@ -172,11 +172,10 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
     };
     let slots_of = |k| if kind_streams(k) { slots } else { 0 };
     let streams: Vec<bool> = resident.iter().map(|r| !r).collect();
-    let hybrid = inp
-        .cpu
-        .as_ref()
-        .filter(|_| hybrid)
-        .and_then(|c| super::plan_hybrid(&inp.groups, &streams, inp.copy_bw, c));
+    let hybrid = inp.cpu.as_ref().filter(|_| hybrid).and_then(|c| {
+        let slots = (attn_slots, slots);
+        super::plan_hybrid(&inp.groups, &streams, slots, inp.copy_bw, c)
+    });
     Ok(Plan {
         hybrid,
         slots: (
@@ -223,15 +222,15 @@ impl std::fmt::Display for Plan {
             let d = &h.per_size[0];
             write!(
                 f,
-                "\nhybrid: the CPU keeps {} streamed groups ({:.1} MiB); a 1-token step: CPU computes {} ({:.1} MiB), predicted bus {:.2} ms, first upload {:.2} ms + CPU {:.2} ms + GPU {:.2} ms, step {:.2} ms",
+                "\nhybrid: the CPU keeps {} streamed groups ({:.1} MiB); a 1-token step: CPU computes {} ({:.1} MiB), predicted (simulated) bus {:.2} ms beside CPU {:.2} ms + GPU {:.2} ms + stalls {:.2} ms = step {:.2} ms",
                 h.host.iter().filter(|h| **h).count(),
                 mib(h.host_bytes),
                 d.cpu_groups,
                 mib(d.cpu_bytes),
                 d.predicted.bus_s * 1e3,
-                d.predicted.startup_s * 1e3,
                 d.predicted.cpu_s * 1e3,
                 d.predicted.gpu_s * 1e3,
+                d.predicted.stall_s * 1e3,
                 d.predicted.step_s() * 1e3
             )?;
             if let Some(last) = h.per_size.iter().rposition(|s| s.cpu_groups > 0) {
@@ -354,7 +353,7 @@ mod tests {
         fn hybrid_plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, spb in 0.001f64..2.0) {
             let cpu = crate::paging::CpuInput {
                 s_per_byte_1: spb, s_per_byte_n: spb * 4.0, probe_tokens: 16, host_room: u64::MAX,
-                hop_s: 0.0, gpu_s_per_byte: 0.0, force: None,
+                hop_s: 0.0, gpu_s_per_byte: 0.0, gpu_group_s: 0.0, force: None,
             };
             let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots: 2, stream_all: false, cpu: Some(cpu) };
             match plan(&inp) {
