@@ -10,6 +10,7 @@
 #   bash tools/device-hybrid.sh sweep    # 12G: CPU groups auto / 61 / 30 (SPLITS=...), T15=1: -t 15
 #   bash tools/device-hybrid.sh big      # pp2048 and 64-sequence decode at 12G
 #   bash tools/device-hybrid.sh checks   # NMSE vs llama.cpp all-GPU, compute-sanitizer
+#   bash tools/device-hybrid.sh bound    # the CUDA-vs-CPU NMSE bound; 12G without hybrid
 # Several may be named in one call (bash tools/device-hybrid.sh bench sweep).
 # The module and models go under /root (kept while the machine stays warm).
 set -uo pipefail
@@ -60,6 +61,13 @@ big)
     echo "== 12G, hybrid auto: pp2048 and 64-sequence decode (the CPU takes no part above 32 tokens)"
     $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -n 0 -B 64 -r 2 2>&1 | f
   } 2>&1 | tee "$out/hybrid_big.txt" ;;
+bound)
+  {
+    echo "== the CUDA-vs-CPU bound: strata all resident on the GPU vs llama.cpp (GPU) and vs strata on the CPU"
+    $bin/strata check -m "$m" --device gpu --with-cpu -n 8 -c 512 2>&1 | f
+    echo "== strata 12G without hybrid vs llama.cpp all on the GPU"
+    $bin/strata check -m "$m" --device gpu --gpu-budget 12G --hybrid off -n 8 -c 512 2>&1 | f
+  } 2>&1 | tee "$out/hybrid_bound.txt" ;;
 checks)
   {
     echo "== NMSE: strata 12G hybrid vs llama.cpp all on the GPU"
