@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draws a strata bench trace (Chrome trace JSON) as an SVG timeline:
-one lane per stream (copy, compute; a third for the draft model when the
-trace has one), one box per operation.
+one lane per stream (copy, compute; the draft model and the host CPU
+computing layer groups (hybrid decode) when the trace has them), one box
+per operation.
 
     tools/trace-to-svg.py TRACE.json OUT.svg [--steps N] [--skip K]
 
@@ -43,23 +44,26 @@ def main():
     else:
         t0, t1 = ev[0]["ts"], max(e["ts"] + e["dur"] for e in ev)
     span = max(t1 - t0, 1.0)
-    lanes = ["copy", "compute"] + (["draft"] if any(e["tid"] == 3 for e in ev) else [])
+    names = {1: "copy", 2: "compute", 3: "draft", 4: "host CPU"}
+    tids = [t for t in (1, 2, 3, 4) if t <= 2 or any(e["tid"] == t for e in ev)]
+    lanes = [names[t] for t in tids]
+    row = {t: i for i, t in enumerate(tids)}
     W, lane, top, left = 1400, 46, 40, 90
     x = lambda t: left + (t - t0) / span * (W - left - 20)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{top + len(lanes) * lane + 70}" font-family="sans-serif" font-size="12">',
            f'<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{left}" y="20">strata: one streamed step, {span / 1000:.1f} ms (copy stream vs compute stream)</text>']
+           f'<text x="{left}" y="20">strata: one streamed step, {span / 1000:.1f} ms ({", ".join(lanes)})</text>']
     for i, name in enumerate(lanes):
         y = top + i * lane
         out.append(f'<text x="10" y="{y + lane / 2 + 4}">{name}</text>')
         out.append(f'<line x1="{left}" x2="{W - 20}" y1="{y + lane - 4}" y2="{y + lane - 4}" stroke="#ddd"/>')
-    busy = {1: 0.0, 2: 0.0, 3: 0.0}
+    busy = {t: 0.0 for t in names}
     for e in ev:
         s, d = max(e["ts"], t0), min(e["ts"] + e["dur"], t1) - max(e["ts"], t0)
         if d <= 0:
             continue
         busy[e["tid"]] += d
-        y = top + (e["tid"] - 1) * lane
+        y = top + row[e["tid"]] * lane
         out.append(f'<rect x="{x(s):.2f}" y="{y + 6}" width="{max(d / span * (W - left - 20), 0.5):.2f}" height="{lane - 14}" '
                    f'fill="{COLORS[kind(e["name"])]}"><title>{e["name"]} {e["dur"] / 1000:.3f} ms</title></rect>')
     ty = top + len(lanes) * lane + 20
@@ -71,7 +75,7 @@ def main():
     for k, c in COLORS.items():
         out.append(f'<rect x="{lx}" y="{ty + 28}" width="12" height="12" fill="{c}"/><text x="{lx + 16}" y="{ty + 38}">{k}</text>')
         lx += 90
-    out.append(f'<text x="{lx + 20}" y="{ty + 38}">busy: copy {busy[1] / span * 100:.0f}%, compute {busy[2] / span * 100:.0f}%' + (f', draft {busy[3] / span * 100:.0f}%' if len(lanes) > 2 else '') + '</text>')
+    out.append(f'<text x="{lx + 20}" y="{ty + 38}">busy: ' + ", ".join(f"{names[t]} {busy[t] / span * 100:.0f}%" for t in tids) + '</text>')
     out.append("</svg>")
     open(a.out, "w").write("\n".join(out))
 
