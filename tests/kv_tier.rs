@@ -17,8 +17,14 @@ const PROMPTS: [&str; 3] = [
     "Once upon a time, in a small village by the sea,",
 ];
 
+/// Plain (not repacked) CPU weights: one variant streams its weights, and
+/// streamed slots hold the plain layout, so every engine compared here
+/// computes from plain memory.
 fn cfg() -> EngineConfig {
-    common::cpu_cfg()
+    EngineConfig {
+        repack: false,
+        ..common::cpu_cfg()
+    }
 }
 
 fn tiered(kv_layers_on_device: u64, e: &Engine) -> EngineConfig {

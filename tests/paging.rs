@@ -12,8 +12,11 @@ use strata::parity::{compare, nmse, run_strata};
 
 const PROMPTS: [&str; 2] = ["The capital of France is", "def quicksort(xs):\n    "];
 
+/// Streamed slots hold the plain weight layout, so the resident engines
+/// compared with them keep plain (not repacked) weights too.
 fn cfg(stream_all: bool, slots: usize) -> EngineConfig {
     EngineConfig {
+        repack: false,
         n_ctx: 512,
         n_batch: 512,
         n_threads: 2,

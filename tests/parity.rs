@@ -41,6 +41,30 @@ fn ref_cfg() -> ReferenceConfig {
     }
 }
 
+/// llama.cpp with its default settings, or with repacking off.
+fn llama(path: &std::path::Path, repack: bool) -> LlamaModel {
+    if repack {
+        LlamaModel::load_as_users_run(path, 0)
+    } else {
+        LlamaModel::load(path, false, 0)
+    }
+    .expect("libllama loads the model")
+}
+
+fn reference(lm: &LlamaModel, repack: bool) -> Reference<'_> {
+    if repack {
+        Reference::new_default_settings(lm, &ref_cfg())
+    } else {
+        Reference::new(lm, &ref_cfg())
+    }
+    .expect("reference context")
+}
+
+/// strata on the CPU, repacking as llama.cpp does (or not).
+fn strata(path: &std::path::Path, repack: bool) -> Engine {
+    Engine::load(path, &EngineConfig { repack, ..cfg() }).expect("strata loads the model")
+}
+
 fn run_strata(e: &mut Engine, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
     let r = strata::parity::run_strata(e, prompt, N_GEN).expect("strata run");
     (r.tokens, r.logits)
@@ -55,20 +79,9 @@ fn run_reference(r: &mut Reference, prompt: &[u32], nv: usize) -> (Vec<u32>, Vec
 /// false) and strata configured the same way.
 fn parity(name: &str, repack: bool) {
     let Some(path) = model(name) else { return };
-    let lm = if repack {
-        LlamaModel::load_as_users_run(&path, 0)
-    } else {
-        LlamaModel::load(&path, false, 0)
-    }
-    .expect("libllama loads the model");
-    let mut reference = if repack {
-        Reference::new_default_settings(&lm, &ref_cfg())
-    } else {
-        Reference::new(&lm, &ref_cfg())
-    }
-    .expect("reference context");
-    let mut engine =
-        Engine::load(&path, &EngineConfig { repack, ..cfg() }).expect("strata loads the model");
+    let lm = llama(&path, repack);
+    let mut reference = reference(&lm, repack);
+    let mut engine = strata(&path, repack);
     let nv = engine.n_vocab() as usize;
     for p in PROMPTS {
         let prompt = lm.tokenize(p, true, true).expect("tokenize");
@@ -124,20 +137,9 @@ fn qwen2_matches_llama_cpp_without_repacking() {
 /// there only the first step, where both see the same inputs, is compared.
 fn batch_equals_single(name: &str, repack: bool) {
     let Some(path) = model(name) else { return };
-    let lm = if repack {
-        LlamaModel::load_as_users_run(&path, 0)
-    } else {
-        LlamaModel::load(&path, false, 0)
-    }
-    .expect("libllama loads the model");
-    let mut reference = if repack {
-        Reference::new_default_settings(&lm, &ref_cfg())
-    } else {
-        Reference::new(&lm, &ref_cfg())
-    }
-    .expect("reference context");
-    let mut engine =
-        Engine::load(&path, &EngineConfig { repack, ..cfg() }).expect("strata loads the model");
+    let lm = llama(&path, repack);
+    let mut reference = reference(&lm, repack);
+    let mut engine = strata(&path, repack);
     let nv = engine.n_vocab() as usize;
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()

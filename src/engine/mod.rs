@@ -839,12 +839,8 @@ impl Engine {
         });
     }
 
-    fn run_group(
-        &mut self,
-        layer: u32,
-        kind: GroupKind,
-        shape: StepShape,
-    ) -> Result<(), EngineError> {
+    /// A group's index and the key of its template for a step shape.
+    fn group_key(&self, layer: u32, kind: GroupKind, shape: StepShape) -> (usize, TemplateKey) {
         let gi = group_index(layer, kind);
         let key = TemplateKey::Group {
             kind,
@@ -852,6 +848,16 @@ impl Engine {
             shape,
             instance: gi as u32,
         };
+        (gi, key)
+    }
+
+    fn run_group(
+        &mut self,
+        layer: u32,
+        kind: GroupKind,
+        shape: StepShape,
+    ) -> Result<(), EngineError> {
+        let (gi, key) = self.group_key(layer, kind, shape);
         let aid = self.template(&key)?;
         // KV: resident on the device, or a window the pager fills
         let windowed =
@@ -932,13 +938,7 @@ impl Engine {
         shape: StepShape,
         x_host: &mut Option<u32>,
     ) -> Result<(), EngineError> {
-        let gi = group_index(layer, kind);
-        let key = TemplateKey::Group {
-            kind,
-            sig: self.spec.groups[gi].signature(),
-            shape,
-            instance: gi as u32,
-        };
+        let (gi, key) = self.group_key(layer, kind, shape);
         let host = self.host.as_mut().expect("hybrid plan has a host");
         if x_host.is_none() {
             // the device's groups so far wrote the residual
