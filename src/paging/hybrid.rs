@@ -198,14 +198,7 @@ pub fn simulate(
 /// holds one FFN group's CPU time of uploads, half again for slack, plus the
 /// two any ring needs (at least `base`, at most 16).
 pub fn attn_slots(groups: &[GroupInfo], copy_bw: f64, c: &CpuInput, base: usize) -> usize {
-    let max = |k| {
-        groups
-            .iter()
-            .filter(|g| g.kind == k)
-            .map(|g| g.bytes)
-            .max()
-            .unwrap_or(0)
-    };
+    let max = |k| super::plan::max_bytes(groups, k);
     let (attn, ffn) = (max(GroupKind::Attn), max(GroupKind::Ffn));
     if attn == 0 {
         return base;

@@ -92,7 +92,8 @@ pub enum PlanError {
     Empty,
 }
 
-fn max_bytes(groups: &[GroupInfo], kind: GroupKind) -> u64 {
+/// The largest group of `kind` (0 when there is none).
+pub(super) fn max_bytes(groups: &[GroupInfo], kind: GroupKind) -> u64 {
     groups
         .iter()
         .filter(|g| g.kind == kind)
