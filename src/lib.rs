@@ -22,5 +22,6 @@ pub mod model;
 pub mod paging;
 pub mod parity;
 pub mod sample;
+pub mod serve;
 pub mod speculative;
 pub mod storage;

@@ -4,9 +4,11 @@
 //! individual stages in `src/llama-sampler.cpp` of the pinned llama-cpp-sys-2
 //! 0.1.161), restricted to the stages strata exposes, applied in this order:
 //!
-//! 1. repetition penalty over the last `repeat_last_n` accepted tokens: each
-//!    *distinct* token in the window has its logit divided by `repeat_penalty`
-//!    when positive, multiplied by it otherwise (once, however often it repeats);
+//! 1. penalties over the last `repeat_last_n` accepted tokens, llama.cpp's
+//!    `penalties` stage: each *distinct* token in the window has its logit
+//!    divided by `repeat_penalty` when positive, multiplied by it otherwise
+//!    (once, however often it repeats), then lowered by
+//!    `count * frequency_penalty + presence_penalty` (OpenAI's two penalties);
 //! 2. top-k: keep the `top_k` highest logits;
 //! 3. top-p (nucleus): keep the smallest prefix of the probability-sorted
 //!    candidates whose cumulative probability reaches `top_p` (at least one);
@@ -62,6 +64,10 @@ pub struct SamplerConfig {
     /// How many of the most recently accepted tokens the penalty looks at.
     /// `0` disables the penalty.
     pub repeat_last_n: usize,
+    /// Subtracted from a logit once per occurrence in the window. `0` disables it.
+    pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token in the window. `0` disables it.
+    pub presence_penalty: f32,
     /// Seed of the ChaCha20 stream behind the random draw.
     pub seed: u64,
 }
@@ -78,6 +84,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: DEFAULT_SEED,
         }
     }
@@ -127,11 +135,20 @@ impl SamplerConfig {
                 "must be finite and > 0 (1 disables the penalty)",
             ));
         }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(invalid(name, v, "must be in [-2, 2] (0 disables it)"));
+            }
+        }
         Ok(())
     }
 
     fn penalty_enabled(&self) -> bool {
-        self.repeat_penalty != 1.0 && self.repeat_last_n > 0
+        (self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0)
+            && self.repeat_last_n > 0
     }
 }
 
@@ -233,7 +250,11 @@ impl Sampler {
                 &mut self.candidates,
                 &self.history,
                 &mut self.window,
-                self.cfg.repeat_penalty,
+                Penalties {
+                    repeat: self.cfg.repeat_penalty,
+                    frequency: self.cfg.frequency_penalty,
+                    presence: self.cfg.presence_penalty,
+                },
             );
         }
         // Masked tokens can never be drawn; dropping them keeps every later
@@ -337,21 +358,34 @@ fn penalize(logit: f32, penalty: f32) -> f32 {
     }
 }
 
-/// Penalizes each distinct token of `history` once. `cands` must still be
+/// The three penalties of llama.cpp's `penalties` stage.
+#[derive(Clone, Copy)]
+struct Penalties {
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+}
+
+/// Penalizes each distinct token of `history` once: the repetition penalty,
+/// then `count * frequency + presence` subtracted. `cands` must still be
 /// indexed by token id; ids outside the vocabulary are ignored.
 fn apply_penalties(
     cands: &mut [Candidate],
     history: &VecDeque<u32>,
     window: &mut Vec<u32>,
-    penalty: f32,
+    p: Penalties,
 ) {
     window.clear();
     window.extend(history.iter().copied());
     window.sort_unstable();
-    window.dedup();
-    for &t in window.iter() {
+    for run in window.chunk_by(|a, b| a == b) {
+        let t = run[0];
         if let Some(c) = usize::try_from(t).ok().and_then(|i| cands.get_mut(i)) {
-            c.logit = penalize(c.logit, penalty);
+            let mut l = penalize(c.logit, p.repeat);
+            if l.is_finite() && (p.frequency != 0.0 || p.presence != 0.0) {
+                l = (l - run.len() as f32 * p.frequency - p.presence).clamp(f32::MIN, f32::MAX);
+            }
+            c.logit = l;
         }
     }
 }
@@ -466,6 +500,8 @@ mod tests {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 7,
         }
     }
@@ -599,7 +635,16 @@ mod tests {
         let mut c = cands(&[2.0, -1.0, 0.5, 3.0]);
         let history: VecDeque<u32> = [0, 1, 1, 5].into_iter().collect();
         let mut window = Vec::new();
-        apply_penalties(&mut c, &history, &mut window, 2.0);
+        apply_penalties(
+            &mut c,
+            &history,
+            &mut window,
+            Penalties {
+                repeat: 2.0,
+                frequency: 0.0,
+                presence: 0.0,
+            },
+        );
         let got: Vec<f32> = c.iter().map(|c| c.logit).collect();
         assert_eq!(got, [1.0, -2.0, 0.5, 3.0]);
         // A zero logit is unchanged (0 * penalty), as in llama.cpp.
@@ -608,6 +653,44 @@ mod tests {
         assert_eq!(penalize(f32::MIN, 4.0), f32::MIN);
         assert_eq!(penalize(f32::MAX, 0.25), f32::MAX);
         assert_eq!(penalize(f32::NEG_INFINITY, 2.0), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_follow_llama_cpp() {
+        // llama.cpp: logit -= count * frequency + (count > 0) * presence,
+        // after the repetition penalty, once per distinct token
+        let mut c: Vec<Candidate> = [1.0f32, 2.0, -1.0, 3.0]
+            .iter()
+            .enumerate()
+            .map(|(i, &logit)| Candidate {
+                id: i as u32,
+                logit,
+            })
+            .collect();
+        let history: VecDeque<u32> = [1, 1, 1, 2].into_iter().collect();
+        let mut window = Vec::new();
+        let p = Penalties {
+            repeat: 2.0,
+            frequency: 0.5,
+            presence: 0.25,
+        };
+        apply_penalties(&mut c, &history, &mut window, p);
+        let got: Vec<f32> = c.iter().map(|c| c.logit).collect();
+        assert_eq!(got, [1.0, 1.0 - 1.5 - 0.25, -2.0 - 0.5 - 0.25, 3.0]);
+        // a configuration with only a frequency penalty turns the stage on
+        let cfg = SamplerConfig {
+            frequency_penalty: 1.0,
+            ..SamplerConfig::greedy()
+        };
+        assert!(cfg.validate().is_ok());
+        let mut s = Sampler::new(cfg).unwrap();
+        s.accept(3);
+        assert_eq!(s.sample(&[1.0, 0.0, 0.0, 1.5]).unwrap(), 0);
+        let bad = SamplerConfig {
+            presence_penalty: 3.0,
+            ..SamplerConfig::greedy()
+        };
+        assert!(bad.validate().is_err());
     }
 
     #[test]
@@ -990,6 +1073,8 @@ mod tests {
                         min_p,
                         repeat_penalty,
                         repeat_last_n,
+                        frequency_penalty: 0.0,
+                        presence_penalty: 0.0,
                         seed,
                     }
                 },

@@ -511,6 +511,12 @@ impl Engine {
         self.cells.truncate_seq(seq, from);
         self.release_kv_blocks();
     }
+    /// Shares the cells of `src` at positions `[p0, p1)` with `dst`, which
+    /// must hold no cells yet: a cached prefix, reused without recomputing
+    /// or copying it.
+    pub fn copy_seq(&mut self, src: u32, dst: u32, p0: i32, p1: i32) -> Result<(), EngineError> {
+        Ok(self.cells.copy_seq(src, dst, p0, p1)?)
+    }
     fn release_kv_blocks(&mut self) {
         // frames may be the target of copies still in flight
         self.pager_sync();

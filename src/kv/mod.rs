@@ -121,6 +121,32 @@ impl KvCells {
         }
     }
 
+    /// Adds sequence `dst` to every cell of `src` at positions in
+    /// `[p0, p1)` (llama.cpp's `seq_cp` on a unified cache): `dst` then
+    /// attends to those cells as its own, with no copy of the rows. Cells
+    /// stay while any of their sequences holds them.
+    pub fn copy_seq(&mut self, src: u32, dst: u32, p0: i32, p1: i32) -> Result<(), KvError> {
+        for s in [src, dst] {
+            if s >= MAX_SEQ {
+                return Err(KvError::BadSeq(s));
+            }
+        }
+        for c in 0..self.size() {
+            if self.seqs[c] & (1 << src) != 0 && (p0..p1).contains(&self.pos[c]) {
+                self.seqs[c] |= 1 << dst;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cells held only by sequence `s` (what removing it would free).
+    pub fn cells_only_of(&self, s: u32) -> usize {
+        if s >= MAX_SEQ {
+            return 0;
+        }
+        self.seqs.iter().filter(|&&m| m == 1 << s).count()
+    }
+
     pub fn clear(&mut self) {
         self.pos.fill(-1);
         self.seqs.fill(0);
@@ -204,6 +230,26 @@ impl KvCells {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn copied_prefix_is_shared_until_both_sequences_leave() {
+        let mut k = KvCells::new(8);
+        let toks: Vec<(u32, i32)> = (0..4).map(|p| (0, p)).collect();
+        k.place(&toks).unwrap();
+        k.copy_seq(0, 1, 0, 3).unwrap();
+        // seq 1 sees positions 0..3 of seq 0 and not position 3
+        assert!(k.visible(2, 1, 10) && !k.visible(3, 1, 10));
+        assert_eq!(k.cells_only_of(0), 1);
+        assert_eq!(k.cells_only_of(1), 0);
+        // its own continuation goes to fresh cells
+        assert_eq!(k.place(&[(1, 3)]).unwrap(), vec![4]);
+        k.remove_seq(0);
+        assert_eq!(k.used(), 4, "shared cells stay with seq 1");
+        assert_eq!(k.seq_cells(1), vec![(0, 0), (1, 1), (2, 2), (4, 3)]);
+        k.remove_seq(1);
+        assert_eq!(k.used(), 0);
+        assert!(k.copy_seq(0, MAX_SEQ, 0, 1).is_err());
+    }
 
     #[test]
     fn fresh_cache_fills_in_order() {

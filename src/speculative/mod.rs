@@ -276,6 +276,8 @@ mod tests {
             min_p: 0.0,
             repeat_penalty: 1.3,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed,
         }
     }

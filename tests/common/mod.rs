@@ -80,6 +80,8 @@ pub fn sampled_cfg(seed: u64) -> strata::sample::SamplerConfig {
         min_p: 0.05,
         repeat_penalty: 1.1,
         repeat_last_n: 16,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
         seed,
     }
 }

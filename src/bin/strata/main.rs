@@ -154,6 +154,14 @@ struct RunArgs {
     repeat_penalty: f32,
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     repeat_last_n: usize,
+    /// Lowers a token's logit by this much per repeat in the last
+    /// --repeat-last-n tokens (-2 to 2; 0: off).
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_hyphen_values = true)]
+    frequency_penalty: f32,
+    /// Lowers the logit of every token seen in the last --repeat-last-n
+    /// tokens by this much (-2 to 2; 0: off).
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_hyphen_values = true)]
+    presence_penalty: f32,
     /// RNG seed.
     #[arg(short = 's', long, default_value_t = 1234)]
     seed: u64,
@@ -284,6 +292,8 @@ fn run(a: RunArgs) -> Result<()> {
         min_p: a.min_p,
         repeat_penalty: a.repeat_penalty,
         repeat_last_n: a.repeat_last_n,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
         seed: a.seed,
     };
     let sampler = Sampler::new(scfg).context("sampling parameters")?;
