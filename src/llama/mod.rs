@@ -185,7 +185,8 @@ impl LlamaModel {
         unsafe { sys::llama_vocab_is_eog(self.vocab(), token as i32) }
     }
 
-    /// Formats a conversation with the model's chat template.
+    /// Formats a conversation with the model's chat template, using
+    /// libllama's built-in renderer for the template it recognises.
     pub fn apply_chat_template(
         &self,
         messages: &[(String, String)],
@@ -196,6 +197,22 @@ impl LlamaModel {
         if tmpl.is_null() {
             return Err(LlamaError::NoTemplate);
         }
+        // SAFETY: libllama returns a NUL-terminated string owned by the model.
+        let tmpl = unsafe { CStr::from_ptr(tmpl) }.to_owned();
+        builtin_chat_template(&tmpl, messages, add_assistant)
+    }
+}
+
+/// Formats a conversation with libllama's built-in renderer for `tmpl`: a
+/// template's name ("chatml", "llama3", ...) or a Jinja source it
+/// recognises. No model needed.
+pub fn builtin_chat_template(
+    tmpl: &CStr,
+    messages: &[(String, String)],
+    add_assistant: bool,
+) -> Result<String, LlamaError> {
+    {
+        let tmpl = tmpl.as_ptr();
         let owned: Vec<(CString, CString)> = messages
             .iter()
             .map(|(r, c)| Ok((CString::new(r.as_str())?, CString::new(c.as_str())?)))
@@ -232,6 +249,9 @@ impl LlamaModel {
         }
         Err(LlamaError::Template)
     }
+}
+
+impl LlamaModel {
 
     /// A metadata string of the model, if present.
     pub fn meta(&self, key: &str) -> Option<String> {

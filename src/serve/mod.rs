@@ -1,2 +1,179 @@
 //! `strata serve`: an OpenAI-compatible HTTP server over the paged engine.
+//!
+//! Layout: [`batch`] decides what each engine step holds (continuous
+//! batching, chunked prefill, the prefix cache; plain Rust), [`worker`] is
+//! the one thread that owns the engine and runs the steps, [`http`] the
+//! axum routes, [`api`] the OpenAI wire format, [`chat`] chat templates,
+//! [`stop`] stop strings, [`metrics`] the Prometheus counters.
+//!
+//! Threads: the engine is not `Send`, so the engine loop's thread loads it
+//! and keeps it; a tokio runtime serves HTTP and talks to the loop over
+//! channels. SIGTERM or SIGINT stops accepting, lets running requests
+//! finish within the grace period, cuts off what is left and returns.
+
+pub mod api;
 pub mod batch;
+pub mod chat;
+pub mod http;
+pub mod metrics;
+pub mod stop;
+pub mod worker;
+
+use crate::engine::Engine;
+use crate::llama::LlamaModel;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {err}")]
+    Bind { addr: String, err: std::io::Error },
+    #[error(transparent)]
+    Chat(#[from] chat::ChatError),
+    #[error(transparent)]
+    Batch(#[from] batch::BatchError),
+    #[error("{0}")]
+    Load(String),
+    #[error("the HTTP server failed: {0}")]
+    Http(std::io::Error),
+    #[error("the engine loop panicked")]
+    Worker,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub host: String,
+    pub port: u16,
+    /// Sequences decoded together.
+    pub parallel: usize,
+    /// Requests that may wait for a place.
+    pub queue: usize,
+    /// `--chat-template`: a file, Jinja source or a libllama built-in name.
+    pub chat_template: Option<String>,
+    /// How long running requests may go on after SIGTERM.
+    pub grace: Duration,
+    /// The name /v1/models lists and requests may give.
+    pub model_id: String,
+}
+
+/// What the engine loop reports once the model is loaded.
+struct Ready {
+    n_ctx_seq: usize,
+    summary: String,
+}
+
+/// Serves until SIGTERM or SIGINT. `load` runs on the engine loop's thread
+/// (the engine stays there) and gives the engine and its vocabulary.
+pub fn serve<F>(cfg: ServeConfig, model: &Path, load: F) -> Result<(), ServeError>
+where
+    F: FnOnce() -> Result<(Engine, LlamaModel), String> + Send + 'static,
+{
+    let chat = chat::ChatTemplate::load(model, cfg.chat_template.as_deref())?;
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let listener = std::net::TcpListener::bind(&addr).map_err(|err| ServeError::Bind { addr: addr.clone(), err })?;
+    listener.set_nonblocking(true).map_err(ServeError::Http)?;
+    raise_fd_limit();
+
+    let metrics = Arc::new(metrics::Metrics::default());
+    let shutdown = Arc::new(worker::Shutdown::default());
+    let (tx, rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready, ServeError>>();
+    let (m, s, parallel) = (metrics.clone(), shutdown.clone(), cfg.parallel);
+    let handle = std::thread::Builder::new()
+        .name("strata-engine".into())
+        .spawn(move || {
+            let started = load().map_err(ServeError::Load).and_then(|(engine, vocab)| {
+                let b = batch::Batcher::new(engine.n_ctx() as usize, engine.n_batch() as usize, parallel)?;
+                Ok((engine, vocab, b))
+            });
+            match started {
+                Ok((engine, vocab, b)) => {
+                    let summary = format!(
+                        "{} sequences of up to {} tokens, steps of up to {} tokens",
+                        parallel,
+                        b.n_ctx_seq(),
+                        engine.n_batch()
+                    );
+                    let _ = ready_tx.send(Ok(Ready { n_ctx_seq: b.n_ctx_seq(), summary }));
+                    worker::Worker::new(engine, vocab, b, rx, m, s).run();
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(ServeError::Http)?;
+    let ready = match ready_rx.recv() {
+        Ok(r) => r?,
+        Err(_) => return Err(ServeError::Worker),
+    };
+
+    let state = Arc::new(http::AppState {
+        submit: Mutex::new(Some(tx)),
+        metrics,
+        shutdown: shutdown.clone(),
+        model_id: cfg.model_id.clone(),
+        n_ctx_seq: ready.n_ctx_seq,
+        queue: cfg.queue,
+        chat,
+        next_id: AtomicU64::new(1),
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    eprintln!("strata serve: {}; chat template: {}", ready.summary, state.chat.describe());
+    eprintln!("strata serve: listening on http://{addr} (model id {:?})", cfg.model_id);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .map_err(ServeError::Http)?;
+    let app = http::router(state.clone());
+    let grace = cfg.grace;
+    let res = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                stop_signal().await;
+                eprintln!("strata serve: stopping; running requests get {:.0} s to finish", grace.as_secs_f64());
+                shutdown.begin(grace);
+            })
+            .await
+    });
+    // the engine loop ends once its channel is closed and nothing runs
+    state.submit.lock().unwrap_or_else(|e| e.into_inner()).take();
+    rt.shutdown_timeout(Duration::from_secs(1));
+    handle.join().map_err(|_| ServeError::Worker)?;
+    res.map_err(ServeError::Http)
+}
+
+/// SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Idle keep-alive connections each hold a descriptor: allow as many as
+/// the hard limit permits.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max.min(1 << 20);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}

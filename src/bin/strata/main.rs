@@ -12,6 +12,7 @@ use strata::sample::{Sampler, SamplerConfig};
 mod bench;
 mod bench_spec;
 mod check;
+mod serve;
 mod spec;
 
 #[derive(Parser)]
@@ -33,6 +34,9 @@ enum Cmd {
     Check(check::CheckArgs),
     /// Measure prompt processing, generation and batched decode (vs llama.cpp).
     Bench(bench::BenchArgs),
+    /// Serve the OpenAI API (chat and text completions) with continuous
+    /// batching and a prefix cache.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -200,6 +204,7 @@ fn main() {
         Cmd::Run(a) => run(a),
         Cmd::Check(a) => check::check(a),
         Cmd::Bench(a) => bench::bench(a),
+        Cmd::Serve(a) => serve::serve(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
@@ -266,10 +271,16 @@ pub fn check_model_path(path: &std::path::Path, what: &str) -> Result<()> {
 
 fn load(m: &ModelArgs, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
     check_model_path(&m.model, "model file")?;
+    load_with(&m.model, cfg)
+}
+
+/// Loads the engine and the vocabulary, printing what was loaded and the
+/// plan when weights stream.
+pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
     let engine =
-        Engine::load(&m.model, cfg).with_context(|| format!("loading {}", m.model.display()))?;
-    let vocab = LlamaModel::load(&m.model, true, 0)
-        .with_context(|| format!("loading the vocabulary of {}", m.model.display()))?;
+        Engine::load(path, cfg).with_context(|| format!("loading {}", path.display()))?;
+    let vocab = LlamaModel::load(path, true, 0)
+        .with_context(|| format!("loading the vocabulary of {}", path.display()))?;
     eprintln!(
         "strata: {} ({}), {} layers, {:.1} MiB of weights on {}",
         engine.spec.name,

@@ -1,0 +1,62 @@
+//! `strata serve`: the OpenAI-compatible server (see strata::serve).
+
+use crate::ModelArgs;
+use anyhow::{Context as _, Result};
+use clap::Args;
+use std::time::Duration;
+use strata::serve::{serve as run_server, ServeConfig};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences decoded together (1 to 64). --ctx-size is the whole KV
+    /// cache, shared: each sequence may hold ctx-size / parallel positions.
+    #[arg(short = 'n', long = "parallel", visible_alias = "np", default_value_t = 4,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    parallel: usize,
+    /// Requests that may wait for a place; more answer 503.
+    #[arg(long, default_value_t = 256)]
+    queue: usize,
+    /// Chat template: a file holding a Jinja template, Jinja source, or the
+    /// name of a libllama built-in ("chatml", "llama3", ...). Default: the
+    /// model's tokenizer.chat_template.
+    #[arg(long = "chat-template")]
+    chat_template: Option<String>,
+    /// Seconds running requests may go on after SIGTERM.
+    #[arg(long = "shutdown-grace", default_value_t = 30.0)]
+    shutdown_grace: f64,
+}
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    crate::check_model_path(&a.model.model, "model file")?;
+    if !(a.shutdown_grace.is_finite() && a.shutdown_grace >= 0.0) {
+        anyhow::bail!("--shutdown-grace must be a number of seconds >= 0");
+    }
+    let cfg = ServeConfig {
+        host: a.host.clone(),
+        port: a.port,
+        parallel: a.parallel,
+        queue: a.queue,
+        chat_template: a.chat_template.clone(),
+        grace: Duration::from_secs_f64(a.shutdown_grace),
+        model_id: a
+            .model
+            .model
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
+    };
+    let ecfg = crate::engine_config(&a.model, true);
+    let model = a.model.model.clone();
+    let path = model.clone();
+    run_server(cfg, &model, move || {
+        crate::load_with(&path, &ecfg).map_err(|e| format!("{e:#}"))
+    })
+    .with_context(|| format!("serving {}", model.display()))
+}

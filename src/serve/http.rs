@@ -1,0 +1,210 @@
+//! The HTTP side: axum routes over the engine loop's channel.
+//!
+//! A completion request is parsed and checked here (bad input answers 4xx
+//! with OpenAI's JSON error body before anything reaches the engine), then
+//! handed to the engine loop, which answers with events. A full queue
+//! answers 503 with Retry-After. A streamed answer is a server-sent event
+//! stream of chunks ending in `data: [DONE]`; when the client goes away the
+//! stream is dropped, the engine loop sees the closed channel and cancels
+//! the sequence at the next step. A non-streamed answer is collected; its
+//! handler is dropped with the connection, with the same effect.
+
+use super::api::{self, Answer, ApiError, Endpoint};
+use super::chat::ChatTemplate;
+use super::metrics::Metrics;
+use super::worker::{Event, Shutdown, Submit};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+pub struct AppState {
+    pub submit: Mutex<Option<mpsc::Sender<Submit>>>,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: Arc<Shutdown>,
+    pub model_id: String,
+    pub n_ctx_seq: usize,
+    pub queue: usize,
+    pub chat: ChatTemplate,
+    pub next_id: AtomicU64,
+    pub started: u64,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { error(ApiError { status: 404, message: "no such endpoint".into() }) })
+        .with_state(state)
+}
+
+fn error(e: ApiError) -> Response {
+    let mut r = (StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), Json(e.body())).into_response();
+    if e.status == 503 {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{"id": st.model_id, "object": "model", "created": st.started, "owned_by": "strata"}],
+    }))
+    .into_response()
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.shutdown.is_stopping() {
+        return error(ApiError { status: 503, message: "shutting down".into() });
+    }
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.metrics.render()).into_response()
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    complete(st, Endpoint::Chat, body).await
+}
+
+async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    complete(st, Endpoint::Completion, body).await
+}
+
+async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let n = st.next_id.fetch_add(1, Relaxed);
+    // a request without a seed gets its own
+    let seed = (SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)) ^ n.rotate_left(32);
+    let lim = api::Limits { model_id: &st.model_id, n_ctx_seq: st.n_ctx_seq, chat: &st.chat };
+    let parsed = match api::parse(endpoint, &body, &lim, seed) {
+        Ok(p) => p,
+        Err(e) => {
+            st.metrics.rejected.fetch_add(1, Relaxed);
+            return error(e);
+        }
+    };
+    if st.shutdown.is_stopping() {
+        st.metrics.rejected.fetch_add(1, Relaxed);
+        return error(ApiError { status: 503, message: "the server is shutting down".into() });
+    }
+    // admission: at most `queue` requests wait
+    if st.metrics.queued.fetch_add(1, Relaxed) >= st.queue as u64 {
+        st.metrics.queued.fetch_sub(1, Relaxed);
+        st.metrics.rejected.fetch_add(1, Relaxed);
+        return error(ApiError {
+            status: 503,
+            message: format!("the queue is full ({} requests waiting); retry later", st.queue),
+        });
+    }
+    let (tx, mut rx) = unbounded_channel();
+    let sent = st
+        .submit
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|s| s.send(Submit { id: n, job: parsed.job, arrived, events: tx }).is_ok());
+    if !sent {
+        st.metrics.queued.fetch_sub(1, Relaxed);
+        return error(ApiError { status: 503, message: "the engine is not running".into() });
+    }
+    // the first event says whether the engine took it
+    match rx.recv().await {
+        Some(Event::Queued { .. }) => {}
+        Some(Event::Error(e)) => return error(e),
+        _ => return error(ApiError { status: 500, message: "the engine dropped the request".into() }),
+    }
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
+    let id = format!("{prefix}-{n}");
+    let created = now_secs();
+    if parsed.stream {
+        stream(st, endpoint, id, created, parsed.include_usage, rx)
+    } else {
+        let a = Answer { endpoint, id: &id, created, model: &st.model_id };
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Text(t) => text.push_str(&t),
+                Event::Done { finish, usage } => return Json(a.full(&text, finish, usage)).into_response(),
+                Event::Error(e) => return error(e),
+                Event::Queued { .. } => {}
+            }
+        }
+        error(ApiError { status: 500, message: "the engine dropped the request".into() })
+    }
+}
+
+/// The server-sent event stream of one answer.
+fn stream(
+    st: Arc<AppState>,
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    include_usage: bool,
+    rx: UnboundedReceiver<Event>,
+) -> Response {
+    struct S {
+        rx: UnboundedReceiver<Event>,
+        first: bool,
+        done: bool,
+    }
+    let model = st.model_id.clone();
+    let state = S { rx, first: true, done: false };
+    let events = futures_util::stream::unfold(state, move |mut s| {
+        let (id, model) = (id.clone(), model.clone());
+        async move {
+            if s.done {
+                return None;
+            }
+            let a = Answer { endpoint, id: &id, created, model: &model };
+            let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
+            let out: Vec<SseEvent> = match s.rx.recv().await {
+                Some(Event::Text(t)) => {
+                    let first = std::mem::take(&mut s.first);
+                    vec![data(a.chunk(Some(&t), first, None))]
+                }
+                Some(Event::Done { finish, usage }) => {
+                    s.done = true;
+                    let mut v = vec![data(a.chunk(None, s.first, Some(finish)))];
+                    if include_usage {
+                        v.push(data(a.usage_chunk(usage)));
+                    }
+                    v.push(SseEvent::default().data("[DONE]"));
+                    v
+                }
+                Some(Event::Error(e)) => {
+                    s.done = true;
+                    vec![data(e.body()), SseEvent::default().data("[DONE]")]
+                }
+                Some(Event::Queued { .. }) => Vec::new(),
+                None => {
+                    s.done = true;
+                    let e = ApiError { status: 500, message: "the engine dropped the request".into() };
+                    vec![data(e.body())]
+                }
+            };
+            Some((futures_util::stream::iter(out.into_iter().map(Ok::<_, Infallible>)), s))
+        }
+    });
+    Sse::new(futures_util::StreamExt::flatten(events)).into_response()
+}

@@ -1,0 +1,417 @@
+//! The engine loop: one thread owns the engine and runs every step.
+//!
+//! Requests arrive on a channel. At each step boundary the loop takes them
+//! in, drops the ones whose client went away (their cells are freed by the
+//! step's cache operations), asks the [`Batcher`] what the step holds,
+//! carries out its cache operations, runs the step, and samples one token
+//! for every sequence that wanted logits, each with its own sampler. Text
+//! goes back to the request's handler on its own channel as it forms.
+
+use super::api::{ApiError, Job, Prompt, Usage};
+use super::batch::{Batcher, Finish, KvOp, StepPlan};
+use super::metrics::Metrics;
+use super::stop::StopMatcher;
+use crate::engine::{BatchToken, Engine};
+use crate::generate::Utf8Stream;
+use crate::llama::LlamaModel;
+use crate::sample::Sampler;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What the engine loop sends back about a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Tokenized and queued.
+    Queued { prompt_tokens: usize },
+    Text(String),
+    Done { finish: &'static str, usage: Usage },
+    /// Refused or failed; no more events follow.
+    Error(ApiError),
+}
+
+/// A request handed to the engine loop.
+pub struct Submit {
+    pub id: u64,
+    pub job: Job,
+    pub arrived: Instant,
+    pub events: UnboundedSender<Event>,
+}
+
+/// Shutdown state shared with the HTTP side.
+#[derive(Default)]
+pub struct Shutdown {
+    /// Set on SIGTERM: no new requests; running ones finish.
+    pub stopping: std::sync::atomic::AtomicBool,
+    /// Past this, running requests are cut off.
+    pub deadline: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Shutdown {
+    pub fn begin(&self, grace: Duration) {
+        self.stopping.store(true, Relaxed);
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + grace);
+    }
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Relaxed)
+    }
+    fn past_deadline(&self) -> bool {
+        self.deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// Per-request state beside the batcher's.
+struct Seq {
+    sampler: Sampler,
+    stop: StopMatcher,
+    utf8: Utf8Stream,
+    events: UnboundedSender<Event>,
+    max_tokens: usize,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    generated: usize,
+    arrived: Instant,
+    first_token: bool,
+    admitted: bool,
+}
+
+pub struct Worker {
+    engine: Engine,
+    vocab: LlamaModel,
+    batcher: Batcher,
+    seqs: HashMap<u64, Seq>,
+    rx: Receiver<Submit>,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<Shutdown>,
+    /// (when, tokens sampled) of recent steps, for tokens/s.
+    recent: VecDeque<(Instant, usize)>,
+}
+
+impl Worker {
+    pub fn new(
+        engine: Engine,
+        vocab: LlamaModel,
+        batcher: Batcher,
+        rx: Receiver<Submit>,
+        metrics: Arc<Metrics>,
+        shutdown: Arc<Shutdown>,
+    ) -> Worker {
+        metrics.kv_cells.store(engine.cells.size() as u64, Relaxed);
+        Worker {
+            engine,
+            vocab,
+            batcher,
+            seqs: HashMap::new(),
+            rx,
+            metrics,
+            shutdown,
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// Runs until the channel closes (the HTTP side is gone) with nothing
+    /// left to compute.
+    pub fn run(mut self) {
+        loop {
+            if self.batcher.is_idle() {
+                self.update_rate();
+                match self.rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(s) => self.intake(s),
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            while let Ok(s) = self.rx.try_recv() {
+                self.intake(s);
+            }
+            self.drop_gone();
+            if self.batcher.is_idle() {
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    /// Tokenizes and queues a request, or answers its error.
+    fn intake(&mut self, s: Submit) {
+        let prompt = match &s.job.prompt {
+            Prompt::Text(t) => match self.vocab.tokenize(t, true, true) {
+                Ok(p) => p,
+                Err(e) => return self.refuse(&s, ApiError::bad(format!("tokenizing the prompt: {e}"))),
+            },
+            Prompt::Tokens(t) => t.clone(),
+        };
+        let n_vocab = self.engine.n_vocab();
+        if let Some(&t) = prompt.iter().find(|&&t| t >= n_vocab) {
+            return self.refuse(&s, ApiError::bad(format!("token id {t} is outside the vocabulary (n_vocab = {n_vocab})")));
+        }
+        if self.shutdown.is_stopping() {
+            return self.refuse(
+                &s,
+                ApiError {
+                    status: 503,
+                    message: "the server is shutting down".into(),
+                },
+            );
+        }
+        let n = prompt.len();
+        if let Err(e) = self.batcher.enqueue(s.id, prompt.clone()) {
+            return self.refuse(&s, ApiError::bad(e.to_string()));
+        }
+        let mut sampler = match Sampler::new(s.job.sampler.clone()) {
+            Ok(x) => x,
+            Err(e) => {
+                self.batcher.finish(s.id, Finish::Cancelled);
+                return self.refuse(&s, ApiError::bad(e.to_string()));
+            }
+        };
+        // the penalties see the prompt, as in `strata run`
+        for &t in &prompt {
+            sampler.accept(t);
+        }
+        let room = self.batcher.n_ctx_seq() - n;
+        let _ = s.events.send(Event::Queued { prompt_tokens: n });
+        self.seqs.insert(
+            s.id,
+            Seq {
+                sampler,
+                stop: StopMatcher::new(s.job.stop.clone()),
+                utf8: Utf8Stream::default(),
+                events: s.events,
+                max_tokens: s.job.max_tokens.unwrap_or(room),
+                prompt_tokens: n,
+                cached_tokens: 0,
+                generated: 0,
+                arrived: s.arrived,
+                first_token: false,
+                admitted: false,
+            },
+        );
+    }
+
+    fn refuse(&self, s: &Submit, e: ApiError) {
+        self.metrics.queued.fetch_sub(1, Relaxed);
+        self.metrics.rejected.fetch_add(1, Relaxed);
+        let _ = s.events.send(Event::Error(e));
+    }
+
+    /// Requests whose client went away, and all of them past the shutdown
+    /// deadline, end here.
+    fn drop_gone(&mut self) {
+        let cut = self.shutdown.past_deadline();
+        let gone: Vec<u64> = self
+            .batcher
+            .ids()
+            .into_iter()
+            .filter(|id| cut || self.seqs.get(id).is_none_or(|s| s.events.is_closed()))
+            .collect();
+        for id in gone {
+            if let Some(s) = self.seqs.get(&id) {
+                if cut {
+                    let _ = s.events.send(Event::Error(ApiError {
+                        status: 503,
+                        message: "the server shut down before the answer was complete".into(),
+                    }));
+                }
+            }
+            self.end(id, Finish::Cancelled);
+        }
+    }
+
+    fn end(&mut self, id: u64, why: Finish) {
+        self.batcher.finish(id, why);
+        if let Some(s) = self.seqs.remove(&id) {
+            if !s.admitted {
+                self.metrics.queued.fetch_sub(1, Relaxed);
+            }
+            match why {
+                Finish::Cancelled => self.metrics.cancelled.fetch_add(1, Relaxed),
+                _ => self.metrics.completed.fetch_add(1, Relaxed),
+            };
+        }
+    }
+
+    fn step(&mut self) {
+        let plan = self.batcher.plan(&self.engine.cells);
+        for op in &plan.ops {
+            match *op {
+                KvOp::Remove(s) => self.engine.clear_seq(s),
+                KvOp::Share { src, dst, n } => {
+                    // ids and positions come from the batcher: in range
+                    let _ = self.engine.copy_seq(src, dst, 0, n as i32);
+                }
+            }
+        }
+        for a in &plan.admitted {
+            if let Some(s) = self.seqs.get_mut(&a.id) {
+                s.admitted = true;
+                s.cached_tokens = a.reused;
+                self.metrics.queued.fetch_sub(1, Relaxed);
+                self.metrics.prompt_tokens.fetch_add(s.prompt_tokens as u64, Relaxed);
+                if a.reused > 0 {
+                    self.metrics.prefix_hits.fetch_add(1, Relaxed);
+                    self.metrics.prefix_tokens.fetch_add(a.reused as u64, Relaxed);
+                }
+            }
+        }
+        self.metrics.prefix_evictions.store(self.batcher.prefix.evictions, Relaxed);
+        if plan.feeds.is_empty() {
+            // everyone waits for a prefix another request computes: cannot
+            // happen (a source in prefill is always fed), but never spin
+            std::thread::sleep(Duration::from_millis(1));
+            return;
+        }
+        let batch: Vec<BatchToken> = plan
+            .feeds
+            .iter()
+            .flat_map(|f| {
+                let last = f.tokens.len() - 1;
+                f.tokens.iter().enumerate().map(move |(i, &token)| BatchToken {
+                    token,
+                    pos: (f.pos + i) as i32,
+                    seq: f.seq,
+                    logits: f.logits && i == last,
+                })
+            })
+            .collect();
+        let t0 = Instant::now();
+        let logits = match self.engine.decode(&batch) {
+            Ok(l) => l,
+            Err(e) => return self.fail_step(&plan, &e.to_string()),
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        self.batcher.fed(&plan);
+        let m = &self.metrics;
+        m.steps.fetch_add(1, Relaxed);
+        m.step_tokens.fetch_add(batch.len() as u64, Relaxed);
+        m.step_micros.fetch_add((secs * 1e6) as u64, Relaxed);
+        m.last_step_seconds.set(secs);
+        let bytes = self.engine.last_step.pager.bytes;
+        m.last_step_bytes.store(bytes, Relaxed);
+        m.streamed_bytes.fetch_add(bytes, Relaxed);
+
+        let n_vocab = self.engine.n_vocab() as usize;
+        let mut sampled = 0;
+        for (f, row) in plan.feeds.iter().filter(|f| f.logits).zip(logits.chunks(n_vocab)) {
+            sampled += 1;
+            self.sample(f.id, row);
+        }
+        self.recent.push_back((Instant::now(), sampled));
+        self.update_rate();
+        self.update_kv();
+    }
+
+    /// Samples request `id`'s next token from `row` and sends its text.
+    fn sample(&mut self, id: u64, row: &[f32]) {
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let tok = match s.sampler.sample(row) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = s.events.send(Event::Error(ApiError {
+                    status: 500,
+                    message: format!("sampling failed: {e}"),
+                }));
+                self.metrics.failed.fetch_add(1, Relaxed);
+                self.batcher.finish(id, Finish::Cancelled);
+                self.seqs.remove(&id);
+                return;
+            }
+        };
+        s.sampler.accept(tok);
+        s.generated += 1;
+        self.metrics.generated_tokens.fetch_add(1, Relaxed);
+        if !s.first_token {
+            s.first_token = true;
+            self.metrics.ttft_micros.fetch_add(s.arrived.elapsed().as_micros() as u64, Relaxed);
+            self.metrics.ttft_count.fetch_add(1, Relaxed);
+        }
+        let finish = if self.vocab.is_eog(tok) {
+            Some(Finish::Stop)
+        } else {
+            let piece = s.utf8.push(&self.vocab.token_bytes(tok, false));
+            let r = s.stop.push(&piece);
+            if !r.text.is_empty() {
+                let _ = s.events.send(Event::Text(r.text));
+            }
+            if r.stopped {
+                Some(Finish::Stop)
+            } else if s.generated >= s.max_tokens || self.batcher.sampled(id, tok) >= self.batcher.n_ctx_seq() {
+                Some(Finish::Length)
+            } else {
+                None
+            }
+        };
+        if let Some(why) = finish {
+            // text held back for a stop string that did not come
+            let rest = s.stop.flush();
+            if !rest.is_empty() {
+                let _ = s.events.send(Event::Text(rest));
+            }
+            let usage = Usage {
+                prompt_tokens: s.prompt_tokens,
+                completion_tokens: s.generated,
+                cached_tokens: s.cached_tokens,
+            };
+            let finish = if why == Finish::Stop { "stop" } else { "length" };
+            let _ = s.events.send(Event::Done { finish, usage });
+            self.end(id, why);
+        }
+    }
+
+    /// An engine error: every request in the step gets it and ends; the
+    /// engine gave the step's cells back.
+    fn fail_step(&mut self, plan: &StepPlan, err: &str) {
+        tracing::error!("step failed: {err}");
+        for f in &plan.feeds {
+            if let Some(s) = self.seqs.remove(&f.id) {
+                let _ = s.events.send(Event::Error(ApiError {
+                    status: 500,
+                    message: format!("the engine failed: {err}"),
+                }));
+                self.metrics.failed.fetch_add(1, Relaxed);
+            }
+            self.batcher.finish(f.id, Finish::Cancelled);
+        }
+    }
+
+    fn update_rate(&mut self) {
+        let now = Instant::now();
+        let window = Duration::from_secs(10);
+        while self.recent.front().is_some_and(|(t, _)| now - *t > window) {
+            self.recent.pop_front();
+        }
+        let n: usize = self.recent.iter().map(|r| r.1).sum();
+        let span = self
+            .recent
+            .front()
+            .map_or(0.0, |(t, _)| (now - *t).as_secs_f64().max(1.0));
+        self.metrics.tokens_per_second.set(if span > 0.0 { n as f64 / span } else { 0.0 });
+    }
+
+    fn update_kv(&self) {
+        let m = &self.metrics;
+        let cells = &self.engine.cells;
+        m.kv_cells_used.store(cells.used() as u64, Relaxed);
+        m.active.store(self.batcher.n_active() as u64, Relaxed);
+        m.parked.store(self.batcher.n_parked() as u64, Relaxed);
+        let (block, dram, ssd) = match self.engine.kv_tier() {
+            Some(t) => (t.block(), t.table.in_dram() as u64, t.table.on_ssd() as u64),
+            None => (256, 0, 0),
+        };
+        let nb = cells.size().div_ceil(block);
+        let live = (0..nb).filter(|&b| cells.block_rows(b, block) > 0).count() as u64;
+        // resident layers hold every live block on the GPU
+        let gpu = if self.engine.kv_resident_layers() > 0 { live } else { 0 };
+        m.kv_blocks_gpu.store(gpu, Relaxed);
+        m.kv_blocks_dram.store(dram, Relaxed);
+        m.kv_blocks_ssd.store(ssd, Relaxed);
+    }
+}
