@@ -56,6 +56,8 @@ pub enum EngineError {
     BadPos { seq: u32, pos: i32, n_ctx: u32 },
     #[error("empty batch")]
     EmptyBatch,
+    #[error("{0}")]
+    Unsupported(&'static str),
     #[error("context size {0} is out of range (at most 16777216 tokens)")]
     BadContext(u32),
     #[error(transparent)]
@@ -131,6 +133,10 @@ pub struct EngineConfig {
     /// default; its --no-repack turns it off).
     pub repack: bool,
     pub hybrid: Hybrid,
+    /// Batch-invariant numerics on the CPU: ggml's reference kernels and
+    /// plain weights, so a sequence's logits do not depend on what it is
+    /// batched with (slower; the server's --batch-invariant).
+    pub batch_invariant: bool,
 }
 
 impl Default for EngineConfig {
@@ -155,6 +161,7 @@ impl Default for EngineConfig {
             kv_spill_max: None,
             repack: true,
             hybrid: Hybrid::Auto,
+            batch_invariant: false,
         }
     }
 }
@@ -208,6 +215,12 @@ pub struct Engine {
 
 impl Engine {
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
+        // batch invariance needs the plain layout: repacked kernels pick
+        // gemv or gemm by batch size
+        let cfg = &EngineConfig {
+            repack: cfg.repack && !cfg.batch_invariant,
+            ..cfg.clone()
+        };
         let gguf = GgufFile::open(path)?;
         let spec = ModelSpec::from_gguf(&gguf)?;
         let file = ModelFile::open(path)?;
@@ -222,6 +235,11 @@ impl Engine {
         let mut backend = device.init_backend()?;
         backend.set_n_threads(cfg.n_threads);
         backend.attach_cpu_threadpool(cfg.n_threads, cfg.poll)?;
+        if cfg.batch_invariant && !backend.set_use_ref(true) {
+            return Err(EngineError::Unsupported(
+                "batch-invariant numerics need the CPU device (GPU kernels depend on the batch size)",
+            ));
+        }
         // KV cells in multiples of 256, as llama.cpp pads them: attention
         // reads n_kv cells padded to 256 (see KvCells::n_kv)
         let n_ctx = cfg

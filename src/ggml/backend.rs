@@ -300,6 +300,30 @@ impl Backend {
             }
         }
     }
+    /// Makes a CPU backend use ggml's reference kernels: one query row at a
+    /// time through attention (no tiled or split-KV flash attention), no
+    /// sgemm tiles, no fused ops. Each row's arithmetic then no longer
+    /// depends on how many other rows share the step (batch invariance), at
+    /// a cost in speed. Returns false on backends without the switch.
+    pub fn set_use_ref(&self, on: bool) -> bool {
+        type SetRef = unsafe extern "C" fn(sys::ggml_backend_t, bool);
+        if !self.device.is_cpu() {
+            return false;
+        }
+        match self.device.proc_address("ggml_backend_cpu_set_use_ref") {
+            Some(f) => {
+                // SAFETY: the CPU registry hands out this symbol for
+                // ggml_backend_cpu_set_use_ref(ggml_backend_t, bool); self
+                // is a live CPU backend.
+                unsafe {
+                    let f: SetRef = std::mem::transmute(f);
+                    f(self.raw(), on);
+                }
+                true
+            }
+            None => false,
+        }
+    }
     /// Gives a CPU backend a persistent thread pool of `n` threads, so each
     /// graph computation does not start and join its own threads (strata
     /// computes one small graph per layer group). No-op on other backends.

@@ -188,10 +188,13 @@ struct RunArgs {
 }
 
 fn main() {
-    // llama.cpp spells the draft model -md, which clap would read as -m d
+    // llama.cpp spells the draft model -md and the parallel sequences
+    // -np, which clap would read as -m d and -n p
     let cli = Cli::parse_from(std::env::args_os().map(|a| {
         if a == "-md" {
             "--model-draft".into()
+        } else if a == "-np" {
+            "--parallel".into()
         } else {
             a
         }
@@ -253,6 +256,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         kv_spill_max: m.kv_spill_max,
         repack: !m.no_repack,
         hybrid: m.hybrid,
+        batch_invariant: false,
     }
 }
 

@@ -16,9 +16,9 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Sequences decoded together (1 to 64). --ctx-size is the whole KV
+    /// Sequences decoded together, 1 to 64 (llama.cpp's -np). --ctx-size is the whole KV
     /// cache, shared: each sequence may hold ctx-size / parallel positions.
-    #[arg(short = 'n', long = "parallel", visible_alias = "np", default_value_t = 4,
+    #[arg(long = "parallel", default_value_t = 4,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     parallel: usize,
     /// Requests that may wait for a place; more answer 503.
@@ -29,6 +29,12 @@ pub struct ServeArgs {
     /// model's tokenizer.chat_template.
     #[arg(long = "chat-template")]
     chat_template: Option<String>,
+    /// Batch-invariant numerics (CPU device): every request's tokens are
+    /// those it gets alone, whatever it is batched with, at a cost in
+    /// speed. Without it, as in llama-server, kernels chosen by batch size
+    /// round differently and greedy answers can differ with the load.
+    #[arg(long = "batch-invariant")]
+    batch_invariant: bool,
     /// Seconds running requests may go on after SIGTERM.
     #[arg(long = "shutdown-grace", default_value_t = 30.0)]
     shutdown_grace: f64,
@@ -52,7 +58,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
     };
-    let ecfg = crate::engine_config(&a.model, true);
+    let mut ecfg = crate::engine_config(&a.model, true);
+    ecfg.batch_invariant = a.batch_invariant;
     let model = a.model.model.clone();
     let path = model.clone();
     run_server(cfg, &model, move || {
