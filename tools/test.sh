@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 source tools/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 tools/fetch-models.sh all >/dev/null
+tools/serve-clients.sh >/dev/null
 export STRATA_REQUIRE_MODELS=1
 cargo build --release --all-targets
 vendor/verify.sh

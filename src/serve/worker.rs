@@ -151,15 +151,6 @@ impl Worker {
         if let Some(&t) = prompt.iter().find(|&&t| t >= n_vocab) {
             return self.refuse(&s, ApiError::bad(format!("token id {t} is outside the vocabulary (n_vocab = {n_vocab})")));
         }
-        if self.shutdown.is_stopping() {
-            return self.refuse(
-                &s,
-                ApiError {
-                    status: 503,
-                    message: "the server is shutting down".into(),
-                },
-            );
-        }
         let n = prompt.len();
         if let Err(e) = self.batcher.enqueue(s.id, prompt.clone()) {
             return self.refuse(&s, ApiError::bad(e.to_string()));

@@ -1,0 +1,217 @@
+//! `strata serve` on 127.0.0.1 with real clients: the `openai` Python
+//! package (tests/serve/*.py, installed by tools/serve-clients.sh), curl and
+//! raw sockets. Each test starts its own server on a free port.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The Python with the `openai` package, or None (skip) outside CI.
+fn python() -> Option<PathBuf> {
+    let p = std::env::var_os("STRATA_SERVE_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/strata/venv-serve/bin/python")
+    });
+    if p.is_file() {
+        return Some(p);
+    }
+    if std::env::var("STRATA_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!("{} missing: run tools/serve-clients.sh", p.display());
+    }
+    eprintln!("skipping: {} not found (run tools/serve-clients.sh)", p.display());
+    None
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = std::env::temp_dir().join(format!("strata-serve-{port}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["serve", "-m"])
+            .arg(model)
+            .args(["--port", &port.to_string(), "-t", "2"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start strata serve");
+        let s = Server { child, port, log };
+        let t0 = Instant::now();
+        while http(s.port, "GET", "/health", b"").map(|r| r.0) != Some(200) {
+            assert!(t0.elapsed() < Duration::from_secs(60), "server did not start: {}", s.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s
+    }
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    /// Runs one of tests/serve/*.py against this server.
+    fn run_py(&self, py: &Path, script: &str) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve");
+        let out = Command::new(py)
+            .arg(dir.join(script))
+            .current_dir(&dir)
+            .env("STRATA_URL", self.url())
+            .env("STRATA_PID", self.child.id().to_string())
+            .output()
+            .expect("run python");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        eprintln!("{script}: {text}");
+        assert!(out.status.success(), "{script} failed:\n{text}\nserver log:\n{}", self.log_text());
+    }
+    fn metric(&self, name: &str) -> f64 {
+        let (_, body) = http(self.port, "GET", "/metrics", b"").unwrap();
+        let body = String::from_utf8(body).unwrap();
+        body.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, body).
+fn http(port: u16, method: &str, path: &str, body: &[u8]) -> Option<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(300))).ok()?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let status = std::str::from_utf8(&out[9..12]).ok()?.parse().ok()?;
+    Some((status, out[split + 4..].to_vec()))
+}
+
+fn curl(args: &[&str]) -> (String, String) {
+    let out = Command::new("curl").args(["-sS", "--max-time", "300"]).args(args).output().expect("run curl");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn openai_clients_and_concurrent_answers_equal_alone() {
+    let (Some(model), Some(py)) = (common::model(common::SMOLLM2), python()) else { return };
+    let s = Server::start(&model, &["--parallel", "16", "-c", "8192", "--batch-invariant"]);
+    s.run_py(&py, "clients.py");
+    s.run_py(&py, "same_answers.py");
+}
+
+#[test]
+fn load_test_and_bad_input() {
+    let (Some(model), Some(py)) = (common::model(common::SMOLLM2), python()) else { return };
+    let s = Server::start(&model, &["--parallel", "16", "-c", "16384"]);
+    s.run_py(&py, "load.py");
+
+    // curl, streamed and not
+    let url = format!("{}/v1/chat/completions", s.url());
+    let (out, _) = curl(&["-N", &url, "-d", r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"stream":true}"#]);
+    let data: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert!(data.len() >= 3 && data.last() == Some(&"[DONE]"), "{out}");
+    let first: serde_json::Value = serde_json::from_str(data[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    let (out, _) = curl(&[&url, "-d", r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5}"#]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 5, "{out}");
+
+    // bad input answers 4xx with a JSON error body
+    let long = "word ".repeat(2000);
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("/v1/chat/completions", b"{\"messages\": [".to_vec(), 400, "not valid JSON"),
+        ("/v1/chat/completions", b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(), 400, "not valid JSON"),
+        ("/v1/chat/completions", br#"{"messages":[]}"#.to_vec(), 400, "must not be empty"),
+        ("/v1/chat/completions", br#"{"model":"gpt-4","messages":[{"role":"user","content":"x"}]}"#.to_vec(), 404, "does not exist"),
+        ("/v1/completions", br#"{"prompt":"x","max_tokens":-5}"#.to_vec(), 400, "at least 1"),
+        ("/v1/completions", br#"{"prompt":"x","max_tokens":99999999999999}"#.to_vec(), 400, "does not fit"),
+        ("/v1/completions", br#"{"prompt":"x","max_tokens":1e400}"#.to_vec(), 400, "not valid JSON"),
+        ("/v1/completions", format!(r#"{{"prompt":"{long}"}}"#).into_bytes(), 400, "the context holds 1024 per sequence"),
+        ("/v1/completions", br#"{"prompt":[1,2,99999999]}"#.to_vec(), 400, "outside the vocabulary"),
+        ("/v1/nothing", b"{}".to_vec(), 404, "no such endpoint"),
+    ];
+    for (path, body, status, says) in cases {
+        let (st, b) = http(s.port, "POST", path, &body).expect("an answer");
+        let b = String::from_utf8_lossy(&b);
+        assert_eq!(st, status, "{path} {}: {b}", String::from_utf8_lossy(&body[..body.len().min(60)]));
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("not JSON: {b}"));
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{path}: {msg:?} does not say {says:?}");
+    }
+    let rejected = s.metric("strata_requests_rejected_total");
+    assert!(rejected >= 9.0, "rejected {rejected}");
+
+    // a thousand idle connections do not stop it serving
+    let idle: Vec<TcpStream> = (0..1000)
+        .map(|_| TcpStream::connect(("127.0.0.1", s.port)).expect("connect"))
+        .collect();
+    let (st, _) = http(s.port, "POST", "/v1/completions", br#"{"prompt":"Hello","max_tokens":3}"#).expect("served");
+    assert_eq!(st, 200);
+    drop(idle);
+    assert_eq!(http(s.port, "GET", "/health", b"").map(|r| r.0), Some(200));
+}
+
+#[test]
+fn full_queue_answers_503_and_sigterm_finishes_running_requests() {
+    let Some(model) = common::model(common::SMOLLM2) else { return };
+    let s = Server::start(&model, &["--parallel", "1", "--queue", "1", "-c", "1024"]);
+    let body = r#"{"prompt":"Tell me a long story about the sea.","max_tokens":48,"stream":true}"#;
+    let url = format!("{}/v1/completions", s.url());
+    // one runs, one waits, the third is refused
+    let spawn = |b: &str| {
+        Command::new("curl")
+            .args(["-sS", "-N", "--max-time", "300", &url, "-d", b])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let running = spawn(body);
+    let t0 = Instant::now();
+    while s.metric("strata_requests_active") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let waiting = spawn(body);
+    while s.metric("strata_requests_queued") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (out, _) = curl(&["-i", &url, "-d", body]);
+    assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+    assert!(out.to_ascii_lowercase().contains("retry-after: 1"), "{out}");
+    assert!(out.contains("queue is full"), "{out}");
+
+    // SIGTERM: both accepted requests finish, new ones are refused, exit 0
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    for c in [running, waiting] {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        assert!(text.contains("\"finish_reason\":\"length\"") || text.contains("\"finish_reason\":\"stop\""), "{text}");
+    }
+    let mut s = s;
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "exit {status:?}: {}", s.log_text());
+    assert!(http(s.port, "GET", "/health", b"").is_none(), "still listening");
+}
