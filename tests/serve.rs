@@ -215,3 +215,33 @@ fn full_queue_answers_503_and_sigterm_finishes_running_requests() {
     assert!(status.success(), "exit {status:?}: {}", s.log_text());
     assert!(http(s.port, "GET", "/health", b"").is_none(), "still listening");
 }
+
+/// The test models' own Jinja templates, rendered by minijinja, give what
+/// libllama's built-in renderer gives for them (both are ChatML with a
+/// system message); without one, Qwen's template adds its default system
+/// prompt, as Hugging Face renders it.
+#[test]
+fn gguf_chat_templates_render_as_libllama_does() {
+    use strata::serve::chat::{ChatTemplate, Message};
+    for name in [common::SMOLLM2, common::QWEN2] {
+        let Some(model) = common::model(name) else { return };
+        let vocab = strata::llama::LlamaModel::load(&model, true, 0).unwrap();
+        let t = ChatTemplate::load(&model, None).unwrap();
+        let conv = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello."),
+            Message::new("user", "What is 2+2?"),
+        ];
+        let pairs: Vec<(String, String)> = conv.iter().map(|m| (m.role.clone(), m.content.clone())).collect();
+        for add in [true, false] {
+            assert_eq!(t.render(&conv, add).unwrap(), vocab.apply_chat_template(&pairs, add).unwrap(), "{name}");
+        }
+        assert!(t.describe().starts_with("Jinja"), "{name}");
+    }
+    let Some(model) = common::model(common::QWEN2) else { return };
+    let t = ChatTemplate::load(&model, None).unwrap();
+    let r = t.render(&[Message::new("user", "Hi")], true).unwrap();
+    assert!(r.starts_with("<|im_start|>system\nYou are Qwen"), "{r}");
+    assert!(r.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), "{r}");
+}

@@ -8,6 +8,7 @@ use strata::engine::{DeviceChoice, Engine, EngineConfig, Hybrid};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
+use strata::serve::chat::{ChatTemplate, Message};
 
 mod bench;
 mod bench_spec;
@@ -175,6 +176,12 @@ struct RunArgs {
     /// System message for --chat.
     #[arg(long, allow_hyphen_values = true)]
     system: Option<String>,
+    /// Chat template for --chat: a file holding a Jinja template, Jinja
+    /// source, or a libllama built-in name ("chatml", "llama3", ...).
+    /// Default: the model's tokenizer.chat_template, rendered as Hugging
+    /// Face does (the same code as `strata serve`).
+    #[arg(long = "chat-template")]
+    chat_template: Option<String>,
     /// After generating, save the KV cache, tokens and sampler state here.
     #[arg(long = "save-session")]
     save_session: Option<PathBuf>,
@@ -373,9 +380,10 @@ fn run(a: RunArgs) -> Result<()> {
 
     // interactive chat: re-render the whole conversation each turn and feed
     // only the part the KV cache has not seen
-    let mut messages: Vec<(String, String)> = Vec::new();
+    let template = ChatTemplate::load(&a.model.model, a.chat_template.as_deref())?;
+    let mut messages: Vec<Message> = Vec::new();
     if let Some(s) = &a.system {
-        messages.push(("system".into(), s.clone()));
+        messages.push(Message::new("system", s));
     }
     let mut rendered_len = 0usize;
     let mut first = a.prompt.clone();
@@ -399,8 +407,8 @@ fn run(a: RunArgs) -> Result<()> {
             }
             line
         };
-        messages.push(("user".into(), user));
-        let full = vocab.apply_chat_template(&messages, true)?;
+        messages.push(Message::new("user", &user));
+        let full = template.render(&messages, true)?;
         let new_part = full.get(rendered_len..).unwrap_or(&full);
         let toks = vocab.tokenize(new_part, rendered_len == 0, true)?;
         let mut reply = String::new();
@@ -414,8 +422,8 @@ fn run(a: RunArgs) -> Result<()> {
         // the KV cache now holds `full` + the reply text; the template's
         // end-of-turn marker after it is fed with the next user message
         let seen = format!("{full}{reply}");
-        messages.push(("assistant".into(), reply));
-        let next = vocab.apply_chat_template(&messages, false)?;
+        messages.push(Message::new("assistant", &reply));
+        let next = template.render(&messages, false)?;
         if next.starts_with(&seen) {
             rendered_len = seen.len();
         } else {
