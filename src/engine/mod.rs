@@ -211,6 +211,8 @@ pub struct Engine {
     mask: Vec<u16>,
     pub last_step: StepStats,
     timeline: Option<timeline::Timeline>,
+    /// The budgets chosen because none was given, described.
+    pub auto_budgets: Vec<String>,
 }
 
 impl Engine {
@@ -231,6 +233,27 @@ impl Engine {
                 Some(d) => d,
                 None => ggml::cpu_device()?,
             },
+        };
+        // budgets not given: what the machine has free, less a margin
+        let mut budgets = Vec::new();
+        let auto_gpu = (cfg.gpu_budget.is_none() && !device.is_cpu()).then(|| {
+            let (free, total) = device.memory();
+            let b = crate::paging::auto_gpu_budget(free as u64, total as u64);
+            budgets.push(format!("GPU budget {} (free {} less a margin)", gib(b), gib(free as u64)));
+            b
+        });
+        let auto_dram = match cfg.dram_budget {
+            Some(_) => None,
+            None => crate::paging::mem_available().map(|avail| {
+                let b = crate::paging::auto_dram_budget(avail);
+                budgets.push(format!("DRAM budget {} (available {} less a margin)", gib(b), gib(avail)));
+                b
+            }),
+        };
+        let cfg = &EngineConfig {
+            gpu_budget: cfg.gpu_budget.or(auto_gpu),
+            dram_budget: cfg.dram_budget.or(auto_dram),
+            ..cfg.clone()
         };
         let mut backend = device.init_backend()?;
         backend.set_n_threads(cfg.n_threads);
@@ -407,6 +430,7 @@ impl Engine {
             mask: Vec::new(),
             last_step: StepStats::default(),
             timeline: None,
+            auto_budgets: budgets,
         })
     }
 
@@ -1065,6 +1089,10 @@ fn alloc_key(k: &TemplateKey) -> u8 {
         } => 1,
         TemplateKey::Head { .. } => 2,
     }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
 fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {

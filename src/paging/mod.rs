@@ -2,10 +2,12 @@
 //! streaming the others through a small ring of slots while earlier groups
 //! compute. Plain Rust (no FFI); the engine executes what these decide.
 
+mod budget;
 mod hybrid;
 mod plan;
 mod ring;
 
+pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use hybrid::{
     plan_hybrid, spread, CpuInput, HybridPlan, Prediction, SizePlan,
     MAX_TOKENS as HYBRID_MAX_TOKENS,

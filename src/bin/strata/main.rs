@@ -300,7 +300,13 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
         engine.weight_bytes() as f64 / (1 << 20) as f64,
         engine.device().description()
     );
+    for b in &engine.auto_budgets {
+        tracing::info!("{b}");
+    }
     if engine.plan.n_streamed() > 0 {
+        for b in &engine.auto_budgets {
+            eprintln!("strata: {b}");
+        }
         eprintln!("strata: {}", engine.plan);
     }
     Ok((engine, vocab))
