@@ -15,23 +15,7 @@
 # The module and models go under /root (kept while the machine stays warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-device-out}; mkdir -p "$out"
-bin=.carry/bin; v=.carry/models/vocab-smollm2.gguf
-mkdir -p /root/m /root/cuda
-# the vocabulary model may travel xz-compressed (with a CUDA module in
-# .carry/cuda the carry is close to its 64 MiB)
-[ -f $v ] || { xz -dc $v.xz > /root/m/vocab.gguf && v=/root/m/vocab.gguf; }
-f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/machine.txt"
-lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|Flags" | cut -c1-200 >> "$out/machine.txt"
-# the CUDA module: built once per machine (4 minutes), while the model is written
-if [ ! -f /root/cuda/libggml-cuda.so ]; then
-  { bash tools/device-restore-module.sh && cp $bin/libggml-cuda.so* /root/cuda/; } > "$out/module.txt" 2>&1 &
-fi
-m=/root/m/llama3-70b-q4_0.gguf
-[ -f "$m" ] || $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from $v "$m" 2>&1 | tail -1 > "$out/synth.txt"
-wait
-cp /root/cuda/libggml-cuda.so* $bin/
+source tools/device-70b.sh
 R=${REPS:-3}
 for what in ${@:-bench}; do
 case "$what" in

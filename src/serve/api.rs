@@ -47,6 +47,9 @@ pub struct Job {
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
     pub sampler: SamplerConfig,
+    /// Go on past end-of-generation tokens (llama-server's `ignore_eos`;
+    /// benchmarks).
+    pub ignore_eos: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +107,8 @@ struct Common {
     repeat_last_n: Option<i64>,
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 #[derive(Deserialize)]
@@ -268,6 +273,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
             max_tokens,
             stop,
             sampler,
+            ignore_eos: c.ignore_eos,
         },
         stream: c.stream,
         include_usage: c.stream_options.is_some_and(|o| o.include_usage),

@@ -79,6 +79,7 @@ struct Seq {
     arrived: Instant,
     first_token: bool,
     admitted: bool,
+    ignore_eos: bool,
 }
 
 pub struct Worker {
@@ -182,6 +183,7 @@ impl Worker {
                 arrived: s.arrived,
                 first_token: false,
                 admitted: false,
+                ignore_eos: s.job.ignore_eos,
             },
         );
     }
@@ -324,7 +326,7 @@ impl Worker {
             self.metrics.ttft_micros.fetch_add(s.arrived.elapsed().as_micros() as u64, Relaxed);
             self.metrics.ttft_count.fetch_add(1, Relaxed);
         }
-        let finish = if self.vocab.is_eog(tok) {
+        let finish = if !s.ignore_eos && self.vocab.is_eog(tok) {
             Some(Finish::Stop)
         } else {
             let piece = s.utf8.push(&self.vocab.token_bytes(tok, false));
