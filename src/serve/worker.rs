@@ -14,7 +14,7 @@ use super::stop::StopMatcher;
 use crate::engine::{BatchToken, Engine};
 use crate::generate::Utf8Stream;
 use crate::llama::LlamaModel;
-use crate::sample::Sampler;
+use crate::sample::{SampleError, Sampler};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -290,22 +290,65 @@ impl Worker {
         m.streamed_bytes.fetch_add(bytes, Relaxed);
 
         let n_vocab = self.engine.n_vocab() as usize;
-        let mut sampled = 0;
-        for (f, row) in plan.feeds.iter().filter(|f| f.logits).zip(logits.chunks(n_vocab)) {
-            sampled += 1;
-            self.sample(f.id, row);
+        let rows: Vec<(u64, &[f32])> = plan
+            .feeds
+            .iter()
+            .filter(|f| f.logits)
+            .zip(logits.chunks(n_vocab))
+            .map(|(f, r)| (f.id, r))
+            .collect();
+        let drawn = self.draw(&rows);
+        let sampled = drawn.len();
+        for (id, tok) in drawn {
+            self.emit(id, tok);
         }
         self.recent.push_back((Instant::now(), sampled));
         self.update_rate();
         self.update_kv();
     }
 
-    /// Samples request `id`'s next token from `row` and sends its text.
-    fn sample(&mut self, id: u64, row: &[f32]) {
+    /// Each row's token, drawn by its request's own sampler, in row order.
+    /// Many rows are sampled on several threads (64 rows of a large
+    /// vocabulary take tens of milliseconds on one core).
+    fn draw(&mut self, rows: &[(u64, &[f32])]) -> Vec<(u64, Result<u32, SampleError>)> {
+        type Work<'a> = (u64, &'a mut Sampler, &'a [f32], Option<Result<u32, SampleError>>);
+        let index: HashMap<u64, &[f32]> = rows.iter().copied().collect();
+        let mut work: Vec<Work> = self
+            .seqs
+            .iter_mut()
+            .filter_map(|(id, s)| index.get(id).map(|r| (*id, &mut s.sampler, *r, None)))
+            .collect();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores.min(work.len() / 8).max(1);
+        if threads > 1 {
+            let per = work.len().div_ceil(threads);
+            std::thread::scope(|sc| {
+                for chunk in work.chunks_mut(per) {
+                    sc.spawn(move || {
+                        for w in chunk {
+                            w.3 = Some(w.1.sample(w.2));
+                        }
+                    });
+                }
+            });
+        } else {
+            for w in &mut work {
+                w.3 = Some(w.1.sample(w.2));
+            }
+        }
+        let mut by_id: HashMap<u64, Result<u32, SampleError>> =
+            work.into_iter().filter_map(|w| Some((w.0, w.3?))).collect();
+        rows.iter()
+            .filter_map(|(id, _)| by_id.remove(id).map(|r| (*id, r)))
+            .collect()
+    }
+
+    /// Takes request `id`'s drawn token and sends its text.
+    fn emit(&mut self, id: u64, tok: Result<u32, SampleError>) {
         let Some(s) = self.seqs.get_mut(&id) else {
             return;
         };
-        let tok = match s.sampler.sample(row) {
+        let tok = match tok {
             Ok(t) => t,
             Err(e) => {
                 let _ = s.events.send(Event::Error(ApiError {
