@@ -147,7 +147,9 @@ impl SamplerConfig {
     }
 
     fn penalty_enabled(&self) -> bool {
-        (self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0)
+        (self.repeat_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0)
             && self.repeat_last_n > 0
     }
 }

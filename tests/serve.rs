@@ -12,16 +12,22 @@ use std::time::{Duration, Instant};
 
 /// The Python with the `openai` package, or None (skip) outside CI.
 fn python() -> Option<PathBuf> {
-    let p = std::env::var_os("STRATA_SERVE_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/strata/venv-serve/bin/python")
-    });
+    let p = std::env::var_os("STRATA_SERVE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                .join(".cache/strata/venv-serve/bin/python")
+        });
     if p.is_file() {
         return Some(p);
     }
     if std::env::var("STRATA_REQUIRE_MODELS").as_deref() == Ok("1") {
         panic!("{} missing: run tools/serve-clients.sh", p.display());
     }
-    eprintln!("skipping: {} not found (run tools/serve-clients.sh)", p.display());
+    eprintln!(
+        "skipping: {} not found (run tools/serve-clients.sh)",
+        p.display()
+    );
     None
 }
 
@@ -33,7 +39,11 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let log = std::env::temp_dir().join(format!("strata-serve-{port}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["serve", "-m"])
@@ -47,7 +57,11 @@ impl Server {
         let s = Server { child, port, log };
         let t0 = Instant::now();
         while http(s.port, "GET", "/health", b"").map(|r| r.0) != Some(200) {
-            assert!(t0.elapsed() < Duration::from_secs(60), "server did not start: {}", s.log_text());
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "server did not start: {}",
+                s.log_text()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         s
@@ -68,9 +82,17 @@ impl Server {
             .env("STRATA_PID", self.child.id().to_string())
             .output()
             .expect("run python");
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         eprintln!("{script}: {text}");
-        assert!(out.status.success(), "{script} failed:\n{text}\nserver log:\n{}", self.log_text());
+        assert!(
+            out.status.success(),
+            "{script} failed:\n{text}\nserver log:\n{}",
+            self.log_text()
+        );
     }
     fn metric(&self, name: &str) -> f64 {
         let (_, body) = http(self.port, "GET", "/metrics", b"").unwrap();
@@ -107,54 +129,134 @@ fn http(port: u16, method: &str, path: &str, body: &[u8]) -> Option<(u16, Vec<u8
 }
 
 fn curl(args: &[&str]) -> (String, String) {
-    let out = Command::new("curl").args(["-sS", "--max-time", "300"]).args(args).output().expect("run curl");
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "300"])
+        .args(args)
+        .output()
+        .expect("run curl");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
 fn openai_clients_and_concurrent_answers_equal_alone() {
-    let (Some(model), Some(py)) = (common::model(common::SMOLLM2), python()) else { return };
-    let s = Server::start(&model, &["--parallel", "16", "-c", "8192", "--batch-invariant"]);
+    let (Some(model), Some(py)) = (common::model(common::SMOLLM2), python()) else {
+        return;
+    };
+    let s = Server::start(
+        &model,
+        &["--parallel", "16", "-c", "8192", "--batch-invariant"],
+    );
     s.run_py(&py, "clients.py");
     s.run_py(&py, "same_answers.py");
 }
 
 #[test]
 fn load_test_and_bad_input() {
-    let (Some(model), Some(py)) = (common::model(common::SMOLLM2), python()) else { return };
+    let (Some(model), Some(py)) = (common::model(common::SMOLLM2), python()) else {
+        return;
+    };
     let s = Server::start(&model, &["--parallel", "16", "-c", "16384"]);
     s.run_py(&py, "load.py");
 
     // curl, streamed and not
     let url = format!("{}/v1/chat/completions", s.url());
-    let (out, _) = curl(&["-N", &url, "-d", r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"stream":true}"#]);
-    let data: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let (out, _) = curl(&[
+        "-N",
+        &url,
+        "-d",
+        r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"stream":true}"#,
+    ]);
+    let data: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert!(data.len() >= 3 && data.last() == Some(&"[DONE]"), "{out}");
     let first: serde_json::Value = serde_json::from_str(data[0]).unwrap();
     assert_eq!(first["object"], "chat.completion.chunk");
-    let (out, _) = curl(&[&url, "-d", r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5}"#]);
+    let (out, _) = curl(&[
+        &url,
+        "-d",
+        r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5}"#,
+    ]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 5, "{out}");
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() <= 5,
+        "{out}"
+    );
 
     // bad input answers 4xx with a JSON error body
     let long = "word ".repeat(2000);
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
-        ("/v1/chat/completions", b"{\"messages\": [".to_vec(), 400, "not valid JSON"),
-        ("/v1/chat/completions", b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(), 400, "not valid JSON"),
-        ("/v1/chat/completions", br#"{"messages":[]}"#.to_vec(), 400, "must not be empty"),
-        ("/v1/chat/completions", br#"{"model":"gpt-4","messages":[{"role":"user","content":"x"}]}"#.to_vec(), 404, "does not exist"),
-        ("/v1/completions", br#"{"prompt":"x","max_tokens":-5}"#.to_vec(), 400, "at least 1"),
-        ("/v1/completions", br#"{"prompt":"x","max_tokens":99999999999999}"#.to_vec(), 400, "does not fit"),
-        ("/v1/completions", br#"{"prompt":"x","max_tokens":1e400}"#.to_vec(), 400, "not valid JSON"),
-        ("/v1/completions", format!(r#"{{"prompt":"{long}"}}"#).into_bytes(), 400, "the context holds 1024 per sequence"),
-        ("/v1/completions", br#"{"prompt":[1,2,99999999]}"#.to_vec(), 400, "outside the vocabulary"),
+        (
+            "/v1/chat/completions",
+            b"{\"messages\": [".to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        (
+            "/v1/chat/completions",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages":[]}"#.to_vec(),
+            400,
+            "must not be empty",
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"model":"gpt-4","messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            404,
+            "does not exist",
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt":"x","max_tokens":-5}"#.to_vec(),
+            400,
+            "at least 1",
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt":"x","max_tokens":99999999999999}"#.to_vec(),
+            400,
+            "does not fit",
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt":"x","max_tokens":1e400}"#.to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        (
+            "/v1/completions",
+            format!(r#"{{"prompt":"{long}"}}"#).into_bytes(),
+            400,
+            "the context holds 1024 per sequence",
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt":[1,2,99999999]}"#.to_vec(),
+            400,
+            "outside the vocabulary",
+        ),
         ("/v1/nothing", b"{}".to_vec(), 404, "no such endpoint"),
     ];
     for (path, body, status, says) in cases {
         let (st, b) = http(s.port, "POST", path, &body).expect("an answer");
         let b = String::from_utf8_lossy(&b);
-        assert_eq!(st, status, "{path} {}: {b}", String::from_utf8_lossy(&body[..body.len().min(60)]));
-        let v: serde_json::Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("not JSON: {b}"));
+        assert_eq!(
+            st,
+            status,
+            "{path} {}: {b}",
+            String::from_utf8_lossy(&body[..body.len().min(60)])
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&b).unwrap_or_else(|_| panic!("not JSON: {b}"));
         let msg = v["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains(says), "{path}: {msg:?} does not say {says:?}");
     }
@@ -165,15 +267,49 @@ fn load_test_and_bad_input() {
     let idle: Vec<TcpStream> = (0..1000)
         .map(|_| TcpStream::connect(("127.0.0.1", s.port)).expect("connect"))
         .collect();
-    let (st, _) = http(s.port, "POST", "/v1/completions", br#"{"prompt":"Hello","max_tokens":3}"#).expect("served");
+    let (st, _) = http(
+        s.port,
+        "POST",
+        "/v1/completions",
+        br#"{"prompt":"Hello","max_tokens":3}"#,
+    )
+    .expect("served");
     assert_eq!(st, 200);
     drop(idle);
     assert_eq!(http(s.port, "GET", "/health", b"").map(|r| r.0), Some(200));
+
+    // a non-streamed request whose client goes away is cancelled too
+    let cancelled = s.metric("strata_requests_cancelled_total");
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let body = br#"{"prompt":"Tell me a long story","max_tokens":500,"ignore_eos":true}"#;
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body).unwrap();
+    let t0 = Instant::now();
+    while s.metric("strata_requests_active") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(c);
+    while s.metric("strata_requests_cancelled_total") < cancelled + 1.0
+        || s.metric("strata_requests_active") > 0.0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the dropped request was not cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
 fn full_queue_answers_503_and_sigterm_finishes_running_requests() {
-    let Some(model) = common::model(common::SMOLLM2) else { return };
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
     let s = Server::start(&model, &["--parallel", "1", "--queue", "1", "-c", "1024"]);
     let body = r#"{"prompt":"Tell me a long story about the sea.","max_tokens":48,"stream":true}"#;
     let url = format!("{}/v1/completions", s.url());
@@ -208,12 +344,19 @@ fn full_queue_answers_503_and_sigterm_finishes_running_requests() {
         let out = c.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-        assert!(text.contains("\"finish_reason\":\"length\"") || text.contains("\"finish_reason\":\"stop\""), "{text}");
+        assert!(
+            text.contains("\"finish_reason\":\"length\"")
+                || text.contains("\"finish_reason\":\"stop\""),
+            "{text}"
+        );
     }
     let mut s = s;
     let status = s.child.wait().unwrap();
     assert!(status.success(), "exit {status:?}: {}", s.log_text());
-    assert!(http(s.port, "GET", "/health", b"").is_none(), "still listening");
+    assert!(
+        http(s.port, "GET", "/health", b"").is_none(),
+        "still listening"
+    );
 }
 
 /// The test models' own Jinja templates, rendered by minijinja, give what
@@ -224,7 +367,9 @@ fn full_queue_answers_503_and_sigterm_finishes_running_requests() {
 fn gguf_chat_templates_render_as_libllama_does() {
     use strata::serve::chat::{ChatTemplate, Message};
     for name in [common::SMOLLM2, common::QWEN2] {
-        let Some(model) = common::model(name) else { return };
+        let Some(model) = common::model(name) else {
+            return;
+        };
         let vocab = strata::llama::LlamaModel::load(&model, true, 0).unwrap();
         let t = ChatTemplate::load(&model, None).unwrap();
         let conv = [
@@ -233,15 +378,27 @@ fn gguf_chat_templates_render_as_libllama_does() {
             Message::new("assistant", "Hello."),
             Message::new("user", "What is 2+2?"),
         ];
-        let pairs: Vec<(String, String)> = conv.iter().map(|m| (m.role.clone(), m.content.clone())).collect();
+        let pairs: Vec<(String, String)> = conv
+            .iter()
+            .map(|m| (m.role.clone(), m.content.clone()))
+            .collect();
         for add in [true, false] {
-            assert_eq!(t.render(&conv, add).unwrap(), vocab.apply_chat_template(&pairs, add).unwrap(), "{name}");
+            assert_eq!(
+                t.render(&conv, add).unwrap(),
+                vocab.apply_chat_template(&pairs, add).unwrap(),
+                "{name}"
+            );
         }
         assert!(t.describe().starts_with("Jinja"), "{name}");
     }
-    let Some(model) = common::model(common::QWEN2) else { return };
+    let Some(model) = common::model(common::QWEN2) else {
+        return;
+    };
     let t = ChatTemplate::load(&model, None).unwrap();
     let r = t.render(&[Message::new("user", "Hi")], true).unwrap();
     assert!(r.starts_with("<|im_start|>system\nYou are Qwen"), "{r}");
-    assert!(r.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), "{r}");
+    assert!(
+        r.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+        "{r}"
+    );
 }

@@ -239,14 +239,22 @@ impl Engine {
         let auto_gpu = (cfg.gpu_budget.is_none() && !device.is_cpu()).then(|| {
             let (free, total) = device.memory();
             let b = crate::paging::auto_gpu_budget(free as u64, total as u64);
-            budgets.push(format!("GPU budget {} (free {} less a margin)", gib(b), gib(free as u64)));
+            budgets.push(format!(
+                "GPU budget {} (free {} less a margin)",
+                gib(b),
+                gib(free as u64)
+            ));
             b
         });
         let auto_dram = match cfg.dram_budget {
             Some(_) => None,
             None => crate::paging::mem_available().map(|avail| {
                 let b = crate::paging::auto_dram_budget(avail);
-                budgets.push(format!("DRAM budget {} (available {} less a margin)", gib(b), gib(avail)));
+                budgets.push(format!(
+                    "DRAM budget {} (available {} less a margin)",
+                    gib(b),
+                    gib(avail)
+                ));
                 b
             }),
         };

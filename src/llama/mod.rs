@@ -252,7 +252,6 @@ pub fn builtin_chat_template(
 }
 
 impl LlamaModel {
-
     /// A metadata string of the model, if present.
     pub fn meta(&self, key: &str) -> Option<String> {
         let k = CString::new(key).ok()?;

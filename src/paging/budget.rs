@@ -23,7 +23,12 @@ pub fn mem_available() -> Option<u64> {
 
 fn parse_meminfo(text: &str, key: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with(key))?;
-    let kib: u64 = line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kib: u64 = line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     kib.checked_mul(1024)
 }
 
@@ -38,9 +43,13 @@ mod tests {
         assert_eq!(auto_gpu_budget(G / 2, 80 * G), 0);
         assert_eq!(auto_dram_budget(100 * G), 88 * G);
         assert_eq!(auto_dram_budget(G), 0);
-        let m = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n";
+        let m =
+            "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n";
         assert_eq!(parse_meminfo(m, "MemAvailable:"), Some(20_000_000 * 1024));
         assert_eq!(parse_meminfo(m, "SwapTotal:"), None);
-        assert_eq!(parse_meminfo("MemAvailable: lots kB", "MemAvailable:"), None);
+        assert_eq!(
+            parse_meminfo("MemAvailable: lots kB", "MemAvailable:"),
+            None
+        );
     }
 }

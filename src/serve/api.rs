@@ -165,7 +165,8 @@ fn field<T: for<'de> Deserialize<'de>>(v: &Value, what: &str) -> Result<T, ApiEr
 
 /// Parses and checks a request body.
 pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result<Parsed, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
     if !v.is_object() {
         return Err(ApiError::bad("the request body must be a JSON object"));
     }
@@ -174,7 +175,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         if m != lim.model_id {
             return Err(ApiError {
                 status: 404,
-                message: format!("model {m:?} does not exist; this server serves {:?}", lim.model_id),
+                message: format!(
+                    "model {m:?} does not exist; this server serves {:?}",
+                    lim.model_id
+                ),
             });
         }
     }
@@ -183,7 +187,11 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
     }
     let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
         None => None,
-        Some(n) if n < 1 => return Err(ApiError::bad(format!("max_tokens must be at least 1, got {n}"))),
+        Some(n) if n < 1 => {
+            return Err(ApiError::bad(format!(
+                "max_tokens must be at least 1, got {n}"
+            )))
+        }
         Some(n) if n as u64 >= lim.n_ctx_seq as u64 => {
             return Err(ApiError::bad(format!(
                 "max_tokens {n} does not fit the context of {} tokens per sequence",
@@ -195,14 +203,20 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
     let stop = match c.stop {
         None => Vec::new(),
         Some(OneOrMany::One(s)) => vec![s],
-        Some(OneOrMany::Many(v)) if v.len() > 16 => return Err(ApiError::bad("stop: at most 16 strings")),
+        Some(OneOrMany::Many(v)) if v.len() > 16 => {
+            return Err(ApiError::bad("stop: at most 16 strings"))
+        }
         Some(OneOrMany::Many(v)) => v,
     };
     let d = SamplerConfig::default();
     let repeat_last_n = match c.repeat_last_n {
         None => d.repeat_last_n,
         Some(n) if (0..=1 << 20).contains(&n) => n as usize,
-        Some(n) => return Err(ApiError::bad(format!("repeat_last_n must be in 0..=1048576, got {n}"))),
+        Some(n) => {
+            return Err(ApiError::bad(format!(
+                "repeat_last_n must be in 0..=1048576, got {n}"
+            )))
+        }
     };
     let sampler = SamplerConfig {
         temperature: c.temperature.unwrap_or(d.temperature),
@@ -215,7 +229,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         seed: c.seed.map_or(seed, |s| s as u64),
     };
-    sampler.validate().map_err(|e| ApiError::bad(e.to_string()))?;
+    sampler
+        .validate()
+        .map_err(|e| ApiError::bad(e.to_string()))?;
     let prompt = match endpoint {
         Endpoint::Chat => {
             let b: ChatBody = field(&v, "messages")?;
@@ -236,7 +252,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
                                     o.kind
                                 )));
                             }
-                            p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("")
+                            p.into_iter()
+                                .filter_map(|p| p.text)
+                                .collect::<Vec<_>>()
+                                .join("")
                         }
                     };
                     Ok(Message {
@@ -260,11 +279,17 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
                 PromptIn::Text(t) => Prompt::Text(t),
                 PromptIn::Tokens(t) => Prompt::Tokens(t),
                 PromptIn::Texts(mut t) if t.len() == 1 => Prompt::Text(t.remove(0)),
-                PromptIn::Texts(_) => return Err(ApiError::bad("prompt: only one prompt per request is supported")),
+                PromptIn::Texts(_) => {
+                    return Err(ApiError::bad(
+                        "prompt: only one prompt per request is supported",
+                    ))
+                }
             }
         }
     };
-    if matches!(&prompt, Prompt::Text(t) if t.is_empty()) || matches!(&prompt, Prompt::Tokens(t) if t.is_empty()) {
+    if matches!(&prompt, Prompt::Text(t) if t.is_empty())
+        || matches!(&prompt, Prompt::Tokens(t) if t.is_empty())
+    {
         return Err(ApiError::bad("the prompt is empty"));
     }
     Ok(Parsed {
@@ -402,7 +427,10 @@ mod tests {
             99,
         )
         .unwrap();
-        assert_eq!(p.job.prompt, Prompt::Text("<|system|>be brief\n<|user|>hi\n<|assistant|>".into()));
+        assert_eq!(
+            p.job.prompt,
+            Prompt::Text("<|system|>be brief\n<|user|>hi\n<|assistant|>".into())
+        );
         assert!(p.stream && !p.include_usage);
         assert_eq!(p.job.max_tokens, Some(5));
         assert_eq!(p.job.stop, vec!["\n\n".to_string()]);
@@ -417,19 +445,58 @@ mod tests {
     fn bad_requests_name_the_problem() {
         let t = chatml();
         let bad = |ep, body: &[u8]| parse(ep, body, &lim(&t), 0).unwrap_err();
-        assert!(bad(Endpoint::Chat, b"{\"messages\": [").message.contains("not valid JSON"));
+        assert!(bad(Endpoint::Chat, b"{\"messages\": [")
+            .message
+            .contains("not valid JSON"));
         assert!(bad(Endpoint::Chat, b"[1]").message.contains("JSON object"));
-        assert!(bad(Endpoint::Chat, br#"{"messages":[]}"#).message.contains("must not be empty"));
-        assert_eq!(bad(Endpoint::Chat, br#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#).status, 404);
-        assert!(bad(Endpoint::Completion, br#"{"prompt":"x","max_tokens":-1}"#).message.contains("at least 1"));
-        assert!(bad(Endpoint::Completion, br#"{"prompt":"x","max_tokens":1000000000000}"#).message.contains("does not fit"));
-        assert!(bad(Endpoint::Completion, br#"{"prompt":"x","temperature":"hot"}"#).message.contains("bad field"));
-        assert!(bad(Endpoint::Completion, br#"{"prompt":"x","top_p":0}"#).message.contains("top_p"));
-        assert!(bad(Endpoint::Completion, br#"{"prompt":""}"#).message.contains("empty"));
-        assert!(bad(Endpoint::Completion, br#"{"prompt":"x","n":2}"#).message.contains("n:"));
-        assert!(bad(Endpoint::Completion, b"{\"prompt\":\"\xff\"}").message.contains("not valid JSON"));
+        assert!(bad(Endpoint::Chat, br#"{"messages":[]}"#)
+            .message
+            .contains("must not be empty"));
+        assert_eq!(
+            bad(
+                Endpoint::Chat,
+                br#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#
+            )
+            .status,
+            404
+        );
+        assert!(
+            bad(Endpoint::Completion, br#"{"prompt":"x","max_tokens":-1}"#)
+                .message
+                .contains("at least 1")
+        );
+        assert!(bad(
+            Endpoint::Completion,
+            br#"{"prompt":"x","max_tokens":1000000000000}"#
+        )
+        .message
+        .contains("does not fit"));
+        assert!(bad(
+            Endpoint::Completion,
+            br#"{"prompt":"x","temperature":"hot"}"#
+        )
+        .message
+        .contains("bad field"));
+        assert!(bad(Endpoint::Completion, br#"{"prompt":"x","top_p":0}"#)
+            .message
+            .contains("top_p"));
+        assert!(bad(Endpoint::Completion, br#"{"prompt":""}"#)
+            .message
+            .contains("empty"));
+        assert!(bad(Endpoint::Completion, br#"{"prompt":"x","n":2}"#)
+            .message
+            .contains("n:"));
+        assert!(bad(Endpoint::Completion, b"{\"prompt\":\"\xff\"}")
+            .message
+            .contains("not valid JSON"));
         let none = ChatTemplate::from_jinja("{{ raise_exception('no') }}", "", "");
-        let e = parse(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}]}"#, &lim(&none), 0).unwrap_err();
+        let e = parse(
+            Endpoint::Chat,
+            br#"{"messages":[{"role":"user","content":"x"}]}"#,
+            &lim(&none),
+            0,
+        )
+        .unwrap_err();
         assert_eq!(e.status, 400);
     }
 

@@ -139,7 +139,9 @@ pub enum BatchError {
     Parallel { parallel: usize, max: u32 },
     #[error("--batch-size {n_batch} must be at least --parallel {parallel} (every running sequence decodes one token per step)")]
     Batch { n_batch: usize, parallel: usize },
-    #[error("--ctx-size {n_ctx} gives each of the {parallel} parallel sequences fewer than 2 positions")]
+    #[error(
+        "--ctx-size {n_ctx} gives each of the {parallel} parallel sequences fewer than 2 positions"
+    )]
     Context { n_ctx: usize, parallel: usize },
     #[error("the prompt has {n} tokens but the context holds {n_ctx_seq} per sequence (--ctx-size / --parallel)")]
     PromptTooLong { n: usize, n_ctx_seq: usize },
@@ -263,6 +265,12 @@ impl Batcher {
                 last_use: self.clock,
             });
         }
+    }
+
+    /// Cache operations waiting for the next step (cancelled sequences'
+    /// cells), for an engine loop with nothing to compute to apply now.
+    pub fn take_ops(&mut self) -> Vec<KvOp> {
+        std::mem::take(&mut self.ops)
     }
 
     /// Records the token sampled for request `id` after a step; it is fed
@@ -445,11 +453,16 @@ impl Batcher {
 
     /// A sequence id no active or parked sequence holds; evicts the least
     /// recently used parked one (never `keep`) when none is free.
-    fn free_seq(&mut self, plan: &mut StepPlan, sim: &mut KvCells, keep: Option<u32>) -> Option<u32> {
+    fn free_seq(
+        &mut self,
+        plan: &mut StepPlan,
+        sim: &mut KvCells,
+        keep: Option<u32>,
+    ) -> Option<u32> {
         let used = |s: u32| {
             self.active.iter().any(|a| a.seq == s)
                 || self.parked.iter().any(|p| p.seq == s)
-                || plan.ops.iter().any(|o| *o == KvOp::Remove(s))
+                || plan.ops.contains(&KvOp::Remove(s))
         };
         if let Some(s) = (0..MAX_SEQ).find(|&s| !used(s)) {
             return Some(s);
@@ -498,11 +511,7 @@ struct Source {
 
 /// `a` takes over the first `n` tokens of sequence `src`.
 fn share(plan: &mut StepPlan, sim: &mut KvCells, a: &mut Active, src: u32, n: usize) {
-    let op = KvOp::Share {
-        src,
-        dst: a.seq,
-        n,
-    };
+    let op = KvOp::Share { src, dst: a.seq, n };
     apply(sim, &op);
     plan.ops.push(op);
     a.tokens = a.prompt[..n].to_vec();
@@ -552,9 +561,15 @@ mod tests {
         b.enqueue(1, (100..112).collect()).unwrap();
         let p = run(&mut b, &mut cells);
         assert_eq!(p.feeds.len(), 1);
-        assert_eq!((p.feeds[0].pos, p.feeds[0].tokens.len(), p.feeds[0].logits), (0, 8, false));
+        assert_eq!(
+            (p.feeds[0].pos, p.feeds[0].tokens.len(), p.feeds[0].logits),
+            (0, 8, false)
+        );
         let p = run(&mut b, &mut cells);
-        assert_eq!((p.feeds[0].pos, p.feeds[0].tokens.len(), p.feeds[0].logits), (8, 4, true));
+        assert_eq!(
+            (p.feeds[0].pos, p.feeds[0].tokens.len(), p.feeds[0].logits),
+            (8, 4, true)
+        );
         b.sampled(1, 7);
         b.enqueue(2, (200..220).collect()).unwrap();
         let p = run(&mut b, &mut cells);
@@ -624,7 +639,10 @@ mod tests {
         let mut b = Batcher::new(64, 64, 4).unwrap();
         assert_eq!(
             b.enqueue(1, vec![1; 16]),
-            Err(BatchError::PromptTooLong { n: 16, n_ctx_seq: 16 })
+            Err(BatchError::PromptTooLong {
+                n: 16,
+                n_ctx_seq: 16
+            })
         );
         assert_eq!(b.enqueue(1, vec![]), Err(BatchError::EmptyPrompt));
     }
@@ -647,7 +665,9 @@ mod tests {
             // request id -> (family, prompt len, max new, cancel after steps)
             let mut left: Vec<(u64, usize, Option<usize>)> = Vec::new();
             let mut seq_tokens: std::collections::HashMap<u32, Vec<u32>> = Default::default();
-            let mut arrivals: VecDeque<(u64, Vec<u32>, usize, Option<usize>, usize)> = reqs
+            // (id, prompt, tokens to generate, cancel after steps, arrival slot)
+            type Arrival = (u64, Vec<u32>, usize, Option<usize>, usize);
+            let mut arrivals: VecDeque<Arrival> = reqs
                 .iter()
                 .enumerate()
                 .map(|(i, &(fam, len, new, cancel, at))| {

@@ -71,7 +71,9 @@ impl ChatTemplate {
         let token = |key: &str| -> String {
             let id = f.get_u32_opt(key).ok().flatten();
             let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap_or(&[]);
-            id.and_then(|i| tokens.get(i as usize)).cloned().unwrap_or_default()
+            id.and_then(|i| tokens.get(i as usize))
+                .cloned()
+                .unwrap_or_default()
         };
         let renderer = match overrides {
             Some(o) => Some(Self::parse_override(o)?),
@@ -128,7 +130,11 @@ impl ChatTemplate {
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where
     /// the assistant's reply begins.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, ChatError> {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
         match &self.renderer {
             None => Err(ChatError::NoTemplate),
             Some(Renderer::Builtin(name)) => render_builtin(name, messages, add_generation_prompt),
@@ -141,7 +147,12 @@ impl ChatTemplate {
         }
     }
 
-    fn render_jinja(&self, src: &str, messages: &[Message], add_generation_prompt: bool) -> Result<String, ChatError> {
+    fn render_jinja(
+        &self,
+        src: &str,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
         let mut env = minijinja::Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -151,9 +162,15 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         let msgs: Vec<minijinja::Value> = messages
             .iter()
@@ -170,7 +187,8 @@ impl ChatTemplate {
             bos_token => &self.bos,
             eos_token => &self.eos,
         };
-        env.render_str(src, ctx).map_err(|e| ChatError::Render(format!("{e:#}")))
+        env.render_str(src, ctx)
+            .map_err(|e| ChatError::Render(format!("{e:#}")))
     }
 }
 
@@ -186,7 +204,12 @@ fn render_builtin(tmpl: &str, messages: &[Message], add: bool) -> Result<String,
 /// The local time formatted by the C library's strftime (templates that
 /// print today's date).
 fn strftime_now(fmt: &str) -> Result<String, minijinja::Error> {
-    let bad = || minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "strftime_now format");
+    let bad = || {
+        minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            "strftime_now format",
+        )
+    };
     let cfmt = CString::new(fmt).map_err(|_| bad())?;
     let mut buf = vec![0u8; 256];
     // SAFETY: `time` and `localtime_r` write only into the locals passed;
@@ -234,7 +257,10 @@ mod tests {
     fn python_methods_trim_blocks_and_exceptions_work() {
         let src = "{% for m in messages %}\n  {% if m.role == 'user' %}\n[{{ m.content.strip() | upper }}]\n  {% endif %}\n{% endfor %}{{ bos_token }}";
         let t = ChatTemplate::from_jinja(src, "<s>", "</s>");
-        assert_eq!(t.render(&conversation(), false).unwrap(), "[HI  THERE]\n[WHAT IS 2+2?]\n<s>");
+        assert_eq!(
+            t.render(&conversation(), false).unwrap(),
+            "[HI  THERE]\n[WHAT IS 2+2?]\n<s>"
+        );
         let t = ChatTemplate::from_jinja("{{ raise_exception('only user roles') }}", "", "");
         let e = t.render(&conversation(), true).unwrap_err().to_string();
         assert!(e.contains("only user roles"), "{e}");

@@ -13,7 +13,7 @@ use super::api::{self, Answer, ApiError, Endpoint};
 use super::chat::ChatTemplate;
 use super::metrics::Metrics;
 use super::worker::{Event, Shutdown, Submit};
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -45,20 +45,34 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .fallback(|| async { error(ApiError { status: 404, message: "no such endpoint".into() }) })
+        .fallback(|| async {
+            error(ApiError {
+                status: 404,
+                message: "no such endpoint".into(),
+            })
+        })
+        // the body is read in the handlers, with its own limit and error
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
 }
 
 fn error(e: ApiError) -> Response {
-    let mut r = (StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), Json(e.body())).into_response();
+    let mut r = (
+        StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        Json(e.body()),
+    )
+        .into_response();
     if e.status == 503 {
-        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     r
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
@@ -71,29 +85,61 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     if st.shutdown.is_stopping() {
-        return error(ApiError { status: 503, message: "shutting down".into() });
+        return error(ApiError {
+            status: 503,
+            message: "shutting down".into(),
+        });
     }
     Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.metrics.render()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
 }
 
-async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    complete(st, Endpoint::Chat, body).await
+/// Largest request body read (a prompt of a million tokens' text fits).
+const MAX_BODY: usize = 32 << 20;
+
+async fn chat(State(st): State<Arc<AppState>>, body: Body) -> Response {
+    read_then(st, Endpoint::Chat, body).await
 }
 
-async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    complete(st, Endpoint::Completion, body).await
+async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
+    read_then(st, Endpoint::Completion, body).await
+}
+
+async fn read_then(st: Arc<AppState>, endpoint: Endpoint, body: Body) -> Response {
+    match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => complete(st, endpoint, b).await,
+        Err(e) => {
+            st.metrics.rejected.fetch_add(1, Relaxed);
+            error(ApiError {
+                status: 413,
+                message: format!(
+                    "the request body could not be read (at most {MAX_BODY} bytes): {e}"
+                ),
+            })
+        }
+    }
 }
 
 async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Response {
     let arrived = Instant::now();
     let n = st.next_id.fetch_add(1, Relaxed);
     // a request without a seed gets its own
-    let seed = (SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)) ^ n.rotate_left(32);
-    let lim = api::Limits { model_id: &st.model_id, n_ctx_seq: st.n_ctx_seq, chat: &st.chat };
+    let seed = (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64))
+        ^ n.rotate_left(32);
+    let lim = api::Limits {
+        model_id: &st.model_id,
+        n_ctx_seq: st.n_ctx_seq,
+        chat: &st.chat,
+    };
     let parsed = match api::parse(endpoint, &body, &lim, seed) {
         Ok(p) => p,
         Err(e) => {
@@ -103,7 +149,10 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
     };
     if st.shutdown.is_stopping() {
         st.metrics.rejected.fetch_add(1, Relaxed);
-        return error(ApiError { status: 503, message: "the server is shutting down".into() });
+        return error(ApiError {
+            status: 503,
+            message: "the server is shutting down".into(),
+        });
     }
     // admission: at most `queue` requests wait
     if st.metrics.queued.fetch_add(1, Relaxed) >= st.queue as u64 {
@@ -111,7 +160,10 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
         st.metrics.rejected.fetch_add(1, Relaxed);
         return error(ApiError {
             status: 503,
-            message: format!("the queue is full ({} requests waiting); retry later", st.queue),
+            message: format!(
+                "the queue is full ({} requests waiting); retry later",
+                st.queue
+            ),
         });
     }
     let (tx, mut rx) = unbounded_channel();
@@ -120,16 +172,32 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
-        .is_some_and(|s| s.send(Submit { id: n, job: parsed.job, arrived, events: tx }).is_ok());
+        .is_some_and(|s| {
+            s.send(Submit {
+                id: n,
+                job: parsed.job,
+                arrived,
+                events: tx,
+            })
+            .is_ok()
+        });
     if !sent {
         st.metrics.queued.fetch_sub(1, Relaxed);
-        return error(ApiError { status: 503, message: "the engine is not running".into() });
+        return error(ApiError {
+            status: 503,
+            message: "the engine is not running".into(),
+        });
     }
     // the first event says whether the engine took it
     match rx.recv().await {
         Some(Event::Queued { .. }) => {}
         Some(Event::Error(e)) => return error(e),
-        _ => return error(ApiError { status: 500, message: "the engine dropped the request".into() }),
+        _ => {
+            return error(ApiError {
+                status: 500,
+                message: "the engine dropped the request".into(),
+            })
+        }
     }
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -140,17 +208,27 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
     if parsed.stream {
         stream(st, endpoint, id, created, parsed.include_usage, rx)
     } else {
-        let a = Answer { endpoint, id: &id, created, model: &st.model_id };
+        let a = Answer {
+            endpoint,
+            id: &id,
+            created,
+            model: &st.model_id,
+        };
         let mut text = String::new();
         while let Some(ev) = rx.recv().await {
             match ev {
                 Event::Text(t) => text.push_str(&t),
-                Event::Done { finish, usage } => return Json(a.full(&text, finish, usage)).into_response(),
+                Event::Done { finish, usage } => {
+                    return Json(a.full(&text, finish, usage)).into_response()
+                }
                 Event::Error(e) => return error(e),
                 Event::Queued { .. } => {}
             }
         }
-        error(ApiError { status: 500, message: "the engine dropped the request".into() })
+        error(ApiError {
+            status: 500,
+            message: "the engine dropped the request".into(),
+        })
     }
 }
 
@@ -169,14 +247,23 @@ fn stream(
         done: bool,
     }
     let model = st.model_id.clone();
-    let state = S { rx, first: true, done: false };
+    let state = S {
+        rx,
+        first: true,
+        done: false,
+    };
     let events = futures_util::stream::unfold(state, move |mut s| {
         let (id, model) = (id.clone(), model.clone());
         async move {
             if s.done {
                 return None;
             }
-            let a = Answer { endpoint, id: &id, created, model: &model };
+            let a = Answer {
+                endpoint,
+                id: &id,
+                created,
+                model: &model,
+            };
             let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
             let out: Vec<SseEvent> = match s.rx.recv().await {
                 Some(Event::Text(t)) => {
@@ -199,11 +286,17 @@ fn stream(
                 Some(Event::Queued { .. }) => Vec::new(),
                 None => {
                     s.done = true;
-                    let e = ApiError { status: 500, message: "the engine dropped the request".into() };
+                    let e = ApiError {
+                        status: 500,
+                        message: "the engine dropped the request".into(),
+                    };
                     vec![data(e.body())]
                 }
             };
-            Some((futures_util::stream::iter(out.into_iter().map(Ok::<_, Infallible>)), s))
+            Some((
+                futures_util::stream::iter(out.into_iter().map(Ok::<_, Infallible>)),
+                s,
+            ))
         }
     });
     Sse::new(futures_util::StreamExt::flatten(events)).into_response()

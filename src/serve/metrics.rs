@@ -62,27 +62,132 @@ impl Metrics {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         };
         let g = |a: &AtomicU64| a.load(Relaxed).to_string();
-        one("strata_requests_queued", "gauge", "Requests accepted and waiting for a sequence.", g(&self.queued));
-        one("strata_requests_active", "gauge", "Sequences running.", g(&self.active));
-        one("strata_prefix_sequences", "gauge", "Finished sequences kept as cached prefixes.", g(&self.parked));
-        one("strata_requests_completed_total", "counter", "Requests answered in full.", g(&self.completed));
-        one("strata_requests_cancelled_total", "counter", "Requests whose client went away.", g(&self.cancelled));
-        one("strata_requests_rejected_total", "counter", "Requests refused (bad input, full queue, shutting down).", g(&self.rejected));
-        one("strata_requests_failed_total", "counter", "Requests ended by an engine error.", g(&self.failed));
-        one("strata_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", g(&self.prompt_tokens));
-        one("strata_prefix_cache_tokens_total", "counter", "Prompt tokens taken from the prefix cache instead of computed.", g(&self.prefix_tokens));
-        one("strata_prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.", g(&self.prefix_hits));
-        one("strata_prefix_cache_evictions_total", "counter", "Cached prefixes dropped for room.", g(&self.prefix_evictions));
-        one("strata_generated_tokens_total", "counter", "Tokens sampled.", g(&self.generated_tokens));
-        one("strata_steps_total", "counter", "Engine steps.", g(&self.steps));
-        one("strata_step_tokens_total", "counter", "Tokens computed by engine steps.", g(&self.step_tokens));
-        one("strata_step_seconds_total", "counter", "Wall time of engine steps.", format!("{:.6}", self.step_micros.load(Relaxed) as f64 / 1e6));
-        one("strata_step_seconds", "gauge", "Wall time of the last step.", format!("{:.6}", self.last_step_seconds.get()));
-        one("strata_step_streamed_bytes", "gauge", "Weight bytes uploaded to the GPU by the last step.", g(&self.last_step_bytes));
-        one("strata_streamed_bytes_total", "counter", "Weight bytes uploaded to the GPU.", g(&self.streamed_bytes));
-        one("strata_tokens_per_second", "gauge", "Tokens sampled per second over the last 10 s.", format!("{:.3}", self.tokens_per_second.get()));
-        one("strata_kv_cells_used", "gauge", "KV cells holding a position.", g(&self.kv_cells_used));
-        one("strata_kv_cells", "gauge", "KV cells in all.", g(&self.kv_cells));
+        one(
+            "strata_requests_queued",
+            "gauge",
+            "Requests accepted and waiting for a sequence.",
+            g(&self.queued),
+        );
+        one(
+            "strata_requests_active",
+            "gauge",
+            "Sequences running.",
+            g(&self.active),
+        );
+        one(
+            "strata_prefix_sequences",
+            "gauge",
+            "Finished sequences kept as cached prefixes.",
+            g(&self.parked),
+        );
+        one(
+            "strata_requests_completed_total",
+            "counter",
+            "Requests answered in full.",
+            g(&self.completed),
+        );
+        one(
+            "strata_requests_cancelled_total",
+            "counter",
+            "Requests whose client went away.",
+            g(&self.cancelled),
+        );
+        one(
+            "strata_requests_rejected_total",
+            "counter",
+            "Requests refused (bad input, full queue, shutting down).",
+            g(&self.rejected),
+        );
+        one(
+            "strata_requests_failed_total",
+            "counter",
+            "Requests ended by an engine error.",
+            g(&self.failed),
+        );
+        one(
+            "strata_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of admitted requests.",
+            g(&self.prompt_tokens),
+        );
+        one(
+            "strata_prefix_cache_tokens_total",
+            "counter",
+            "Prompt tokens taken from the prefix cache instead of computed.",
+            g(&self.prefix_tokens),
+        );
+        one(
+            "strata_prefix_cache_hits_total",
+            "counter",
+            "Requests that reused a cached prefix.",
+            g(&self.prefix_hits),
+        );
+        one(
+            "strata_prefix_cache_evictions_total",
+            "counter",
+            "Cached prefixes dropped for room.",
+            g(&self.prefix_evictions),
+        );
+        one(
+            "strata_generated_tokens_total",
+            "counter",
+            "Tokens sampled.",
+            g(&self.generated_tokens),
+        );
+        one(
+            "strata_steps_total",
+            "counter",
+            "Engine steps.",
+            g(&self.steps),
+        );
+        one(
+            "strata_step_tokens_total",
+            "counter",
+            "Tokens computed by engine steps.",
+            g(&self.step_tokens),
+        );
+        one(
+            "strata_step_seconds_total",
+            "counter",
+            "Wall time of engine steps.",
+            format!("{:.6}", self.step_micros.load(Relaxed) as f64 / 1e6),
+        );
+        one(
+            "strata_step_seconds",
+            "gauge",
+            "Wall time of the last step.",
+            format!("{:.6}", self.last_step_seconds.get()),
+        );
+        one(
+            "strata_step_streamed_bytes",
+            "gauge",
+            "Weight bytes uploaded to the GPU by the last step.",
+            g(&self.last_step_bytes),
+        );
+        one(
+            "strata_streamed_bytes_total",
+            "counter",
+            "Weight bytes uploaded to the GPU.",
+            g(&self.streamed_bytes),
+        );
+        one(
+            "strata_tokens_per_second",
+            "gauge",
+            "Tokens sampled per second over the last 10 s.",
+            format!("{:.3}", self.tokens_per_second.get()),
+        );
+        one(
+            "strata_kv_cells_used",
+            "gauge",
+            "KV cells holding a position.",
+            g(&self.kv_cells_used),
+        );
+        one(
+            "strata_kv_cells",
+            "gauge",
+            "KV cells in all.",
+            g(&self.kv_cells),
+        );
         let _ = writeln!(
             s,
             "# HELP strata_kv_blocks KV blocks holding cells, by tier.\n# TYPE strata_kv_blocks gauge\nstrata_kv_blocks{{tier=\"gpu\"}} {}\nstrata_kv_blocks{{tier=\"dram\"}} {}\nstrata_kv_blocks{{tier=\"ssd\"}} {}",

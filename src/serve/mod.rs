@@ -72,7 +72,10 @@ where
 {
     let chat = chat::ChatTemplate::load(model, cfg.chat_template.as_deref())?;
     let addr = format!("{}:{}", cfg.host, cfg.port);
-    let listener = std::net::TcpListener::bind(&addr).map_err(|err| ServeError::Bind { addr: addr.clone(), err })?;
+    let listener = std::net::TcpListener::bind(&addr).map_err(|err| ServeError::Bind {
+        addr: addr.clone(),
+        err,
+    })?;
     listener.set_nonblocking(true).map_err(ServeError::Http)?;
     raise_fd_limit();
 
@@ -84,10 +87,16 @@ where
     let handle = std::thread::Builder::new()
         .name("strata-engine".into())
         .spawn(move || {
-            let started = load().map_err(ServeError::Load).and_then(|(engine, vocab)| {
-                let b = batch::Batcher::new(engine.n_ctx() as usize, engine.n_batch() as usize, parallel)?;
-                Ok((engine, vocab, b))
-            });
+            let started = load()
+                .map_err(ServeError::Load)
+                .and_then(|(engine, vocab)| {
+                    let b = batch::Batcher::new(
+                        engine.n_ctx() as usize,
+                        engine.n_batch() as usize,
+                        parallel,
+                    )?;
+                    Ok((engine, vocab, b))
+                });
             match started {
                 Ok((engine, vocab, b)) => {
                     let summary = format!(
@@ -96,7 +105,10 @@ where
                         b.n_ctx_seq(),
                         engine.n_batch()
                     );
-                    let _ = ready_tx.send(Ok(Ready { n_ctx_seq: b.n_ctx_seq(), summary }));
+                    let _ = ready_tx.send(Ok(Ready {
+                        n_ctx_seq: b.n_ctx_seq(),
+                        summary,
+                    }));
                     worker::Worker::new(engine, vocab, b, rx, m, s).run();
                 }
                 Err(e) => {
@@ -123,8 +135,15 @@ where
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     });
-    eprintln!("strata serve: {}; chat template: {}", ready.summary, state.chat.describe());
-    eprintln!("strata serve: listening on http://{addr} (model id {:?})", cfg.model_id);
+    eprintln!(
+        "strata serve: {}; chat template: {}",
+        ready.summary,
+        state.chat.describe()
+    );
+    eprintln!(
+        "strata serve: listening on http://{addr} (model id {:?})",
+        cfg.model_id
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -137,13 +156,20 @@ where
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 stop_signal().await;
-                eprintln!("strata serve: stopping; running requests get {:.0} s to finish", grace.as_secs_f64());
+                eprintln!(
+                    "strata serve: stopping; running requests get {:.0} s to finish",
+                    grace.as_secs_f64()
+                );
                 shutdown.begin(grace);
             })
             .await
     });
     // the engine loop ends once its channel is closed and nothing runs
-    state.submit.lock().unwrap_or_else(|e| e.into_inner()).take();
+    state
+        .submit
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     rt.shutdown_timeout(Duration::from_secs(1));
     handle.join().map_err(|_| ServeError::Worker)?;
     res.map_err(ServeError::Http)
@@ -152,7 +178,10 @@ where
 /// SIGTERM or SIGINT.
 async fn stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut t), Ok(mut i)) => {
             tokio::select! {
                 _ = t.recv() => {}
@@ -168,7 +197,10 @@ async fn stop_signal() {
 /// Idle keep-alive connections each hold a descriptor: allow as many as
 /// the hard limit permits.
 fn raise_fd_limit() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {

@@ -32,10 +32,18 @@ impl StopMatcher {
     pub fn push(&mut self, piece: &str) -> Released {
         self.held.push_str(piece);
         // the earliest match wins
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let text = self.held[..at].to_string();
             self.held.clear();
-            return Released { text, stopped: true };
+            return Released {
+                text,
+                stopped: true,
+            };
         }
         // hold back the longest tail that begins some stop string
         let keep = self
@@ -47,7 +55,10 @@ impl StopMatcher {
         let cut = self.held.len() - keep;
         let text = self.held[..cut].to_string();
         self.held.drain(..cut);
-        Released { text, stopped: false }
+        Released {
+            text,
+            stopped: false,
+        }
     }
 
     /// The text held back when generation ends for another reason.
@@ -77,12 +88,30 @@ mod tests {
     #[test]
     fn holds_back_what_may_become_a_stop_string() {
         let mut m = StopMatcher::new(vec!["\n\nUser:".into(), "END".into()]);
-        assert_eq!(m.push("Hello"), Released { text: "Hello".into(), stopped: false });
+        assert_eq!(
+            m.push("Hello"),
+            Released {
+                text: "Hello".into(),
+                stopped: false
+            }
+        );
         assert_eq!(m.push(" wor\n").text, " wor");
         assert_eq!(m.push("\nUs").text, "");
-        assert_eq!(m.push("a"), Released { text: "\n\nUsa".into(), stopped: false });
+        assert_eq!(
+            m.push("a"),
+            Released {
+                text: "\n\nUsa".into(),
+                stopped: false
+            }
+        );
         assert_eq!(m.push("xEN").text, "x");
-        assert_eq!(m.push("Dtail"), Released { text: "".into(), stopped: true });
+        assert_eq!(
+            m.push("Dtail"),
+            Released {
+                text: "".into(),
+                stopped: true
+            }
+        );
         let mut m = StopMatcher::new(vec!["é!".into()]);
         assert_eq!(m.push("café").text, "caf");
         assert_eq!(m.flush(), "é");

@@ -26,9 +26,14 @@ use tokio::sync::mpsc::UnboundedSender;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// Tokenized and queued.
-    Queued { prompt_tokens: usize },
+    Queued {
+        prompt_tokens: usize,
+    },
     Text(String),
-    Done { finish: &'static str, usage: Usage },
+    Done {
+        finish: &'static str,
+        usage: Usage,
+    },
     /// Refused or failed; no more events follow.
     Error(ApiError),
 }
@@ -133,6 +138,10 @@ impl Worker {
             }
             self.drop_gone();
             if self.batcher.is_idle() {
+                // a cancelled sequence's cells go now, not at the next request
+                let ops = self.batcher.take_ops();
+                self.apply_ops(&ops);
+                self.update_kv();
                 continue;
             }
             self.step();
@@ -144,13 +153,20 @@ impl Worker {
         let prompt = match &s.job.prompt {
             Prompt::Text(t) => match self.vocab.tokenize(t, true, true) {
                 Ok(p) => p,
-                Err(e) => return self.refuse(&s, ApiError::bad(format!("tokenizing the prompt: {e}"))),
+                Err(e) => {
+                    return self.refuse(&s, ApiError::bad(format!("tokenizing the prompt: {e}")))
+                }
             },
             Prompt::Tokens(t) => t.clone(),
         };
         let n_vocab = self.engine.n_vocab();
         if let Some(&t) = prompt.iter().find(|&&t| t >= n_vocab) {
-            return self.refuse(&s, ApiError::bad(format!("token id {t} is outside the vocabulary (n_vocab = {n_vocab})")));
+            return self.refuse(
+                &s,
+                ApiError::bad(format!(
+                    "token id {t} is outside the vocabulary (n_vocab = {n_vocab})"
+                )),
+            );
         }
         let n = prompt.len();
         if let Err(e) = self.batcher.enqueue(s.id, prompt.clone()) {
@@ -232,28 +248,26 @@ impl Worker {
 
     fn step(&mut self) {
         let plan = self.batcher.plan(&self.engine.cells);
-        for op in &plan.ops {
-            match *op {
-                KvOp::Remove(s) => self.engine.clear_seq(s),
-                KvOp::Share { src, dst, n } => {
-                    // ids and positions come from the batcher: in range
-                    let _ = self.engine.copy_seq(src, dst, 0, n as i32);
-                }
-            }
-        }
+        self.apply_ops(&plan.ops);
         for a in &plan.admitted {
             if let Some(s) = self.seqs.get_mut(&a.id) {
                 s.admitted = true;
                 s.cached_tokens = a.reused;
                 self.metrics.queued.fetch_sub(1, Relaxed);
-                self.metrics.prompt_tokens.fetch_add(s.prompt_tokens as u64, Relaxed);
+                self.metrics
+                    .prompt_tokens
+                    .fetch_add(s.prompt_tokens as u64, Relaxed);
                 if a.reused > 0 {
                     self.metrics.prefix_hits.fetch_add(1, Relaxed);
-                    self.metrics.prefix_tokens.fetch_add(a.reused as u64, Relaxed);
+                    self.metrics
+                        .prefix_tokens
+                        .fetch_add(a.reused as u64, Relaxed);
                 }
             }
         }
-        self.metrics.prefix_evictions.store(self.batcher.prefix.evictions, Relaxed);
+        self.metrics
+            .prefix_evictions
+            .store(self.batcher.prefix.evictions, Relaxed);
         if plan.feeds.is_empty() {
             // everyone waits for a prefix another request computes: cannot
             // happen (a source in prefill is always fed), but never spin
@@ -265,12 +279,15 @@ impl Worker {
             .iter()
             .flat_map(|f| {
                 let last = f.tokens.len() - 1;
-                f.tokens.iter().enumerate().map(move |(i, &token)| BatchToken {
-                    token,
-                    pos: (f.pos + i) as i32,
-                    seq: f.seq,
-                    logits: f.logits && i == last,
-                })
+                f.tokens
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, &token)| BatchToken {
+                        token,
+                        pos: (f.pos + i) as i32,
+                        seq: f.seq,
+                        logits: f.logits && i == last,
+                    })
             })
             .collect();
         let t0 = Instant::now();
@@ -307,11 +324,28 @@ impl Worker {
         self.update_kv();
     }
 
+    fn apply_ops(&mut self, ops: &[KvOp]) {
+        for op in ops {
+            match *op {
+                KvOp::Remove(s) => self.engine.clear_seq(s),
+                KvOp::Share { src, dst, n } => {
+                    // ids and positions come from the batcher: in range
+                    let _ = self.engine.copy_seq(src, dst, 0, n as i32);
+                }
+            }
+        }
+    }
+
     /// Each row's token, drawn by its request's own sampler, in row order.
     /// Many rows are sampled on several threads (64 rows of a large
     /// vocabulary take tens of milliseconds on one core).
     fn draw(&mut self, rows: &[(u64, &[f32])]) -> Vec<(u64, Result<u32, SampleError>)> {
-        type Work<'a> = (u64, &'a mut Sampler, &'a [f32], Option<Result<u32, SampleError>>);
+        type Work<'a> = (
+            u64,
+            &'a mut Sampler,
+            &'a [f32],
+            Option<Result<u32, SampleError>>,
+        );
         let index: HashMap<u64, &[f32]> = rows.iter().copied().collect();
         let mut work: Vec<Work> = self
             .seqs
@@ -366,7 +400,9 @@ impl Worker {
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
         if !s.first_token {
             s.first_token = true;
-            self.metrics.ttft_micros.fetch_add(s.arrived.elapsed().as_micros() as u64, Relaxed);
+            self.metrics
+                .ttft_micros
+                .fetch_add(s.arrived.elapsed().as_micros() as u64, Relaxed);
             self.metrics.ttft_count.fetch_add(1, Relaxed);
         }
         let finish = if !s.ignore_eos && self.vocab.is_eog(tok) {
@@ -379,7 +415,9 @@ impl Worker {
             }
             if r.stopped {
                 Some(Finish::Stop)
-            } else if s.generated >= s.max_tokens || self.batcher.sampled(id, tok) >= self.batcher.n_ctx_seq() {
+            } else if s.generated >= s.max_tokens
+                || self.batcher.sampled(id, tok) >= self.batcher.n_ctx_seq()
+            {
                 Some(Finish::Length)
             } else {
                 None
@@ -396,7 +434,11 @@ impl Worker {
                 completion_tokens: s.generated,
                 cached_tokens: s.cached_tokens,
             };
-            let finish = if why == Finish::Stop { "stop" } else { "length" };
+            let finish = if why == Finish::Stop {
+                "stop"
+            } else {
+                "length"
+            };
             let _ = s.events.send(Event::Done { finish, usage });
             self.end(id, why);
         }
@@ -429,7 +471,9 @@ impl Worker {
             .recent
             .front()
             .map_or(0.0, |(t, _)| (now - *t).as_secs_f64().max(1.0));
-        self.metrics.tokens_per_second.set(if span > 0.0 { n as f64 / span } else { 0.0 });
+        self.metrics
+            .tokens_per_second
+            .set(if span > 0.0 { n as f64 / span } else { 0.0 });
     }
 
     fn update_kv(&self) {
@@ -445,7 +489,11 @@ impl Worker {
         let nb = cells.size().div_ceil(block);
         let live = (0..nb).filter(|&b| cells.block_rows(b, block) > 0).count() as u64;
         // resident layers hold every live block on the GPU
-        let gpu = if self.engine.kv_resident_layers() > 0 { live } else { 0 };
+        let gpu = if self.engine.kv_resident_layers() > 0 {
+            live
+        } else {
+            0
+        };
         m.kv_blocks_gpu.store(gpu, Relaxed);
         m.kv_blocks_dram.store(dram, Relaxed);
         m.kv_blocks_ssd.store(ssd, Relaxed);

@@ -161,11 +161,19 @@ struct RunArgs {
     repeat_last_n: usize,
     /// Lowers a token's logit by this much per repeat in the last
     /// --repeat-last-n tokens (-2 to 2; 0: off).
-    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_hyphen_values = true)]
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_hyphen_values = true
+    )]
     frequency_penalty: f32,
     /// Lowers the logit of every token seen in the last --repeat-last-n
     /// tokens by this much (-2 to 2; 0: off).
-    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_hyphen_values = true)]
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_hyphen_values = true
+    )]
     presence_penalty: f32,
     /// RNG seed.
     #[arg(short = 's', long, default_value_t = 1234)]
@@ -288,8 +296,7 @@ fn load(m: &ModelArgs, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
 /// Loads the engine and the vocabulary, printing what was loaded and the
 /// plan when weights stream.
 pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, LlamaModel)> {
-    let engine =
-        Engine::load(path, cfg).with_context(|| format!("loading {}", path.display()))?;
+    let engine = Engine::load(path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let vocab = LlamaModel::load(path, true, 0)
         .with_context(|| format!("loading the vocabulary of {}", path.display()))?;
     eprintln!(
