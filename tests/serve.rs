@@ -402,3 +402,54 @@ fn gguf_chat_templates_render_as_libllama_does() {
         "{r}"
     );
 }
+
+/// Prompt lookup in the server: concurrent sequences each draft from their
+/// own text and verify in their decode steps, and with batch-invariant
+/// numerics answer exactly what plain decoding answers alone.
+#[test]
+fn lookup_drafting_answers_as_plain_decoding() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let prompts = [
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+        "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+        "List: apple, banana, cherry, apple, banana, cherry, apple,",
+    ];
+    let ask = |port: u16, p: &str| -> String {
+        let body = serde_json::json!({"prompt": p, "max_tokens": 40, "temperature": 0}).to_string();
+        let (st, b) = http(port, "POST", "/v1/completions", body.as_bytes()).expect("answer");
+        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let plain: Vec<String> = {
+        let s = Server::start(&model, &["--parallel", "4", "--batch-invariant"]);
+        prompts.iter().map(|p| ask(s.port, p)).collect()
+    };
+    let s = Server::start(
+        &model,
+        &[
+            "--parallel",
+            "4",
+            "--batch-invariant",
+            "--lookup",
+            "8",
+            "--draft-fixed",
+        ],
+    );
+    let drafted: Vec<String> = std::thread::scope(|sc| {
+        let h: Vec<_> = prompts
+            .iter()
+            .map(|p| sc.spawn(|| ask(s.port, p)))
+            .collect();
+        h.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(drafted, plain);
+    let (d, a) = (
+        s.metric("strata_draft_tokens_total"),
+        s.metric("strata_draft_accepted_total"),
+    );
+    eprintln!("lookup: {a} of {d} draft tokens accepted");
+    assert!(a > 0.0 && a <= d, "{a} of {d}");
+}

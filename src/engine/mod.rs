@@ -419,7 +419,12 @@ impl Engine {
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let kv = KvStore::alloc(&dims, lim, device, n_kv_resident)?;
         Ok(Engine {
-            cells: KvCells::new(n_ctx as usize),
+            cells: {
+                let mut c = KvCells::new(n_ctx as usize);
+                // batch invariance: each sequence's cells in position order
+                c.set_ordered(cfg.batch_invariant);
+                c
+            },
             spec,
             plan,
             dims,

@@ -38,6 +38,9 @@ pub struct KvCells {
     pos: Vec<i32>,
     seqs: Vec<u64>,
     used: usize,
+    /// Place a sequence's new tokens after its existing cells while there
+    /// is room (see [`KvCells::set_ordered`]).
+    ordered: bool,
 }
 
 impl KvCells {
@@ -46,7 +49,18 @@ impl KvCells {
             pos: vec![-1; size],
             seqs: vec![0; size],
             used: 0,
+            ordered: false,
         }
+    }
+
+    /// With `ordered`, a sequence's new tokens go to free cells after its
+    /// last cell (lowest first) while there are any, so its cells stay in
+    /// position order however other sequences come and go. Attention then
+    /// visits them in the same order as when the sequence runs alone, which
+    /// batch-invariant numerics need (the kernels accumulate in cell
+    /// order). Off: llama.cpp's lowest-free-first.
+    pub fn set_ordered(&mut self, ordered: bool) {
+        self.ordered = ordered;
     }
     pub fn size(&self) -> usize {
         self.pos.len()
@@ -78,13 +92,27 @@ impl KvCells {
         let mut out = Vec::with_capacity(tokens.len());
         let mut c = 0usize;
         for &(s, p) in tokens {
-            while self.seqs[c] != 0 {
-                c += 1;
-            }
-            self.seqs[c] = 1u64 << s;
-            self.pos[c] = p;
+            let after = if self.ordered {
+                self.seqs
+                    .iter()
+                    .rposition(|&m| m & (1 << s) != 0)
+                    .map_or(0, |i| i + 1)
+            } else {
+                0
+            };
+            let cell = match (after..self.size()).find(|&i| self.seqs[i] == 0) {
+                Some(i) if self.ordered => i,
+                _ => {
+                    while self.seqs[c] != 0 {
+                        c += 1;
+                    }
+                    c
+                }
+            };
+            self.seqs[cell] = 1u64 << s;
+            self.pos[cell] = p;
             self.used += 1;
-            out.push(c as u32);
+            out.push(cell as u32);
         }
         Ok(out)
     }
@@ -230,6 +258,23 @@ impl KvCells {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn ordered_placement_keeps_each_sequence_in_position_order() {
+        let mut k = KvCells::new(8);
+        k.set_ordered(true);
+        k.place(&[(0, 0), (1, 0), (0, 1), (1, 1)]).unwrap();
+        k.remove_seq(1);
+        // seq 0 continues after its cell 2, not in the holes at 1 and 3
+        assert_eq!(k.place(&[(0, 2)]).unwrap(), vec![3]);
+        assert_eq!(k.place(&[(0, 3)]).unwrap(), vec![4]);
+        // a new sequence starts in the lowest hole
+        assert_eq!(k.place(&[(2, 0)]).unwrap(), vec![1]);
+        // with no room after its cells, the lowest free cell is taken
+        assert_eq!(k.place(&[(0, 4), (0, 5), (0, 6)]).unwrap(), vec![5, 6, 7]);
+        k.remove_seq(2);
+        assert_eq!(k.place(&[(0, 7)]).unwrap(), vec![1]);
+    }
 
     #[test]
     fn copied_prefix_is_shared_until_both_sequences_leave() {

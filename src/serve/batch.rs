@@ -49,6 +49,9 @@ pub struct Feed {
     /// Whether the step's logits for the last token are wanted (the end of
     /// the prompt, or a decode token).
     pub logits: bool,
+    /// Draft tokens at the end of a decode feed (speculative decoding):
+    /// the last `drafts + 1` rows all want logits.
+    pub drafts: usize,
 }
 
 /// One step: cache operations, then the feeds.
@@ -92,6 +95,8 @@ struct Active {
     tokens: Vec<u32>,
     /// Sampled and not yet fed.
     pending: Option<u32>,
+    /// Drafted tokens to verify after `pending`.
+    drafts: Vec<u32>,
     /// Waiting for request `.0` to have computed the first `.1` prompt
     /// tokens, which it then shares.
     wait_for: Option<(u64, usize)>,
@@ -286,6 +291,22 @@ impl Batcher {
         }
     }
 
+    /// Draft tokens to verify after request `id`'s pending token in the
+    /// next step (as many as the step has room for).
+    pub fn set_drafts(&mut self, id: u64, drafts: Vec<u32>) {
+        if let Some(a) = self.active.iter_mut().find(|a| a.id == id) {
+            a.drafts = drafts;
+        }
+    }
+
+    /// After verification: request `id` keeps its first `keep` cached
+    /// tokens (the rejected drafts' cells are the caller's to truncate).
+    pub fn rollback(&mut self, id: u64, keep: usize) {
+        if let Some(a) = self.active.iter_mut().find(|a| a.id == id) {
+            a.tokens.truncate(keep.max(a.prompt.len()));
+        }
+    }
+
     /// Plans the next step. `cells`: the engine's cell table as it is now.
     /// The caller applies `ops` in order, runs `feeds`, then calls
     /// [`Batcher::fed`] with the plan.
@@ -311,9 +332,21 @@ impl Batcher {
                     pos: a.tokens.len(),
                     tokens: vec![t],
                     logits: true,
+                    drafts: 0,
                 });
                 room -= 1;
             }
+        }
+        // drafts ride along where the step has room
+        for f in plan.feeds.iter_mut() {
+            let Some(a) = self.active.iter_mut().find(|a| a.id == f.id) else {
+                continue;
+            };
+            let d = std::mem::take(&mut a.drafts);
+            let n = d.len().min(room);
+            f.tokens.extend_from_slice(&d[..n]);
+            f.drafts = n;
+            room -= n;
         }
         for a in &self.active {
             if room == 0 {
@@ -330,6 +363,7 @@ impl Batcher {
                 pos,
                 tokens: a.prompt[pos..pos + n].to_vec(),
                 logits: pos + n == a.prompt.len(),
+                drafts: 0,
             });
             room -= n;
         }
@@ -402,6 +436,7 @@ impl Batcher {
                 prompt: w.prompt,
                 tokens: Vec::new(),
                 pending: None,
+                drafts: Vec::new(),
                 wait_for: None,
             };
             if let Some(b) = best {
@@ -715,12 +750,23 @@ mod tests {
                 }
                 for f in plan.feeds.iter().filter(|f| f.logits) {
                     let Some(i) = left.iter().position(|l| l.0 == f.id) else { continue };
+                    // verification keeps a pseudo-random share of the drafts
+                    let accepted = if f.drafts > 0 { (f.id as usize + step) % (f.drafts + 1) } else { 0 };
+                    let keep = f.pos + f.tokens.len() - f.drafts + accepted;
+                    if keep < f.pos + f.tokens.len() {
+                        cells.truncate_seq(f.seq, keep as i32);
+                        b.rollback(f.id, keep);
+                        seq_tokens.get_mut(&f.seq).unwrap().truncate(keep);
+                    }
                     let n = b.sampled(f.id, 9);
                     left[i].1 -= 1;
                     if left[i].1 == 0 || n >= b.n_ctx_seq() {
                         b.finish(f.id, Finish::Stop);
                         left.remove(i);
                         done += 1;
+                    } else if (f.id + step as u64).is_multiple_of(3) {
+                        let room = b.n_ctx_seq() - n - 1;
+                        b.set_drafts(f.id, vec![7; room.min(4)]);
                     }
                 }
                 for l in left.iter_mut() {

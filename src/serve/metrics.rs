@@ -35,6 +35,9 @@ pub struct Metrics {
     pub prefix_hits: AtomicU64,
     pub prefix_evictions: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Draft tokens verified, and those accepted (prompt lookup).
+    pub draft_tokens: AtomicU64,
+    pub draft_accepted: AtomicU64,
     pub steps: AtomicU64,
     pub step_tokens: AtomicU64,
     /// Sum of step wall times, microseconds.
@@ -133,6 +136,18 @@ impl Metrics {
             "counter",
             "Tokens sampled.",
             g(&self.generated_tokens),
+        );
+        one(
+            "strata_draft_tokens_total",
+            "counter",
+            "Draft tokens verified (prompt lookup).",
+            g(&self.draft_tokens),
+        );
+        one(
+            "strata_draft_accepted_total",
+            "counter",
+            "Draft tokens accepted.",
+            g(&self.draft_accepted),
         );
         one(
             "strata_steps_total",

@@ -56,6 +56,9 @@ pub struct ServeConfig {
     pub grace: Duration,
     /// The name /v1/models lists and requests may give.
     pub model_id: String,
+    /// Prompt-lookup drafting (`--lookup N`): each sequence drafts up to
+    /// `draft_max` tokens from its own text, verified in its decode steps.
+    pub lookup: Option<crate::speculative::SpecConfig>,
 }
 
 /// What the engine loop reports once the model is loaded.
@@ -83,7 +86,7 @@ where
     let shutdown = Arc::new(worker::Shutdown::default());
     let (tx, rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready, ServeError>>();
-    let (m, s, parallel) = (metrics.clone(), shutdown.clone(), cfg.parallel);
+    let (m, s, parallel, lookup) = (metrics.clone(), shutdown.clone(), cfg.parallel, cfg.lookup);
     let handle = std::thread::Builder::new()
         .name("strata-engine".into())
         .spawn(move || {
@@ -109,7 +112,9 @@ where
                         n_ctx_seq: b.n_ctx_seq(),
                         summary,
                     }));
-                    worker::Worker::new(engine, vocab, b, rx, m, s).run();
+                    worker::Worker::new(engine, vocab, b, rx, m, s)
+                        .with_lookup(lookup)
+                        .run();
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

@@ -8,13 +8,14 @@
 //! goes back to the request's handler on its own channel as it forms.
 
 use super::api::{ApiError, Job, Prompt, Usage};
-use super::batch::{Batcher, Finish, KvOp, StepPlan};
+use super::batch::{Batcher, Feed, Finish, KvOp, StepPlan};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
 use crate::engine::{BatchToken, Engine};
 use crate::generate::Utf8Stream;
 use crate::llama::LlamaModel;
 use crate::sample::{SampleError, Sampler};
+use crate::speculative::{Drafter, NgramLookup, SpecConfig, Speculator};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -85,6 +86,10 @@ struct Seq {
     first_token: bool,
     admitted: bool,
     ignore_eos: bool,
+    /// Prompt and emitted tokens (what drafting looks at).
+    history: Vec<u32>,
+    /// Prompt-lookup drafting, when the server drafts.
+    spec: Option<Speculator>,
 }
 
 pub struct Worker {
@@ -97,6 +102,8 @@ pub struct Worker {
     shutdown: Arc<Shutdown>,
     /// (when, tokens sampled) of recent steps, for tokens/s.
     recent: VecDeque<(Instant, usize)>,
+    /// Prompt lookup's parameters, when sequences draft.
+    lookup: Option<SpecConfig>,
 }
 
 impl Worker {
@@ -118,7 +125,15 @@ impl Worker {
             metrics,
             shutdown,
             recent: VecDeque::new(),
+            lookup: None,
         }
+    }
+
+    /// Each sequence drafts from n-grams of its own prompt and output
+    /// (prompt lookup) and every decode step verifies the drafts.
+    pub fn with_lookup(mut self, cfg: Option<SpecConfig>) -> Worker {
+        self.lookup = cfg.filter(|c| c.draft_max > 0);
+        self
     }
 
     /// Runs until the channel closes (the HTTP side is gone) with nothing
@@ -200,6 +215,10 @@ impl Worker {
                 first_token: false,
                 admitted: false,
                 ignore_eos: s.job.ignore_eos,
+                history: prompt,
+                spec: self
+                    .lookup
+                    .map(|cfg| Speculator::new(Drafter::Lookup(NgramLookup::default()), cfg)),
             },
         );
     }
@@ -278,7 +297,7 @@ impl Worker {
             .feeds
             .iter()
             .flat_map(|f| {
-                let last = f.tokens.len() - 1;
+                let first_row = f.tokens.len() - 1 - f.drafts;
                 f.tokens
                     .iter()
                     .enumerate()
@@ -286,7 +305,7 @@ impl Worker {
                         token,
                         pos: (f.pos + i) as i32,
                         seq: f.seq,
-                        logits: f.logits && i == last,
+                        logits: f.logits && i >= first_row,
                     })
             })
             .collect();
@@ -307,17 +326,26 @@ impl Worker {
         m.streamed_bytes.fetch_add(bytes, Relaxed);
 
         let n_vocab = self.engine.n_vocab() as usize;
-        let rows: Vec<(u64, &[f32])> = plan
-            .feeds
-            .iter()
-            .filter(|f| f.logits)
-            .zip(logits.chunks(n_vocab))
-            .map(|(f, r)| (f.id, r))
-            .collect();
-        let drawn = self.draw(&rows);
-        let sampled = drawn.len();
-        for (id, tok) in drawn {
-            self.emit(id, tok);
+        // each feed's rows: its pending token's and its drafts'
+        let mut rows: Vec<(u64, &[f32], &[u32])> = Vec::new();
+        let mut at = 0;
+        for f in plan.feeds.iter().filter(|f| f.logits) {
+            let n = (1 + f.drafts) * n_vocab;
+            rows.push((
+                f.id,
+                &logits[at..at + n],
+                &f.tokens[f.tokens.len() - f.drafts..],
+            ));
+            at += n;
+        }
+        let drawn = self.draw(&rows, n_vocab);
+        let mut sampled = 0;
+        for ((id, toks), f) in drawn
+            .into_iter()
+            .zip(plan.feeds.iter().filter(|f| f.logits))
+        {
+            sampled += toks.as_ref().map_or(0, |t| t.len());
+            self.emit(id, toks, f, secs);
         }
         self.recent.push_back((Instant::now(), sampled));
         self.update_rate();
@@ -336,66 +364,138 @@ impl Worker {
         }
     }
 
-    /// Each row's token, drawn by its request's own sampler, in row order.
-    /// Many rows are sampled on several threads (64 rows of a large
-    /// vocabulary take tens of milliseconds on one core).
-    fn draw(&mut self, rows: &[(u64, &[f32])]) -> Vec<(u64, Result<u32, SampleError>)> {
+    /// Each feed's tokens, drawn by its request's own sampler (and
+    /// accepted into it): row 0, then each next row while the token drawn
+    /// equals the draft there (speculative verification, see
+    /// [`crate::speculative`]). In feed order. Many feeds are sampled on
+    /// several threads (64 rows of a large vocabulary take tens of
+    /// milliseconds on one core).
+    fn draw(
+        &mut self,
+        rows: &[(u64, &[f32], &[u32])],
+        n_vocab: usize,
+    ) -> Vec<(u64, Result<Vec<u32>, SampleError>)> {
         type Work<'a> = (
             u64,
             &'a mut Sampler,
             &'a [f32],
-            Option<Result<u32, SampleError>>,
+            &'a [u32],
+            Option<Result<Vec<u32>, SampleError>>,
         );
-        let index: HashMap<u64, &[f32]> = rows.iter().copied().collect();
+        let index: HashMap<u64, (&[f32], &[u32])> =
+            rows.iter().map(|&(id, r, d)| (id, (r, d))).collect();
         let mut work: Vec<Work> = self
             .seqs
             .iter_mut()
-            .filter_map(|(id, s)| index.get(id).map(|r| (*id, &mut s.sampler, *r, None)))
+            .filter_map(|(id, s)| {
+                index
+                    .get(id)
+                    .map(|&(r, d)| (*id, &mut s.sampler, r, d, None))
+            })
             .collect();
+        let verify = |w: &mut Work| {
+            let mut out = Vec::new();
+            let r = crate::speculative::verify(w.1, w.2, n_vocab, w.3, |tok, _| {
+                out.push(tok);
+                true
+            });
+            w.4 = Some(r.map(|_| out));
+        };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = cores.min(work.len() / 8).max(1);
         if threads > 1 {
             let per = work.len().div_ceil(threads);
             std::thread::scope(|sc| {
                 for chunk in work.chunks_mut(per) {
-                    sc.spawn(move || {
-                        for w in chunk {
-                            w.3 = Some(w.1.sample(w.2));
-                        }
-                    });
+                    sc.spawn(move || chunk.iter_mut().for_each(verify));
                 }
             });
         } else {
-            for w in &mut work {
-                w.3 = Some(w.1.sample(w.2));
-            }
+            work.iter_mut().for_each(verify);
         }
-        let mut by_id: HashMap<u64, Result<u32, SampleError>> =
-            work.into_iter().filter_map(|w| Some((w.0, w.3?))).collect();
+        let mut by_id: HashMap<u64, Result<Vec<u32>, SampleError>> =
+            work.into_iter().filter_map(|w| Some((w.0, w.4?))).collect();
         rows.iter()
-            .filter_map(|(id, _)| by_id.remove(id).map(|r| (*id, r)))
+            .filter_map(|(id, _, _)| by_id.remove(id).map(|r| (*id, r)))
             .collect()
     }
 
-    /// Takes request `id`'s drawn token and sends its text.
-    fn emit(&mut self, id: u64, tok: Result<u32, SampleError>) {
-        let Some(s) = self.seqs.get_mut(&id) else {
-            return;
-        };
-        let tok = match tok {
+    /// Takes request `id`'s tokens from feed `f` (the first, then each
+    /// verified draft's successor), sends their text, drops rejected
+    /// drafts from the cache, and drafts the next round.
+    fn emit(&mut self, id: u64, toks: Result<Vec<u32>, SampleError>, f: &Feed, step_s: f64) {
+        let toks = match toks {
             Ok(t) => t,
             Err(e) => {
-                let _ = s.events.send(Event::Error(ApiError {
-                    status: 500,
-                    message: format!("sampling failed: {e}"),
-                }));
+                if let Some(s) = self.seqs.remove(&id) {
+                    let _ = s.events.send(Event::Error(ApiError {
+                        status: 500,
+                        message: format!("sampling failed: {e}"),
+                    }));
+                }
                 self.metrics.failed.fetch_add(1, Relaxed);
                 self.batcher.finish(id, Finish::Cancelled);
-                self.seqs.remove(&id);
                 return;
             }
         };
-        s.sampler.accept(tok);
+        // cached tokens before the drafts: the cache keeps them plus the
+        // drafts verified
+        let base = f.pos + f.tokens.len() - f.drafts;
+        let accepted = toks.len() - 1;
+        self.metrics
+            .draft_tokens
+            .fetch_add(f.drafts as u64, Relaxed);
+        self.metrics
+            .draft_accepted
+            .fetch_add(accepted as u64, Relaxed);
+        for (j, &tok) in toks.iter().enumerate() {
+            if let Some(why) = self.take_token(id, tok) {
+                self.drop_drafts(f, base + j);
+                self.finish_seq(id, why);
+                return;
+            }
+        }
+        self.drop_drafts(f, base + accepted);
+        let last = *toks.last().expect("a feed's first row is always sampled");
+        let held = self.batcher.sampled(id, last);
+        if held >= self.batcher.n_ctx_seq() {
+            return self.finish_seq(id, Finish::Length);
+        }
+        let room = self.batcher.n_ctx_seq() - held - 1;
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        s.history.extend_from_slice(&toks);
+        let Some(spec) = s.spec.as_mut() else {
+            return;
+        };
+        if f.drafts > 0 || f.pos + f.tokens.len() > s.prompt_tokens {
+            spec.round_done(
+                f.drafts,
+                accepted,
+                toks[0],
+                std::time::Duration::from_secs_f64(step_s),
+            );
+        }
+        let max = room.min(s.max_tokens.saturating_sub(s.generated + 1));
+        if let Ok(d) = spec.draft(&s.history, max) {
+            self.batcher.set_drafts(id, d);
+        }
+    }
+
+    /// Drafts of feed `f` beyond the first `keep` cached tokens leave the
+    /// cache.
+    fn drop_drafts(&mut self, f: &Feed, keep: usize) {
+        if keep < f.pos + f.tokens.len() {
+            self.engine.truncate_seq(f.seq, keep as i32);
+            self.batcher.rollback(f.id, keep);
+        }
+    }
+
+    /// Counts one generated token of request `id` and sends its text;
+    /// says why the request ends with it, if it does.
+    fn take_token(&mut self, id: u64, tok: u32) -> Option<Finish> {
+        let s = self.seqs.get_mut(&id)?;
         s.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
         if !s.first_token {
@@ -405,43 +505,45 @@ impl Worker {
                 .fetch_add(s.arrived.elapsed().as_micros() as u64, Relaxed);
             self.metrics.ttft_count.fetch_add(1, Relaxed);
         }
-        let finish = if !s.ignore_eos && self.vocab.is_eog(tok) {
-            Some(Finish::Stop)
-        } else {
-            let piece = s.utf8.push(&self.vocab.token_bytes(tok, false));
-            let r = s.stop.push(&piece);
-            if !r.text.is_empty() {
-                let _ = s.events.send(Event::Text(r.text));
-            }
-            if r.stopped {
-                Some(Finish::Stop)
-            } else if s.generated >= s.max_tokens
-                || self.batcher.sampled(id, tok) >= self.batcher.n_ctx_seq()
-            {
-                Some(Finish::Length)
-            } else {
-                None
-            }
-        };
-        if let Some(why) = finish {
-            // text held back for a stop string that did not come
-            let rest = s.stop.flush();
-            if !rest.is_empty() {
-                let _ = s.events.send(Event::Text(rest));
-            }
-            let usage = Usage {
-                prompt_tokens: s.prompt_tokens,
-                completion_tokens: s.generated,
-                cached_tokens: s.cached_tokens,
-            };
-            let finish = if why == Finish::Stop {
-                "stop"
-            } else {
-                "length"
-            };
-            let _ = s.events.send(Event::Done { finish, usage });
-            self.end(id, why);
+        if !s.ignore_eos && self.vocab.is_eog(tok) {
+            return Some(Finish::Stop);
         }
+        let piece = s.utf8.push(&self.vocab.token_bytes(tok, false));
+        let r = s.stop.push(&piece);
+        if !r.text.is_empty() {
+            let _ = s.events.send(Event::Text(r.text));
+        }
+        if r.stopped {
+            Some(Finish::Stop)
+        } else if s.generated >= s.max_tokens {
+            Some(Finish::Length)
+        } else {
+            None
+        }
+    }
+
+    /// Sends the end of request `id`'s answer and lets its sequence go.
+    fn finish_seq(&mut self, id: u64, why: Finish) {
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        // text held back for a stop string that did not come
+        let rest = s.stop.flush();
+        if !rest.is_empty() {
+            let _ = s.events.send(Event::Text(rest));
+        }
+        let usage = Usage {
+            prompt_tokens: s.prompt_tokens,
+            completion_tokens: s.generated,
+            cached_tokens: s.cached_tokens,
+        };
+        let finish = if why == Finish::Stop {
+            "stop"
+        } else {
+            "length"
+        };
+        let _ = s.events.send(Event::Done { finish, usage });
+        self.end(id, why);
     }
 
     /// An engine error: every request in the step gets it and ends; the

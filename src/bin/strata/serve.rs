@@ -38,6 +38,8 @@ pub struct ServeArgs {
     /// Seconds running requests may go on after SIGTERM.
     #[arg(long = "shutdown-grace", default_value_t = 30.0)]
     shutdown_grace: f64,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -45,6 +47,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if !(a.shutdown_grace.is_finite() && a.shutdown_grace >= 0.0) {
         anyhow::bail!("--shutdown-grace must be a number of seconds >= 0");
     }
+    if a.spec.model_draft.is_some() {
+        anyhow::bail!(
+            "serve drafts with --lookup N (prompt lookup, each sequence from its own text); \
+             a draft model drafts for one sequence (`strata run -md`)"
+        );
+    }
+    let lookup = crate::spec::lookup_config(&a.spec)?;
     let cfg = ServeConfig {
         host: a.host.clone(),
         port: a.port,
@@ -57,6 +66,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .model
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
+        lookup,
     };
     let mut ecfg = crate::engine_config(&a.model, true);
     ecfg.batch_invariant = a.batch_invariant;

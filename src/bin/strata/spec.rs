@@ -146,10 +146,19 @@ pub fn speculator(
             .filter(|&n| n > 0)
             .map(|_| Drafter::Lookup(NgramLookup::default())),
     };
-    let cfg = SpecConfig {
+    Ok(drafter.map(|d| Speculator::new(d, spec_config(s))))
+}
+
+fn spec_config(s: &SpecArgs) -> SpecConfig {
+    SpecConfig {
         draft_max: s.lookup.unwrap_or(s.draft_max),
         draft_min: s.draft_min,
         adaptive: !s.draft_fixed,
-    };
-    Ok(drafter.map(|d| Speculator::new(d, cfg)))
+    }
+}
+
+/// Prompt lookup's parameters for the server, when `--lookup N` asks for it.
+pub fn lookup_config(s: &SpecArgs) -> Result<Option<SpecConfig>> {
+    s.validate()?;
+    Ok(s.lookup.filter(|&n| n > 0).map(|_| spec_config(s)))
 }
