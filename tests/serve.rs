@@ -311,7 +311,8 @@ fn full_queue_answers_503_and_sigterm_finishes_running_requests() {
         return;
     };
     let s = Server::start(&model, &["--parallel", "1", "--queue", "1", "-c", "1024"]);
-    let body = r#"{"prompt":"Tell me a long story about the sea.","max_tokens":48,"stream":true}"#;
+    // long enough to be seen running: no end-of-generation token cuts it short
+    let body = r#"{"prompt":"Tell me a long story about the sea.","max_tokens":64,"ignore_eos":true,"stream":true}"#;
     let url = format!("{}/v1/completions", s.url());
     // one runs, one waits, the third is refused
     let spawn = |b: &str| {
