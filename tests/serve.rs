@@ -151,6 +151,16 @@ fn openai_clients_and_concurrent_answers_equal_alone() {
     );
     s.run_py(&py, "clients.py");
     s.run_py(&py, "same_answers.py");
+    drop(s);
+    // the other test model (Qwen2.5, Q4_K): the same equalities
+    let Some(qwen) = common::model(common::QWEN2) else {
+        return;
+    };
+    let s = Server::start(
+        &qwen,
+        &["--parallel", "16", "-c", "8192", "--batch-invariant"],
+    );
+    s.run_py(&py, "same_answers.py");
 }
 
 #[test]
