@@ -161,3 +161,26 @@ fn synth_refuses_a_layer_count_out_of_range() {
         "left a file"
     );
 }
+
+#[test]
+fn prompt_file_is_read_or_its_error_named() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("prompt.txt");
+    std::fs::write(&f, "The capital of France is").unwrap();
+    let fs = f.to_str().unwrap();
+    let (ok, out, err) = strata(&[
+        "run", "-m", m, "--device", "cpu", "-t", "2", "-f", fs, "-n", "2", "--temp", "0",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("The capital of France is"), "{out}");
+    let (ok, _, err) = strata(&["run", "-m", m, "-f", fs, "-p", "hi"]);
+    assert!(!ok && err.contains("not both"), "{err}");
+    let missing = dir.path().join("nope.txt");
+    let (ok, _, err) = strata(&["run", "-m", m, "-f", missing.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("reading the prompt file") && err.contains("nope.txt"),
+        "{err}"
+    );
+}

@@ -143,6 +143,9 @@ struct RunArgs {
     /// start with '-' (as llama.cpp, the next argument is the value).
     #[arg(short = 'p', long, default_value = "", allow_hyphen_values = true)]
     prompt: String,
+    /// Read the prompt from this file (llama.cpp's -f).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    file: Option<PathBuf>,
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,
@@ -215,7 +218,12 @@ fn main() {
         }
     }));
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("STRATA_LOG"))
+        // warnings by default (slow fallbacks such as buffered reads
+        // instead of O_DIRECT must show); STRATA_LOG=info|debug for more
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let res = match cli.cmd {
@@ -319,7 +327,14 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
     Ok((engine, vocab))
 }
 
-fn run(a: RunArgs) -> Result<()> {
+fn run(mut a: RunArgs) -> Result<()> {
+    if let Some(f) = &a.file {
+        if !a.prompt.is_empty() {
+            bail!("pass the prompt with -p or -f, not both");
+        }
+        a.prompt = std::fs::read_to_string(f)
+            .with_context(|| format!("reading the prompt file {}", f.display()))?;
+    }
     let scfg = SamplerConfig {
         temperature: a.temp,
         top_k: a.top_k,
