@@ -85,6 +85,11 @@ pub struct Session<'a> {
     /// The last sampled token, not yet in the KV cache (fed first by the
     /// next `generate`). None after an end-of-generation token.
     pub pending: Option<u32>,
+    /// Set (by a SIGINT handler, say) to end the current generation at the
+    /// next step boundary, as if `n_predict` were reached; cleared then.
+    pub interrupt: Option<&'static std::sync::atomic::AtomicBool>,
+    /// Whether the last generation ended by `interrupt`.
+    pub interrupted: bool,
 }
 
 impl<'a> Session<'a> {
@@ -96,6 +101,8 @@ impl<'a> Session<'a> {
             sampler,
             tokens: Vec::new(),
             pending: None,
+            interrupt: None,
+            interrupted: false,
         }
     }
 
@@ -201,6 +208,7 @@ impl<'a> Session<'a> {
         mut spec: Option<&mut Speculator>,
         mut on_text: impl FnMut(&str),
     ) -> Result<(Vec<u32>, Timings), GenerateError> {
+        self.interrupted = false;
         // the token sampled last time goes in first (the sampler saw it)
         let feed: Vec<u32> = self.pending.iter().chain(prompt).copied().collect();
         if feed.is_empty() {
@@ -278,6 +286,14 @@ impl<'a> Session<'a> {
                 s.round_done(drafts.len(), i, out[first], step);
             }
             if stop {
+                break 'rounds;
+            }
+            if self
+                .interrupt
+                .is_some_and(|f| f.swap(false, std::sync::atomic::Ordering::SeqCst))
+            {
+                // the last token stays pending, fed first by the next call
+                self.interrupted = true;
                 break 'rounds;
             }
             // rejected drafts leave the cache

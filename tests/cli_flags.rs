@@ -184,3 +184,71 @@ fn prompt_file_is_read_or_its_error_named() {
         "{err}"
     );
 }
+
+/// Ctrl-C ends the generation at the next step, not the process: the text
+/// ends with a newline, the summary is printed, and --save-session still
+/// saves a session that resumes.
+#[test]
+fn ctrl_c_ends_the_reply_and_keeps_the_session() {
+    use std::io::Read;
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sess = dir.path().join("s.bin");
+    let ss = sess.to_str().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "run", "-m", m, "--device", "cpu", "-t", "2", "-c", "4096", "--temp", "0",
+        ])
+        .args([
+            "-p",
+            "1, 2, 3, 4, 5, 6,",
+            "-n",
+            "4000",
+            "--save-session",
+            ss,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("strata runs");
+    // wait until generated text flows, then interrupt
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while seen.len() < "1, 2, 3, 4, 5, 6,".len() + 20 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "output ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    stdout.read_to_end(&mut seen).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(seen.ends_with(b"\n"), "{}", String::from_utf8_lossy(&seen));
+    assert!(
+        err.contains("interrupted") && err.contains("generation:"),
+        "{err}"
+    );
+    assert!(err.contains("session saved"), "{err}");
+    let (ok, _, err) = strata(&[
+        "run",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "-t",
+        "2",
+        "-c",
+        "4096",
+        "--temp",
+        "0",
+        "-n",
+        "2",
+        "--load-session",
+        ss,
+    ]);
+    assert!(ok && err.contains("resumed"), "{err}");
+}

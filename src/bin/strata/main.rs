@@ -327,6 +327,25 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
     Ok((engine, vocab))
 }
 
+/// Set by the first Ctrl-C: the generation in progress ends at its next
+/// step; a second Ctrl-C before it did exits at once.
+static INTERRUPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    // only async-signal-safe calls: an atomic swap and _exit
+    if INTERRUPT.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        // SAFETY: _exit is async-signal-safe and ends the process.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+fn catch_sigint() {
+    // SAFETY: the handler only touches an atomic and calls _exit.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
+}
+
 fn run(mut a: RunArgs) -> Result<()> {
     if let Some(f) = &a.file {
         if !a.prompt.is_empty() {
@@ -352,6 +371,10 @@ fn run(mut a: RunArgs) -> Result<()> {
     let (mut engine, vocab) = load(&a.model, &cfg)?;
     let mut spec = spec::speculator(&a.spec, draft, &engine, &vocab, &a.model.model)?;
     let mut session = Session::new(&mut engine, &vocab, sampler);
+    // Ctrl-C ends the reply (and the chat returns to its prompt); a second
+    // one exits
+    catch_sigint();
+    session.interrupt = Some(&INTERRUPT);
     let mut stdout = std::io::stdout();
     if a.chat && (a.save_session.is_some() || a.load_session.is_some()) {
         bail!("--save-session and --load-session work without --chat");
@@ -377,11 +400,15 @@ fn run(mut a: RunArgs) -> Result<()> {
         };
         print!("{}", a.prompt);
         stdout.flush()?;
+        INTERRUPT.store(false, std::sync::atomic::Ordering::SeqCst);
         let (_, t) = session.generate_with(&prompt, a.n_predict, spec.as_mut(), |s| {
             print!("{s}");
             let _ = std::io::stdout().flush();
         })?;
         println!();
+        if session.interrupted {
+            eprintln!("interrupted");
+        }
         eprintln!(
             "prompt: {} tokens, {:.2} t/s | generation: {} tokens, {:.2} t/s",
             t.prompt_tokens,
@@ -440,6 +467,8 @@ fn run(mut a: RunArgs) -> Result<()> {
         let new_part = full.get(rendered_len..).unwrap_or(&full);
         let toks = vocab.tokenize(new_part, rendered_len == 0, true)?;
         let mut reply = String::new();
+        // a Ctrl-C at the prompt does not cut the reply short
+        INTERRUPT.store(false, std::sync::atomic::Ordering::SeqCst);
         let (_, t) = session.generate_with(&toks, a.n_predict, spec.as_mut(), |s| {
             print!("{s}");
             reply.push_str(s);
