@@ -227,7 +227,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         repeat_last_n,
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
-        seed: c.seed.map_or(seed, |s| s as u64),
+        // a negative seed (llama.cpp's -1) asks for a random one
+        seed: c.seed.filter(|&s| s >= 0).map_or(seed, |s| s as u64),
     };
     sampler
         .validate()
@@ -436,6 +437,17 @@ mod tests {
         assert_eq!(p.job.stop, vec!["\n\n".to_string()]);
         assert_eq!(p.job.sampler.seed, 3);
         assert_eq!(p.job.sampler.temperature, 0.8);
+        let p = parse(
+            Endpoint::Completion,
+            br#"{"prompt":"x","seed":-1}"#,
+            &lim(&t),
+            77,
+        )
+        .unwrap();
+        assert_eq!(
+            p.job.sampler.seed, 77,
+            "a negative seed asks for a random one"
+        );
         let p = parse(Endpoint::Completion, br#"{"prompt":[1,2,3]}"#, &lim(&t), 99).unwrap();
         assert_eq!(p.job.prompt, Prompt::Tokens(vec![1, 2, 3]));
         assert_eq!((p.job.sampler.seed, p.job.max_tokens), (99, None));

@@ -340,10 +340,11 @@ impl Worker {
         }
         let drawn = self.draw(&rows, n_vocab);
         let mut sampled = 0;
-        for ((id, toks), f) in drawn
-            .into_iter()
-            .zip(plan.feeds.iter().filter(|f| f.logits))
-        {
+        for (id, toks) in drawn {
+            // feeds and drawn tokens are matched by request, not by order
+            let Some(f) = plan.feeds.iter().find(|f| f.id == id) else {
+                continue;
+            };
             sampled += toks.as_ref().map_or(0, |t| t.len());
             self.emit(id, toks, f, secs);
         }
