@@ -217,12 +217,6 @@ pub struct Engine {
 
 impl Engine {
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
-        // batch invariance needs the plain layout: repacked kernels pick
-        // gemv or gemm by batch size
-        let cfg = &EngineConfig {
-            repack: cfg.repack && !cfg.batch_invariant,
-            ..cfg.clone()
-        };
         let gguf = GgufFile::open(path)?;
         let spec = ModelSpec::from_gguf(&gguf)?;
         let file = ModelFile::open(path)?;
@@ -259,6 +253,9 @@ impl Engine {
             }),
         };
         let cfg = &EngineConfig {
+            // batch invariance needs the plain layout: repacked kernels
+            // pick gemv or gemm by batch size
+            repack: cfg.repack && !cfg.batch_invariant,
             gpu_budget: cfg.gpu_budget.or(auto_gpu),
             dram_budget: cfg.dram_budget.or(auto_dram),
             ..cfg.clone()

@@ -92,17 +92,18 @@ impl KvCells {
         let mut out = Vec::with_capacity(tokens.len());
         let mut c = 0usize;
         for &(s, p) in tokens {
-            let after = if self.ordered {
-                self.seqs
+            // ordered: the first free cell after the sequence's last one
+            let after_own = self.ordered.then(|| {
+                let from = self
+                    .seqs
                     .iter()
                     .rposition(|&m| m & (1 << s) != 0)
-                    .map_or(0, |i| i + 1)
-            } else {
-                0
-            };
-            let cell = match (after..self.size()).find(|&i| self.seqs[i] == 0) {
-                Some(i) if self.ordered => i,
-                _ => {
+                    .map_or(0, |i| i + 1);
+                (from..self.size()).find(|&i| self.seqs[i] == 0)
+            });
+            let cell = match after_own.flatten() {
+                Some(i) => i,
+                None => {
                     while self.seqs[c] != 0 {
                         c += 1;
                     }

@@ -19,6 +19,8 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
+    #[error("reading the chat template of the model: {0}")]
+    Model(String),
     #[error("the model has no chat template (tokenizer.chat_template); pass --chat-template")]
     NoTemplate,
     #[error("chat template {0:?} is neither a file, Jinja source, nor a template libllama knows")]
@@ -67,7 +69,7 @@ pub struct ChatTemplate {
 impl ChatTemplate {
     /// The template of a GGUF file, or `overrides` (see the module docs).
     pub fn load(gguf: &Path, overrides: Option<&str>) -> Result<ChatTemplate, ChatError> {
-        let f = GgufFile::open(gguf).map_err(|e| ChatError::Render(e.to_string()))?;
+        let f = GgufFile::open(gguf).map_err(|e| ChatError::Model(e.to_string()))?;
         let token = |key: &str| -> String {
             let id = f.get_u32_opt(key).ok().flatten();
             let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap_or(&[]);
