@@ -20,9 +20,12 @@ async def one(c, model, rng, log):
     prompt = " ".join(rng.choice(WORDS) for _ in range(n_words))
     kind = rng.random()
     if kind < 0.25:
-        # dropped midway: read three chunks, then close the connection
+        # dropped midway: read three chunks, then close the connection. The
+        # end of text is ignored so that the server cannot finish the answer
+        # first (it would then rightly count it completed).
         stream = await c.completions.create(model=model, prompt=prompt, max_tokens=200,
-                                            temperature=0.8, seed=rng.randrange(1 << 30), stream=True)
+                                            temperature=0.8, seed=rng.randrange(1 << 30), stream=True,
+                                            extra_body={"ignore_eos": True})
         got, finished, rid = 0, False, None
         async for ch in stream:
             rid = ch.id
