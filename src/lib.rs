@@ -8,7 +8,7 @@
 //! tokens per step), [`llama`] (llama.cpp's tokenizer and reference
 //! decoder).
 
-pub use llama_cpp_sys_2 as sys;
+pub use strata_ffi as sys;
 
 pub mod convert;
 pub mod engine;

@@ -1,8 +1,8 @@
 //! Token sampler: turns one row of logits into the next token id.
 //!
 //! The chain follows llama.cpp's common sampler (`common/sampling.cpp`, with the
-//! individual stages in `src/llama-sampler.cpp` of the pinned llama-cpp-sys-2
-//! 0.1.161), restricted to the stages strata exposes, applied in this order:
+//! individual stages in `src/llama-sampler.cpp` of the vendored llama.cpp,
+//! vendor/llama.cpp.tar.xz), restricted to the stages strata exposes, applied in this order:
 //!
 //! 1. penalties over the last `repeat_last_n` accepted tokens, llama.cpp's
 //!    `penalties` stage: each *distinct* token in the window has its logit

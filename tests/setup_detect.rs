@@ -1,75 +1,80 @@
-//! tools/find-libclang.sh: the check tools/setup.sh uses to decide whether
-//! to install libclang. It must find what bindgen loads (libclang's C API)
-//! and must not take LLVM's C++ library (libclang-cpp) for it: on a fresh
-//! Debian with llvm-14-dev, libclang-cpp.so.14 is present and libclang is
-//! not, and the build then failed in bindgen.
+//! tools/setup.sh --check: the detection tools/setup.sh installs by. Each
+//! package must be reported exactly when what the build runs is missing
+//! (a fresh Debian has no cmake, no c++, no xz, and a python3 without pip
+//! or venv), and nothing when all is there. Run over a PATH of stubs.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-/// Runs the detection over a fake root holding `files`; returns what it printed.
-fn detect(files: &[&str]) -> Option<String> {
-    let root = tempfile::tempdir().unwrap();
-    for f in files {
-        let p = root.path().join(f.trim_start_matches('/'));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, b"").unwrap();
+/// The packages `setup.sh --check` names with only `tools` on PATH; a
+/// `python3` stub succeeds for the python modules in `py_modules`.
+fn missing(tools: &[&str], py_modules: &[&str]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    for t in tools {
+        let body = if *t == "python3" {
+            // `python3 -m pip --version` and `python3 -c 'import venv, ensurepip'`
+            let ok: Vec<String> = py_modules
+                .iter()
+                .map(|m| match *m {
+                    "pip" => "'-m pip --version') exit 0 ;;".to_string(),
+                    "venv" => "'-c import venv, ensurepip') exit 0 ;;".to_string(),
+                    other => panic!("no stub for {other}"),
+                })
+                .collect();
+            format!("#!/bin/sh\ncase \"$*\" in {} esac\nexit 1\n", ok.join(" "))
+        } else {
+            "#!/bin/sh\nexit 0\n".to_string()
+        };
+        let p = dir.path().join(t);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/find-libclang.sh");
-    let out = Command::new("bash")
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/setup.sh");
+    let out = Command::new("/bin/bash")
         .arg(script)
-        .env("STRATA_LIBCLANG_ROOT", root.path())
-        .env_remove("LIBCLANG_PATH")
+        .arg("--check")
+        .env("PATH", dir.path())
         .output()
         .unwrap();
-    let printed = String::from_utf8(out.stdout).unwrap();
-    let printed = printed.trim();
-    out.status.success().then(|| {
-        printed
-            .strip_prefix(root.path().to_str().unwrap())
-            .unwrap()
-            .to_string()
-    })
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
+}
+
+const ALL: &[&str] = &["cc", "c++", "make", "cmake", "xz", "curl", "python3"];
+
+#[test]
+fn a_complete_machine_needs_nothing() {
+    assert_eq!(missing(ALL, &["pip", "venv"]), Vec::<String>::new());
 }
 
 #[test]
-fn libclang_cpp_alone_is_not_libclang() {
+fn a_bare_machine_needs_everything() {
     assert_eq!(
-        detect(&[
-            "/usr/lib/llvm-14/lib/libclang-cpp.so.14",
-            "/usr/lib/x86_64-linux-gnu/libclang-cpp.so.14"
-        ]),
-        None
+        missing(&[], &[]),
+        ["build-essential", "cmake", "xz-utils", "curl", "python3", "python3-pip", "python3-venv"]
     );
 }
 
 #[test]
-fn nothing_found_on_an_empty_machine() {
-    assert_eq!(detect(&["/usr/lib/x86_64-linux-gnu/libz.so.1"]), None);
-}
-
-#[test]
-fn finds_the_names_bindgen_loads() {
-    for f in [
-        "/usr/lib/llvm-14/lib/libclang.so",
-        "/usr/lib/llvm-14/lib/libclang.so.1",
-        "/usr/lib/x86_64-linux-gnu/libclang-14.so.1",
-        "/usr/lib/x86_64-linux-gnu/libclang-14.so",
-        "/usr/local/lib/libclang.so.18.1",
-        "/usr/local/llvm18/lib/libclang.so",
+fn each_missing_tool_names_its_package() {
+    for (gone, package) in [
+        ("cc", "build-essential"),
+        ("c++", "build-essential"),
+        ("make", "build-essential"),
+        ("cmake", "cmake"),
+        ("xz", "xz-utils"),
+        ("curl", "curl"),
     ] {
-        assert_eq!(detect(&[f]).as_deref(), Some(f), "{f}");
+        let tools: Vec<&str> = ALL.iter().copied().filter(|t| *t != gone).collect();
+        assert_eq!(missing(&tools, &["pip", "venv"]), [package], "without {gone}");
     }
 }
 
 #[test]
-fn finds_libclang_beside_libclang_cpp() {
-    assert_eq!(
-        detect(&[
-            "/usr/lib/llvm-14/lib/libclang-cpp.so.14",
-            "/usr/lib/llvm-14/lib/libclang-14.so.1"
-        ])
-        .as_deref(),
-        Some("/usr/lib/llvm-14/lib/libclang-14.so.1")
-    );
+fn python_without_pip_or_venv() {
+    // Debian's python3 comes without both (python3-pip, python3-venv)
+    assert_eq!(missing(ALL, &["venv"]), ["python3-pip"]);
+    assert_eq!(missing(ALL, &["pip"]), ["python3-venv"]);
+    assert_eq!(missing(ALL, &[]), ["python3-pip", "python3-venv"]);
 }

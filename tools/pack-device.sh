@@ -8,12 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .carry && mkdir -p .carry/bin .carry/models .carry/cuda
-cargo build --release --bin strata --bin strata-convert --example readbench
+# the CPU modules of the server generations (x64, haswell, skylakex, icelake,
+# zen4, sapphirerapids): ggml loads the best one the CPU supports
+STRATA_CPU_VARIANTS=portable cargo build --release --bin strata --bin strata-convert --example readbench
 strip -o .carry/bin/strata target/release/strata
 strip -o .carry/bin/strata-convert target/release/strata-convert
 strip -o .carry/bin/readbench target/release/examples/readbench
-# the x86 CPU variants a server picks from (ggml loads the best one the CPU
-# supports, as llama.cpp does for its users)
 for f in libggml-base.so.0 libggml.so.0 libllama.so.0 libggml-cpu-haswell.so libggml-cpu-skylakex.so \
     libggml-cpu-icelake.so libggml-cpu-sapphirerapids.so libggml-cpu-zen4.so; do
   strip --strip-debug -o .carry/bin/$f target/release/$f

@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Regenerates vendor/ggml-src.tar.xz from the pinned llama-cpp-sys-2 crate
-# source that cargo downloaded (run `cargo fetch` first), so the CUDA backend
-# module can be built from exactly that source on a machine without Rust.
+# Regenerates vendor/llama.cpp.tar.xz: the ggml and llama.cpp source strata
+# builds (build.rs of ffi/) and binds (ffi/src/bindings.rs), taken from the
+# llama.cpp tree vendored by one published llama-cpp-sys-2 crate, downloaded
+# from crates.io and checked against the crate checksum given here.
+#   vendor/update.sh VERSION CRATE_SHA256 [DIR]      (DIR: where to write; vendor/)
+# After an update: the table in PINNED.md, ffi/regen-bindings.sh, the parity
+# tests. The archive is reproducible (sorted, fixed times and owners), which
+# vendor/verify.sh relies on.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-ver=$(grep -A1 'name = "llama-cpp-sys-2"' "$here/../Cargo.lock" | sed -n 's/version = "\(.*\)"/\1/p')
-src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/llama-cpp-sys-2-"$ver"/llama.cpp | head -1)
-[ -d "$src/ggml" ] || { echo "error: crate source for llama-cpp-sys-2 $ver not found; run cargo fetch" >&2; exit 1; }
+ver=${1:?usage: vendor/update.sh VERSION CRATE_SHA256}
+want=${2:?usage: vendor/update.sh VERSION CRATE_SHA256}
+dest=${3:-$here}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+curl -sSfL -o "$tmp/crate.tar.gz" "https://static.crates.io/crates/llama-cpp-sys-2/llama-cpp-sys-2-$ver.crate"
+got=$(sha256sum "$tmp/crate.tar.gz" | cut -d' ' -f1)
+[ "$got" = "$want" ] || { echo "error: llama-cpp-sys-2 $ver has sha256 $got, not $want" >&2; exit 1; }
+tar -C "$tmp" -xzf "$tmp/crate.tar.gz"
+src="$tmp/llama-cpp-sys-2-$ver/llama.cpp"
+# what a CPU + CUDA build of libggml*, the backend modules and libllama reads;
+# the other backends, the tools, common/, the tests and the header-only
+# libraries only they use are left out (their CMakeLists stay: the top one
+# adds them unconditionally)
 tar -C "$src" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
   --exclude='ggml/src/ggml-vulkan' --exclude='ggml/src/ggml-sycl' --exclude='ggml/src/ggml-metal' \
   --exclude='ggml/src/ggml-cann' --exclude='ggml/src/ggml-musa' --exclude='ggml/src/ggml-opencl' \
   --exclude='ggml/src/ggml-webgpu' --exclude='ggml/src/ggml-hip' --exclude='ggml/src/ggml-zdnn' \
   --exclude='ggml/src/ggml-hexagon' --exclude='ggml/src/ggml-openvino' --exclude='ggml/src/ggml-virtgpu' \
-  -cf - ggml | xz -9 -T1 > "$here/ggml-src.tar.xz"
-sha256sum "$here/ggml-src.tar.xz" | cut -d' ' -f1 > "$here/ggml-src.tar.xz.sha256"
-echo "vendor/ggml-src.tar.xz from llama-cpp-sys-2 $ver: $(cat "$here/ggml-src.tar.xz.sha256")"
+  --exclude='vendor/cpp-httplib' --exclude='vendor/miniaudio/*.h' --exclude='vendor/nlohmann/*.hpp' \
+  --exclude='vendor/stb/*.h' --exclude='vendor/sheredom/*.h' \
+  -cf - CMakeLists.txt LICENSE cmake include src ggml vendor | xz -9e -T1 > "$dest/llama.cpp.tar.xz"
+sha256sum "$dest/llama.cpp.tar.xz" | cut -d' ' -f1 > "$dest/llama.cpp.tar.xz.sha256"
+echo "$dest/llama.cpp.tar.xz from llama-cpp-sys-2 $ver: $(cat "$dest/llama.cpp.tar.xz.sha256")"

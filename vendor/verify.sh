@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Checks that every file in vendor/ggml-src.tar.xz equals the pinned crate's
-# copy (cargo's registry source), and the archive's recorded checksum.
+# Checks that vendor/llama.cpp.tar.xz is the pinned upstream source,
+# unmodified: its checksum equals the recorded one and PINNED.md's, and
+# (unless --offline) it equals, byte for byte, the archive vendor/update.sh
+# makes afresh from the pinned crate on crates.io.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-(cd "$here" && echo "$(cat ggml-src.tar.xz.sha256)  ggml-src.tar.xz" | sha256sum -c --quiet -)
-ver=$(grep -A1 'name = "llama-cpp-sys-2"' "$here/../Cargo.lock" | sed -n 's/version = "\(.*\)"/\1/p')
-src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/llama-cpp-sys-2-"$ver"/llama.cpp | head -1)
+sum=$(cat "$here/llama.cpp.tar.xz.sha256")
+got=$(sha256sum "$here/llama.cpp.tar.xz" | cut -d' ' -f1)
+[ "$got" = "$sum" ] || { echo "vendor/llama.cpp.tar.xz: sha256 $got, recorded $sum" >&2; exit 1; }
+grep -q "$sum" "$here/PINNED.md" || { echo "vendor/PINNED.md does not name the archive's sha256 $sum" >&2; exit 1; }
+[ "${1:-}" = "--offline" ] && { echo "vendor: llama.cpp.tar.xz matches its checksum"; exit 0; }
+row=$(grep '^| crate `llama-cpp-sys-2`' "$here/PINNED.md")
+ver=$(echo "$row" | sed -n 's/.*| `\([0-9.]*\)` |.*/\1/p')
+crate_sum=$(echo "$row" | grep -o '[0-9a-f]\{64\}')
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-tar -C "$tmp" -xJf "$here/ggml-src.tar.xz"
-n=0
-while IFS= read -r f; do
-  cmp -s "$tmp/$f" "$src/$f" || { echo "vendor/ggml-src.tar.xz: $f differs from llama-cpp-sys-2 $ver" >&2; exit 1; }
-  n=$((n + 1))
-done < <(cd "$tmp" && find ggml -type f)
-echo "vendor: $n files match llama-cpp-sys-2 $ver"
+bash "$here/update.sh" "$ver" "$crate_sum" "$tmp" >/dev/null
+cmp -s "$tmp/llama.cpp.tar.xz" "$here/llama.cpp.tar.xz" \
+  || { echo "vendor/llama.cpp.tar.xz differs from what vendor/update.sh makes from llama-cpp-sys-2 $ver" >&2; exit 1; }
+echo "vendor: llama.cpp.tar.xz is llama-cpp-sys-2 $ver's llama.cpp, unmodified ($sum)"

@@ -16,6 +16,10 @@ use std::sync::OnceLock;
 /// (tools/build-cuda-module.sh): the ggml version it was built from.
 pub const MODULE_STAMP_SUFFIX: &str = ".ggml-version";
 
+/// The most CPU threads a backend's pool takes (ggml's pool fails to
+/// start more; `--threads` refuses them).
+pub const MAX_THREADS: usize = 1024;
+
 static LOADED: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
 
 fn candidate_dirs() -> Vec<PathBuf> {
@@ -291,13 +295,10 @@ impl Backend {
     }
     /// Sets the CPU thread count (no-op on backends without that function).
     pub fn set_n_threads(&self, n: usize) {
-        type SetThreads = unsafe extern "C" fn(sys::ggml_backend_t, std::os::raw::c_int);
-        if let Some(f) = self.device.proc_address("ggml_backend_set_n_threads") {
-            // SAFETY: the registry documents this symbol with exactly this signature.
-            unsafe {
-                let f: SetThreads = std::mem::transmute(f);
-                f(self.raw(), n as std::os::raw::c_int);
-            }
+        if self.device.is_cpu() {
+            // SAFETY: self is a live CPU backend; the shim calls the module's
+            // function with the signature ggml-cpu.h declares.
+            unsafe { sys::strata_cpu_set_n_threads(self.raw(), n.min(i32::MAX as usize) as i32) };
         }
     }
     /// Makes a CPU backend use ggml's reference kernels: one query row at a
@@ -306,23 +307,8 @@ impl Backend {
     /// depends on how many other rows share the step (batch invariance), at
     /// a cost in speed. Returns false on backends without the switch.
     pub fn set_use_ref(&self, on: bool) -> bool {
-        type SetRef = unsafe extern "C" fn(sys::ggml_backend_t, bool);
-        if !self.device.is_cpu() {
-            return false;
-        }
-        match self.device.proc_address("ggml_backend_cpu_set_use_ref") {
-            Some(f) => {
-                // SAFETY: the CPU registry hands out this symbol for
-                // ggml_backend_cpu_set_use_ref(ggml_backend_t, bool); self
-                // is a live CPU backend.
-                unsafe {
-                    let f: SetRef = std::mem::transmute(f);
-                    f(self.raw(), on);
-                }
-                true
-            }
-            None => false,
-        }
+        // SAFETY: as set_n_threads.
+        self.device.is_cpu() && unsafe { sys::strata_cpu_set_use_ref(self.raw(), on) }
     }
     /// Gives a CPU backend a persistent thread pool of `n` threads, so each
     /// graph computation does not start and join its own threads (strata
@@ -333,34 +319,26 @@ impl Backend {
         if !self.device.is_cpu() {
             return Ok(());
         }
-        type New = unsafe extern "C" fn(*mut sys::ggml_threadpool_params) -> sys::ggml_threadpool_t;
-        type Set = unsafe extern "C" fn(sys::ggml_backend_t, sys::ggml_threadpool_t);
-        let Some(new) = self.device.proc_address("ggml_threadpool_new") else {
-            return Ok(());
+        if n == 0 || n > MAX_THREADS {
+            return Err(GgmlError::BackendInit(format!(
+                "a thread pool of {n} threads (1 to {MAX_THREADS})"
+            )));
+        }
+        // SAFETY: self is a live CPU backend without a pool (a second call
+        // would leak the first: see below); the shim makes the pool with
+        // ggml's default parameters and hands it to the backend.
+        let tp = unsafe {
+            sys::strata_cpu_attach_threadpool(self.raw(), n as i32, poll.min(100) as i32)
         };
-        // ggml_backend_cpu_set_threadpool is not in the registry's proc table:
-        // find it in the CPU module that the loader opened.
-        let Some(set) = cpu_module_symbol("ggml_backend_cpu_set_threadpool") else {
-            tracing::warn!(
-                "CPU module exports no ggml_backend_cpu_set_threadpool; threads start per graph"
-            );
-            return Ok(());
-        };
-        // SAFETY: both symbols come from the loaded CPU module with these
-        // exact C signatures (ggml-cpu.h); params are initialized by ggml.
-        unsafe {
-            let new: New = std::mem::transmute(new);
-            let set: Set = std::mem::transmute(set);
-            let mut params = sys::ggml_threadpool_params_default(n as i32);
-            params.poll = poll.min(100);
-            let tp = new(&mut params);
-            if tp.is_null() {
-                return Err(GgmlError::BackendInit(format!(
-                    "thread pool of {n} threads"
-                )));
-            }
-            set(self.raw(), tp);
-            self.threadpool = Some(tp);
+        if tp.is_null() {
+            return Err(GgmlError::BackendInit(format!(
+                "thread pool of {n} threads"
+            )));
+        }
+        if let Some(old) = self.threadpool.replace(tp) {
+            // SAFETY: the backend now uses the new pool (set_threadpool
+            // paused the old one); the old one has no other user.
+            unsafe { sys::strata_cpu_threadpool_free(self.reg(), old) };
         }
         Ok(())
     }
@@ -371,21 +349,17 @@ impl Backend {
     /// computes on the same cores (a draft model and its target take
     /// turns); the next computation wakes the pool. No-op elsewhere.
     pub fn park_threads(&self) {
-        type Pause = unsafe extern "C" fn(sys::ggml_threadpool_t);
-        let Some(tp) = self.threadpool else {
-            return;
-        };
-        let Some(pause) = cpu_module_symbol("ggml_threadpool_pause") else {
-            return;
-        };
-        // SAFETY: the symbol comes from the loaded CPU module with this exact
-        // C signature (ggml-cpu.h); tp is the live pool this backend owns.
-        // Every computation is synchronous on the CPU backend, so none is in
-        // flight; ggml_graph_compute resumes a paused pool.
-        unsafe {
-            let pause: Pause = std::mem::transmute(pause);
-            pause(tp);
+        if let Some(tp) = self.threadpool {
+            // SAFETY: tp is the live pool this backend owns. Every
+            // computation is synchronous on the CPU backend, so none is in
+            // flight; ggml_graph_compute resumes a paused pool.
+            unsafe { sys::strata_cpu_threadpool_pause(self.raw(), tp) };
         }
+    }
+
+    fn reg(&self) -> sys::ggml_backend_reg_t {
+        // SAFETY: plain query of a static registry entry.
+        unsafe { sys::ggml_backend_dev_backend_reg(self.device.raw()) }
     }
 
     /// Computes `graph` and waits for it.
@@ -449,42 +423,11 @@ impl Drop for Backend {
         // SAFETY: we own the backend; nothing uses it after drop.
         unsafe { sys::ggml_backend_free(self.ptr.as_ptr()) }
         if let Some(tp) = self.threadpool.take() {
-            type Free = unsafe extern "C" fn(sys::ggml_threadpool_t);
-            if let Some(f) = self.device.proc_address("ggml_threadpool_free") {
-                // SAFETY: the pool was made by ggml_threadpool_new of this
-                // module and its only user (the backend) is gone.
-                unsafe { std::mem::transmute::<*mut std::ffi::c_void, Free>(f)(tp) }
-            }
+            // SAFETY: the pool was made by this device's module and its only
+            // user (the backend) is gone.
+            unsafe { sys::strata_cpu_threadpool_free(self.reg(), tp) };
         }
     }
-}
-
-/// Looks up `name` in whichever libggml-cpu module the loader opened
-/// (RTLD_NOLOAD finds only an already loaded library).
-fn cpu_module_symbol(name: &str) -> Option<*mut std::ffi::c_void> {
-    let dir = LOADED.get()?.as_ref().ok()?;
-    let sym = CString::new(name).ok()?;
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let fname = e.file_name().to_string_lossy().into_owned();
-        if !(fname.starts_with("libggml-cpu") && fname.ends_with(".so")) {
-            continue;
-        }
-        let path = CString::new(e.path().to_string_lossy().as_bytes()).ok()?;
-        // SAFETY: dlopen with RTLD_NOLOAD never loads anything new; the
-        // handle only bumps the reference count of a loaded module, and the
-        // module stays loaded for the process lifetime anyway.
-        unsafe {
-            let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-            if h.is_null() {
-                continue;
-            }
-            let p = libc::dlsym(h, sym.as_ptr());
-            if !p.is_null() {
-                return Some(p);
-            }
-        }
-    }
-    None
 }
 
 /// A device's buffer type (device memory, or pinned host memory). Buffer

@@ -7,8 +7,9 @@
 //! - a [`Tensor`] or [`Graph`] borrows the [`Context`] that holds its metadata,
 //!   so it cannot outlive it;
 //! - backends are modules loaded at run time ([`load_backends`]); no
-//!   backend-specific symbol is linked, those are reached through
-//!   `ggml_backend_reg_get_proc_address`.
+//!   backend-specific symbol is linked: the CPU module's own functions are
+//!   reached through strata's C shim (ffi/shim/), which finds them in the
+//!   module and calls them with their declared signatures.
 
 mod backend;
 mod context;
@@ -16,6 +17,7 @@ mod graph;
 
 pub use backend::{
     cpu_device, gpu_device, load_backends, Backend, Buffer, BufferType, BufferUsage, Device, Event,
+    MAX_THREADS,
 };
 pub use context::{Context, RopeParams, Tensor};
 pub use graph::{Graph, GraphAllocator, NodeInfo};

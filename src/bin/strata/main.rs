@@ -244,8 +244,9 @@ fn parse_threads(s: &str) -> Result<usize, String> {
     let n: usize = s
         .parse()
         .map_err(|_| format!("'{s}' is not a number of threads"))?;
-    if !(1..=1024).contains(&n) {
-        return Err(format!("{n} threads is outside 1..=1024"));
+    let max = strata::ggml::MAX_THREADS;
+    if !(1..=max).contains(&n) {
+        return Err(format!("{n} threads is outside 1..={max}"));
     }
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     if n > cores {
