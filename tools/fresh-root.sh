@@ -24,6 +24,13 @@ rm -rf "$root"
 echo "fresh-root: mmdebstrap --variant=minbase $suite into $root" >&2
 mmdebstrap --quiet --variant=minbase "$suite" "$root" "$mirror"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# the local certificate authorities of this machine's network (a TLS proxy
+# may sit between it and the registries); ca-certificates picks them up
+# when setup.sh installs it
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+fi
 mount -t proc proc "$root/proc"
 mount -t sysfs sys "$root/sys"
 mount --bind /dev "$root/dev"
