@@ -1,9 +1,13 @@
 //! strata: run Llama-family models whose weights do not fit in GPU memory by
 //! paging layer groups through small per-group ggml graphs.
 //!
-//! Layout: [`ggml`] (safe wrappers over the raw bindings), [`gguf`] (model
+//! Layout: [`sys`] (the raw bindings: crate `strata-ffi` in ffi/, which
+//! builds the vendored ggml and llama.cpp), [`ggml`] (the safe layer over
+//! them: handles with one owner each, tensor arenas), [`gguf`] (model
 //! files), [`model`] (architectures and tensor tables), [`graph`] (graph
-//! builders), [`kv`] (KV cell bookkeeping), [`engine`] (the forward step),
+//! builders), [`kv`] (KV cell bookkeeping), [`paging`] (placement and
+//! slot residency), [`engine`] (the forward step), [`serve`] (the
+//! OpenAI-compatible server),
 //! [`sample`] (sampling), [`speculative`] (drafting and verifying several
 //! tokens per step), [`llama`] (llama.cpp's tokenizer and reference
 //! decoder).

@@ -2,21 +2,14 @@
 //! every group graph views, and the per-layer K/V cache tensors.
 
 use super::EngineError;
-use crate::ggml::{Buffer, BufferUsage, Context, Device, Tensor};
+use crate::ggml::{Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
 use crate::gguf::GgmlType;
-use crate::graph::{Binding, Dims, Externals, Limits};
-use std::ptr::NonNull;
-
-fn alignment(dev: Device) -> usize {
-    dev.buffer_type().alignment()
-}
+use crate::graph::{Dims, Externals, Limits};
 
 /// x, pos, mask, kv_idx, out_ids (in `Externals::all` order).
 pub struct Persistent {
-    ctx: Context,
-    _buf: Buffer,
+    arena: TensorArena,
     pub bindings: Vec<Binding>,
-    tensors: Vec<NonNull<crate::sys::ggml_tensor>>,
     pub bytes: u64,
 }
 
@@ -28,45 +21,23 @@ pub const OUT_IDS: usize = 4;
 
 impl Persistent {
     pub fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<Persistent, EngineError> {
-        let ctx = Context::new(8, 0)?;
-        let ext = Externals::new(&ctx, d, lim);
-        let list = [ext.x, ext.pos, ext.mask, ext.kv_idx, ext.out_ids];
-        let align = alignment(dev);
-        let sizes: Vec<usize> = list
-            .iter()
-            .map(|t| t.nbytes().div_ceil(align) * align)
-            .collect();
-        let total: usize = sizes.iter().sum();
-        let buf = Buffer::alloc(dev.buffer_type(), total, BufferUsage::Compute)?;
-        buf.clear(0);
-        let mut off = 0;
-        let mut bindings = Vec::new();
-        for (t, s) in list.iter().zip(&sizes) {
-            buf.place(*t, off)?;
-            off += s;
-            bindings.push(Binding::of(*t));
-        }
-        let tensors = list.iter().filter_map(|t| NonNull::new(t.raw())).collect();
+        let specs = Externals::specs(d, lim);
+        let arena = TensorArena::new(dev.buffer_type(), BufferUsage::Compute, &specs)?;
         Ok(Persistent {
-            ctx,
-            _buf: buf,
-            bindings,
-            tensors,
-            bytes: total as u64,
+            bindings: (0..arena.len()).map(|i| arena.binding(i)).collect(),
+            bytes: arena.bytes() as u64,
+            arena,
         })
     }
     pub fn tensor(&self, i: usize) -> Tensor<'_> {
-        // SAFETY: the tensor lives in self.ctx.
-        unsafe { Tensor::from_raw(&self.ctx, self.tensors[i]) }
+        self.arena.tensor(i)
     }
 }
 
 /// K and V per layer, F16 [n_embd_kv, n_ctx], in one device buffer.
 pub struct KvStore {
-    ctx: Context,
-    _buf: Buffer,
+    arena: TensorArena,
     pub layers: Vec<[Binding; 2]>,
-    tensors: Vec<NonNull<crate::sys::ggml_tensor>>,
     pub bytes: u64,
 }
 
@@ -79,38 +50,23 @@ impl KvStore {
         dev: Device,
         n_layer: usize,
     ) -> Result<KvStore, EngineError> {
-        let ctx = Context::new(2 * n_layer.max(1), 0)?;
-        let shape = [d.hp.n_embd_kv() as i64, lim.n_ctx as i64];
-        let ts: Vec<_> = (0..2 * n_layer)
-            .map(|_| ctx.new_tensor(GgmlType::F16, &shape))
-            .collect();
-        let align = alignment(dev);
-        let row = d.hp.n_embd_kv() as usize * 2 * lim.n_ctx as usize;
-        let each = row.div_ceil(align) * align;
-        let buf = Buffer::alloc(dev.buffer_type(), each * ts.len(), BufferUsage::Any)?;
-        buf.clear(0);
-        let mut layers = Vec::with_capacity(n_layer);
-        for (i, pair) in ts.chunks(2).enumerate() {
-            buf.place(pair[0], 2 * i * each)?;
-            buf.place(pair[1], (2 * i + 1) * each)?;
-            let b = |t: &Tensor<'_>| Binding::of(*t);
-            layers.push([b(&pair[0]), b(&pair[1])]);
-        }
-        let bytes = (each * ts.len()) as u64;
-        let tensors = ts.iter().filter_map(|t| NonNull::new(t.raw())).collect();
-        drop(ts);
+        let spec = TensorSpec::new(GgmlType::F16, &[d.hp.n_embd_kv() as i64, lim.n_ctx as i64]);
+        let arena = TensorArena::new(
+            dev.buffer_type(),
+            BufferUsage::Any,
+            &vec![spec; 2 * n_layer],
+        )?;
         Ok(KvStore {
-            ctx,
-            _buf: buf,
-            layers,
-            tensors,
-            bytes,
+            layers: (0..n_layer)
+                .map(|l| [arena.binding(2 * l), arena.binding(2 * l + 1)])
+                .collect(),
+            bytes: arena.bytes() as u64,
+            arena,
         })
     }
     /// K (kv 0) or V tensor of layer `l`.
     pub fn tensor(&self, l: usize, kv: usize) -> Tensor<'_> {
-        // SAFETY: the tensor lives in self.ctx.
-        unsafe { Tensor::from_raw(&self.ctx, self.tensors[2 * l + kv]) }
+        self.arena.tensor(2 * l + kv)
     }
     /// Bytes one layer's K and V take for these dimensions.
     pub fn bytes_per_layer(d: &Dims, lim: Limits) -> u64 {

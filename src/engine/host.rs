@@ -15,8 +15,8 @@ use super::EngineError;
 use crate::ggml::{
     Backend, Buffer, BufferType, BufferUsage, Context, Device, GraphAllocator, Tensor,
 };
-use crate::graph::{Dims, Limits, Template, TemplateKey};
-use crate::model::ModelSpec;
+use crate::graph::{BindId, Dims, Limits, Template, TemplateKey};
+use crate::model::{GroupId, ModelSpec};
 use indicatif::ProgressBar;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -133,15 +133,15 @@ impl HostCompute {
 
     /// Computes group `gi` (the template `key` describes) on the CPU, on
     /// the host residual.
-    pub fn compute(&mut self, gi: usize, key: &TemplateKey) -> Result<(), EngineError> {
+    pub fn compute(&mut self, gi: GroupId, key: &TemplateKey) -> Result<(), EngineError> {
         let set = *self
             .set_of
-            .get(&gi)
+            .get(&gi.index())
             .expect("the plan only gives the CPU groups it has copies of");
         if !self.templates.contains_key(key) {
             let mut t = Template::build(key, &self.dims, self.lim)?;
             t.bind_externals(&self.persistent.bindings);
-            t.bind((gi as u32, 0), &self.weights.sets[set], None);
+            t.bind(BindId::resident(gi), &self.weights.sets[set], None);
             // one activation buffer for every CPU template (they run one at
             // a time, synchronously): when it grows, the others re-allocate
             self.allocator.alloc(&t.graph())?;
@@ -162,7 +162,7 @@ impl HostCompute {
         self.backend.compute(&t.graph())?;
         self.stats.compute += t0.elapsed();
         self.stats.groups += 1;
-        self.stats.bytes += self.group_bytes.get(&gi).copied().unwrap_or(0);
+        self.stats.bytes += self.group_bytes.get(&gi.index()).copied().unwrap_or(0);
         Ok(())
     }
 }

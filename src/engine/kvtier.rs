@@ -15,14 +15,12 @@
 //! [`crate::kv::spill`] for the format.
 
 use super::EngineError;
-use crate::ggml::{Backend, Buffer, BufferUsage, Context, Device, Tensor};
+use crate::ggml::{Backend, Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
 use crate::gguf::GgmlType;
-use crate::graph::Binding;
 use crate::kv::spill::{EntryDesc, KvFile, KvShape, Quota, SpillDir};
 use crate::kv::tier::{Action, TierTable};
 use crate::kv::KvCells;
 use std::path::PathBuf;
-use std::ptr::NonNull;
 
 /// How the windowed layers' KV is kept.
 #[derive(Clone, Debug)]
@@ -78,9 +76,8 @@ pub struct KvTier {
     n_ctx: usize,
     frames: usize,
     // GPU windows: K and V per slot
-    _wctx: Context,
-    _wbuf: Buffer,
-    wtensors: Vec<[NonNull<crate::sys::ggml_tensor>; 2]>,
+    /// K and V of each window slot: tensors 2s and 2s+1.
+    windows: TensorArena,
     pub wbindings: Vec<[Binding; 2]>,
     host: Buffer,
     pub host_pinned: bool,
@@ -125,27 +122,13 @@ impl KvTier {
                 minimum: frame_bytes,
             });
         }
-        // windows
-        let wctx = Context::new(2 * slots, 0)?;
-        let ts: Vec<_> = (0..2 * slots)
-            .map(|_| wctx.new_tensor(GgmlType::F16, &[n_embd_kv as i64, n_ctx as i64]))
+        // windows; read where the mask hides them, so zeroed (finite)
+        let spec = TensorSpec::new(GgmlType::F16, &[n_embd_kv as i64, n_ctx as i64]);
+        let windows =
+            TensorArena::new(dev.buffer_type(), BufferUsage::Any, &vec![spec; 2 * slots])?;
+        let wbindings = (0..slots)
+            .map(|s| [windows.binding(2 * s), windows.binding(2 * s + 1)])
             .collect();
-        let align = dev.buffer_type().alignment();
-        let each = ts[0].nbytes().div_ceil(align) * align;
-        let wbuf = Buffer::alloc(dev.buffer_type(), each * ts.len(), BufferUsage::Any)?;
-        // windows are read where the mask hides them: keep them finite
-        wbuf.clear(0);
-        let mut wtensors = Vec::new();
-        let mut wbindings = Vec::new();
-        for (s, pair) in ts.chunks(2).enumerate() {
-            wbuf.place(pair[0], 2 * s * each)?;
-            wbuf.place(pair[1], (2 * s + 1) * each)?;
-            let b = |t: &Tensor<'_>| Binding::of(*t);
-            wbindings.push([b(&pair[0]), b(&pair[1])]);
-            let nn = |t: &Tensor<'_>| NonNull::new(t.raw()).expect("tensor handle");
-            wtensors.push([nn(&pair[0]), nn(&pair[1])]);
-        }
-        drop(ts);
         // frames
         let host_bytes = frames * frame_bytes as usize;
         let (host, host_pinned) =
@@ -162,9 +145,7 @@ impl KvTier {
             row,
             n_ctx,
             frames,
-            _wctx: wctx,
-            _wbuf: wbuf,
-            wtensors,
+            windows,
             wbindings,
             host,
             host_pinned,
@@ -198,7 +179,7 @@ impl KvTier {
         self.host.size() as u64
     }
     pub fn window_bytes(&self) -> u64 {
-        self._wbuf.size() as u64
+        self.windows.bytes() as u64
     }
     pub fn is_windowed(&self, layer: u32) -> bool {
         self.index_of[layer as usize].is_some()
@@ -209,8 +190,7 @@ impl KvTier {
     }
 
     fn window(&self, slot: usize, kv: usize) -> Tensor<'_> {
-        // SAFETY: the tensor lives in self._wctx.
-        unsafe { Tensor::from_raw(&self._wctx, self.wtensors[slot][kv]) }
+        self.windows.tensor(2 * slot + kv)
     }
 
     /// Byte offset of host rows [hrow, hrow + n) of windowed layer `li`, K

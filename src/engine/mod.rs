@@ -24,13 +24,13 @@ pub use store::{GroupLayout, Location, ModelFile, WeightStore};
 
 use crate::ggml::{self, Backend, Device, GgmlError, GraphAllocator};
 use crate::gguf::GgufFile;
-use crate::graph::{Binding, Dims, Limits, StepShape, Template, TemplateKey};
+use crate::graph::{BindId, Binding, Dims, Limits, StepShape, Template, TemplateKey};
 use crate::kv::{KvCells, KvError};
-use crate::model::{GroupKind, ModelError, ModelSpec};
+use crate::model::{GroupId, GroupKind, ModelError, ModelSpec};
 use crate::paging::{GroupInfo, Plan, PlanError, PlanInput};
 use buffers::{KvStore, Persistent};
 use kvtier::{KvStats, KvTier, KvTierConfig};
-use pager::Pager;
+use pager::{Pager, Ring};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
@@ -793,10 +793,10 @@ impl Engine {
         if let Some(h) = self.host.as_mut() {
             h.stats = host::HostStats::default();
         }
-        let gis: Vec<usize> = order
+        let gis: Vec<GroupId> = order
             .iter()
-            .map(|(l, k, _)| group_index(*l, *k))
-            .filter(|&gi| !on_cpu[gi])
+            .map(|(l, k, _)| GroupId::new(*l, *k))
+            .filter(|gi| !on_cpu[gi.index()])
             .collect();
         let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
         self.evict_templates(&shapes);
@@ -804,7 +804,7 @@ impl Engine {
         // rows of the residual stream on the host, while they are there
         let mut x_host: Option<u32> = None;
         for (l, kind, shape) in order {
-            if on_cpu[group_index(l, kind)] {
+            if on_cpu[GroupId::new(l, kind).index()] {
                 self.run_host_group(l, kind, shape, &mut x_host)?;
             } else {
                 self.residual_to_device(&mut x_host)?;
@@ -897,14 +897,14 @@ impl Engine {
         });
     }
 
-    /// A group's index and the key of its template for a step shape.
-    fn group_key(&self, layer: u32, kind: GroupKind, shape: StepShape) -> (usize, TemplateKey) {
-        let gi = group_index(layer, kind);
+    /// A group's id and the key of its template for a step shape.
+    fn group_key(&self, layer: u32, kind: GroupKind, shape: StepShape) -> (GroupId, TemplateKey) {
+        let gi = GroupId::new(layer, kind);
         let key = TemplateKey::Group {
             kind,
-            sig: self.spec.groups[gi].signature(),
+            sig: self.spec.groups[gi.index()].signature(),
             shape,
-            instance: gi as u32,
+            instance: gi.index() as u32,
         };
         (gi, key)
     }
@@ -920,26 +920,27 @@ impl Engine {
         // KV: resident on the device, or a window the pager fills
         let windowed =
             kind == GroupKind::Attn && self.pager.kv.as_ref().is_some_and(|k| k.is_windowed(layer));
-        let (kv, kv_id) = if windowed {
+        let mut id = BindId::resident(gi);
+        let kv = if windowed {
             let w = self.pager.before_compute(
                 gi,
-                pager::KV_RING,
+                Ring::Kv,
                 &self.store,
                 &self.backend,
                 &mut self.timeline,
             )?;
-            let kv = self.pager.kv.as_ref().expect("windowed");
-            (Some(kv.wbindings[w]), (1 + w as u64) << 32)
+            id.kv_window = Some(w);
+            Some(self.pager.kv.as_ref().expect("windowed").wbindings[w])
         } else if kind == GroupKind::Attn {
-            (Some(self.kv.layers[layer as usize]), 0)
+            Some(self.kv.layers[layer as usize])
         } else {
-            (None, 0)
+            None
         };
-        let streamed = match self.store.groups[gi] {
+        let streamed = match self.store.groups[gi.index()] {
             Location::Resident(ref b) => {
                 let b = b.clone();
                 let t = self.templates.get_mut(&key).expect("template exists");
-                t.bind((gi as u32, kv_id), &b, kv);
+                t.bind(id, &b, kv);
                 None
             }
             Location::Streamed { ring, .. } => {
@@ -952,7 +953,8 @@ impl Engine {
                 )?;
                 let b = self.store.slot_bindings(gi, ring, slot);
                 let t = self.templates.get_mut(&key).expect("template exists");
-                t.bind((gi as u32, kv_id | (1 + slot as u64)), &b, kv);
+                id.weight_slot = Some(slot);
+                t.bind(id, &b, kv);
                 Some(ring)
             }
         };
@@ -978,7 +980,7 @@ impl Engine {
         if windowed {
             self.pager.after_compute(
                 gi,
-                pager::KV_RING,
+                Ring::Kv,
                 &self.store,
                 &self.backend,
                 &mut self.timeline,
@@ -1044,7 +1046,7 @@ impl Engine {
         self.templates
             .get_mut(&key)
             .expect("template exists")
-            .bind((u32::MAX, 0), &head, None);
+            .bind(BindId::head(), &head, None);
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
         if let Some(tl) = self.timeline.as_mut() {
@@ -1081,10 +1083,6 @@ impl Drop for Engine {
         // the fields below free
         self.pager_sync();
     }
-}
-
-fn group_index(layer: u32, kind: GroupKind) -> usize {
-    2 * layer as usize + usize::from(kind == GroupKind::Ffn)
 }
 
 fn alloc_key(k: &TemplateKey) -> u8 {

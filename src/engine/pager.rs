@@ -11,6 +11,7 @@ use super::store::WeightStore;
 use super::timeline::{Stream, Timeline};
 use super::EngineError;
 use crate::ggml::{Backend, Device, Event};
+use crate::model::{GroupId, GroupKind};
 use crate::paging::{Op, Plan, SlotRing};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -33,22 +34,46 @@ enum Streams {
         free: [Vec<Event>; 3],
     },
     Sync {
-        pending: VecDeque<(usize, usize, usize)>,
+        pending: VecDeque<(Ring, usize, GroupId)>,
     },
 }
 
-/// Ring 0: attention weight slots, 1: FFN weight slots, 2: KV windows of
-/// windowed layers (see `kvtier`).
-pub const KV_RING: usize = 2;
+/// The slot rings the copy stream fills: attention weights, FFN weights,
+/// and the KV windows of windowed layers (see `kvtier`). `ring as usize`
+/// indexes the per-ring arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ring {
+    Attn = 0,
+    Ffn = 1,
+    Kv = 2,
+}
+
+impl Ring {
+    /// The weight ring a group of `kind` streams through.
+    pub fn of(kind: GroupKind) -> Ring {
+        match kind {
+            GroupKind::Attn => Ring::Attn,
+            GroupKind::Ffn => Ring::Ffn,
+        }
+    }
+    /// How the trace names this ring's slots (a0, f1, w2).
+    fn label(self) -> &'static str {
+        match self {
+            Ring::Attn => "a",
+            Ring::Ffn => "f",
+            Ring::Kv => "w",
+        }
+    }
+}
 
 pub struct Pager {
     pub rings: [Option<SlotRing>; 3],
-    /// Per ring: group index of each streamed group, in this step's order.
-    lists: [Vec<usize>; 3],
+    /// Per ring: each group it streams, in this step's order.
+    lists: [Vec<GroupId>; 3],
     /// The tiered KV cache of windowed layers, if any.
     pub kv: Option<KvTier>,
     /// All streamed groups of this step, in order (for reading ahead).
-    streamed: Vec<usize>,
+    streamed: Vec<GroupId>,
     streams: Streams,
     pub stats: PagerStats,
 }
@@ -107,24 +132,25 @@ impl Pager {
         })
     }
 
-    /// Starts a step whose groups run in `order` (group indices).
-    pub fn begin_step(&mut self, order: &[usize], store: &WeightStore) -> Result<(), EngineError> {
+    /// Starts a step whose device groups run in `order`.
+    pub fn begin_step(
+        &mut self,
+        order: &[GroupId],
+        store: &WeightStore,
+    ) -> Result<(), EngineError> {
         for r in 0..3 {
             self.lists[r].clear();
         }
         self.streamed.clear();
         for &gi in order {
-            if let super::store::Location::Streamed { ring, .. } = store.groups[gi] {
-                self.lists[ring].push(gi);
+            if let super::store::Location::Streamed { ring, .. } = store.groups[gi.index()] {
+                self.lists[ring as usize].push(gi);
                 self.streamed.push(gi);
             }
-            if gi % 2 == 0
-                && self
-                    .kv
-                    .as_ref()
-                    .is_some_and(|k| k.is_windowed(gi as u32 / 2))
+            if gi.kind() == GroupKind::Attn
+                && self.kv.as_ref().is_some_and(|k| k.is_windowed(gi.layer()))
             {
-                self.lists[KV_RING].push(gi);
+                self.lists[Ring::Kv as usize].push(gi);
             }
         }
         for r in 0..3 {
@@ -140,14 +166,14 @@ impl Pager {
 
     fn upload(
         &mut self,
-        ring: usize,
+        ring: Ring,
         slot: usize,
-        gi: usize,
+        gi: GroupId,
         store: &WeightStore,
         compute: &Backend,
         tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
-        if ring == KV_RING {
+        if ring == Ring::Kv {
             return self.upload_kv(slot, gi, compute, tl);
         }
         let drain = || {
@@ -161,15 +187,13 @@ impl Pager {
             store.prefetch(&self.streamed[k + 1..end])?;
         }
         let src = store.host_extent(gi, drain)?;
-        let t = store.rings[ring].as_ref().expect("ring").slot_tensor(slot);
+        let t = store.rings[ring as usize]
+            .as_ref()
+            .expect("ring")
+            .slot_tensor(slot);
         self.stats.uploads += 1;
         self.stats.bytes += src.len() as u64;
-        let name = || {
-            format!(
-                "upload g{gi} -> {}{slot}",
-                if ring == 0 { "a" } else { "f" }
-            )
-        };
+        let name = || format!("upload {gi} -> {}{slot}", ring.label());
         match &self.streams {
             Streams::Async { copy, .. } => {
                 if let Some(tl) = tl.as_mut() {
@@ -204,11 +228,11 @@ impl Pager {
     fn upload_kv(
         &mut self,
         slot: usize,
-        gi: usize,
+        gi: GroupId,
         compute: &Backend,
         tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
-        let layer = gi as u32 / 2;
+        let layer = gi.layer();
         let kv = self.kv.as_mut().expect("KV ring without a tiered cache");
         let copy = match &self.streams {
             Streams::Async { copy, .. } => Some(copy),
@@ -244,7 +268,7 @@ impl Pager {
         for s in kv.pending_slots() {
             match &self.streams {
                 Streams::Async { copy, free, .. } => {
-                    free[KV_RING][s].wait_on(copy);
+                    free[Ring::Kv as usize][s].wait_on(copy);
                     kv.writeback(s, Some(copy))?;
                 }
                 Streams::Sync { .. } => kv.writeback(s, None)?,
@@ -255,7 +279,7 @@ impl Pager {
 
     fn run_ops(
         &mut self,
-        ring: usize,
+        ring: Ring,
         ops: Vec<Op>,
         store: &WeightStore,
         compute: &Backend,
@@ -264,8 +288,8 @@ impl Pager {
         for op in ops {
             match op {
                 Op::Upload { j, slot } => {
-                    let local = self.rings[ring].as_ref().expect("ring").local(j);
-                    let gi = self.lists[ring][local];
+                    let local = self.rings[ring as usize].as_ref().expect("ring").local(j);
+                    let gi = self.lists[ring as usize][local];
                     match &mut self.streams {
                         Streams::Sync { pending } => pending.push_back((ring, slot, gi)),
                         Streams::Async { .. } => self.upload(ring, slot, gi, store, compute, tl)?,
@@ -273,16 +297,16 @@ impl Pager {
                 }
                 Op::WaitFree(s) => {
                     if let Streams::Async { copy, free, .. } = &self.streams {
-                        free[ring][s].wait_on(copy);
+                        free[ring as usize][s].wait_on(copy);
                     }
                 }
                 Op::RecordLoaded(s) => {
                     if let Streams::Async { copy, loaded, .. } = &self.streams {
-                        loaded[ring][s].record(copy);
+                        loaded[ring as usize][s].record(copy);
                     }
                 }
                 Op::WaitLoaded(s) => match &mut self.streams {
-                    Streams::Async { loaded, .. } => loaded[ring][s].wait_on(compute),
+                    Streams::Async { loaded, .. } => loaded[ring as usize][s].wait_on(compute),
                     Streams::Sync { pending } => {
                         // run queued copies up to the one filling this slot
                         if let Some(pos) =
@@ -291,7 +315,7 @@ impl Pager {
                             let todo: Vec<_> = pending.drain(..=pos).collect();
                             for (r, sl, gi) in todo {
                                 self.upload(r, sl, gi, store, compute, tl)?;
-                                if let Some(rg) = self.rings[r].as_mut() {
+                                if let Some(rg) = self.rings[r as usize].as_mut() {
                                     rg.mark_resident(sl);
                                 }
                             }
@@ -300,10 +324,10 @@ impl Pager {
                 },
                 Op::RecordFree(s) => {
                     if let Streams::Async { free, .. } = &self.streams {
-                        free[ring][s].record(compute);
+                        free[ring as usize][s].record(compute);
                     }
                 }
-                Op::Poison(s) if ring == KV_RING => {
+                Op::Poison(s) if ring == Ring::Kv => {
                     compute.synchronize();
                     let kv = self.kv.as_mut().expect("KV ring");
                     kv.writeback(s, None)?;
@@ -311,7 +335,7 @@ impl Pager {
                 }
                 Op::Poison(s) => {
                     compute.synchronize();
-                    store.rings[ring]
+                    store.rings[ring as usize]
                         .as_ref()
                         .expect("ring")
                         .slot_tensor(s)
@@ -326,17 +350,17 @@ impl Pager {
     /// Enqueues what must precede computing streamed group `gi`; returns its slot.
     pub fn before_compute(
         &mut self,
-        gi: usize,
-        ring: usize,
+        gi: GroupId,
+        ring: Ring,
         store: &WeightStore,
         compute: &Backend,
         tl: &mut Option<Timeline>,
     ) -> Result<usize, EngineError> {
-        let j = self.lists[ring]
+        let j = self.lists[ring as usize]
             .iter()
             .position(|&g| g == gi)
             .expect("group is in this step's order");
-        let r = self.rings[ring].as_mut().expect("ring");
+        let r = self.rings[ring as usize].as_mut().expect("ring");
         let ops = r.before_compute(j);
         let slot = r.slot_of(j);
         self.run_ops(ring, ops, store, compute, tl)?;
@@ -346,17 +370,20 @@ impl Pager {
     /// Enqueues what follows computing streamed group `gi`.
     pub fn after_compute(
         &mut self,
-        gi: usize,
-        ring: usize,
+        gi: GroupId,
+        ring: Ring,
         store: &WeightStore,
         compute: &Backend,
         tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
-        let j = self.lists[ring]
+        let j = self.lists[ring as usize]
             .iter()
             .position(|&g| g == gi)
             .expect("group is in this step's order");
-        let ops = self.rings[ring].as_mut().expect("ring").after_compute(j);
+        let ops = self.rings[ring as usize]
+            .as_mut()
+            .expect("ring")
+            .after_compute(j);
         self.run_ops(ring, ops, store, compute, tl)
     }
 

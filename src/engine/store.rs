@@ -3,11 +3,11 @@
 //! one contiguous copy.
 
 use super::cpuweights::CpuWeights;
+use super::pager::Ring;
 use super::window::DramWindow;
 use super::EngineError;
-use crate::ggml::{Buffer, BufferUsage, Context, Device, GgmlError};
-use crate::graph::Binding;
-use crate::model::{GroupKind, ModelSpec, WeightSpec};
+use crate::ggml::{Binding, Buffer, BufferUsage, Context, Device, TensorArena, TensorSpec};
+use crate::model::{GroupId, GroupKind, ModelSpec, WeightSpec};
 use crate::paging::Plan;
 use indicatif::{ProgressBar, ProgressStyle};
 use memmap2::Mmap;
@@ -49,7 +49,7 @@ pub enum Location {
     Resident(Vec<Binding>),
     /// In pinned memory at `host` (same layout as a slot), streamed through ring `ring`.
     Streamed {
-        ring: usize,
+        ring: Ring,
         /// Offset in the pinned buffer; None when the group lives on disk
         /// and passes through the DRAM window.
         host: Option<usize>,
@@ -59,24 +59,20 @@ pub enum Location {
 /// The memory of resident weights: one device buffer (with the context of
 /// its tensors), or CPU memory partly repacked.
 enum ResidentMemory {
-    // field order is drop order: tensors before their buffer
-    Device { _ctx: Context, _buf: Buffer },
+    Device { _arena: TensorArena },
     Cpu { _weights: CpuWeights },
 }
 
-/// A ring's device slots: one buffer each, and a byte tensor spanning it
-/// that uploads target.
+/// A ring's device slots: one buffer each, holding a byte tensor spanning
+/// it that uploads target.
 pub struct RingBuffers {
     pub slot_bytes: usize,
-    pub slots: Vec<Buffer>,
-    ctx: Context,
-    tensors: Vec<std::ptr::NonNull<crate::sys::ggml_tensor>>,
+    pub slots: Vec<TensorArena>,
 }
 
 impl RingBuffers {
     pub fn slot_tensor(&self, s: usize) -> crate::ggml::Tensor<'_> {
-        // SAFETY: the tensor lives in self.ctx.
-        unsafe { crate::ggml::Tensor::from_raw(&self.ctx, self.tensors[s]) }
+        self.slots[s].tensor(0)
     }
 }
 
@@ -154,7 +150,6 @@ impl WeightStore {
         show_progress: bool,
     ) -> Result<WeightStore, EngineError> {
         let buft = dev.buffer_type();
-        let align = buft.alignment();
         let total: u64 = spec.groups.iter().map(|g| g.bytes()).sum::<u64>() + spec.output.size;
         let bar = progress(total, show_progress);
 
@@ -174,36 +169,19 @@ impl WeightStore {
             let b = w.sets[0].clone();
             (ResidentMemory::Cpu { _weights: w }, b, size)
         } else {
-            let ctx = Context::new(resident_specs.len() + 8, 0)?;
-            let tensors: Vec<_> = resident_specs
+            let specs: Vec<TensorSpec> = resident_specs
                 .iter()
-                .map(|w| ctx.new_tensor(w.ty, &w.ne[..]).named(&w.name))
+                .map(|w| TensorSpec::new(w.ty, &w.ne[..]).named(&w.name))
                 .collect();
-            let mut offs = Vec::with_capacity(tensors.len());
-            let mut size = 0usize;
-            for t in &tensors {
-                offs.push(size);
-                size += align_up(buft.alloc_size(*t), align);
-            }
-            let resident = Buffer::alloc(buft, size, BufferUsage::Weights)?;
-            // zero the padding quantized kernels may read past a row
-            resident.clear(0);
-            let mut bindings = Vec::with_capacity(tensors.len());
-            for ((t, w), off) in tensors.iter().zip(&resident_specs).zip(&offs) {
-                resident.place(*t, *off)?;
-                t.set_bytes(file.bytes(w), 0)?;
+            // zeroed: the padding quantized kernels may read past a row
+            let arena = TensorArena::new(buft, BufferUsage::Weights, &specs)?;
+            for (i, w) in resident_specs.iter().enumerate() {
+                arena.tensor(i).set_bytes(file.bytes(w), 0)?;
                 bar.inc(w.size);
-                bindings.push(Binding::of(*t));
             }
-            drop(tensors);
-            (
-                ResidentMemory::Device {
-                    _ctx: ctx,
-                    _buf: resident,
-                },
-                bindings,
-                size,
-            )
+            let bindings: Vec<Binding> = (0..arena.len()).map(|i| arena.binding(i)).collect();
+            let size = arena.bytes();
+            (ResidentMemory::Device { _arena: arena }, bindings, size)
         };
         let mut it = bindings.into_iter();
         let head: Vec<Binding> = it.by_ref().take(2).collect();
@@ -285,8 +263,8 @@ impl WeightStore {
                 ));
                 continue;
             }
-            let ring = usize::from(g.kind == GroupKind::Ffn);
-            if windows[ring].is_some() {
+            let ring = Ring::of(g.kind);
+            if windows[ring as usize].is_some() {
                 groups.push(Location::Streamed { ring, host: None });
                 continue;
             }
@@ -324,26 +302,13 @@ impl WeightStore {
                 .map(|(_, l)| l.bytes)
                 .max()
                 .unwrap_or(0);
-            let rctx = Context::new(n_slots + 1, 0)?;
-            let mut slots = Vec::new();
-            let mut ts = Vec::new();
-            for _ in 0..n_slots {
-                // COMPUTE usage: padding past rows stays zeroed / harmless
-                let b = Buffer::alloc(buft, slot_bytes, BufferUsage::Compute)?;
-                b.clear(0);
-                let t = rctx
-                    .new_tensor(crate::gguf::GgmlType::I8, &[slot_bytes as i64])
-                    .named("slot");
-                b.place(t, 0)?;
-                ts.push(std::ptr::NonNull::new(t.raw()).ok_or(GgmlError::ContextAlloc(0))?);
-                slots.push(b);
-            }
-            rings[ri] = Some(RingBuffers {
-                slot_bytes,
-                slots,
-                ctx: rctx,
-                tensors: ts,
-            });
+            // COMPUTE usage: padding past rows stays zeroed / harmless
+            let slot =
+                [TensorSpec::new(crate::gguf::GgmlType::I8, &[slot_bytes as i64]).named("slot")];
+            let slots = (0..n_slots)
+                .map(|_| TensorArena::new(buft, BufferUsage::Compute, &slot))
+                .collect::<Result<Vec<_>, _>>()?;
+            rings[ri] = Some(RingBuffers { slot_bytes, slots });
         }
         Ok(WeightStore {
             groups,
@@ -362,9 +327,9 @@ impl WeightStore {
     }
 
     /// The DRAM window group `gi` passes through, with its slots' offset.
-    fn window_of(&self, gi: usize) -> Option<&(DramWindow, usize)> {
-        match self.groups[gi] {
-            Location::Streamed { ring, host: None } => self.windows[ring].as_ref(),
+    fn window_of(&self, gi: GroupId) -> Option<&(DramWindow, usize)> {
+        match self.groups[gi.index()] {
+            Location::Streamed { ring, host: None } => self.windows[ring as usize].as_ref(),
             _ => None,
         }
     }
@@ -372,11 +337,11 @@ impl WeightStore {
     /// The pinned extent of a streamed group, read from the file into the
     /// DRAM window first if that is where it lives. `drain` waits for the
     /// pending copies out of a window slot about to be reused.
-    pub fn host_extent(&self, gi: usize, drain: impl FnOnce()) -> Result<&[u8], EngineError> {
+    pub fn host_extent(&self, gi: GroupId, drain: impl FnOnce()) -> Result<&[u8], EngineError> {
         let Some(p) = &self.pinned else {
             return Ok(&[]);
         };
-        let off = match (&self.groups[gi], self.window_of(gi)) {
+        let off = match (&self.groups[gi.index()], self.window_of(gi)) {
             (Location::Streamed { host: Some(h), .. }, _) => *h,
             (Location::Streamed { host: None, .. }, Some((w, base))) => {
                 // SAFETY: the window's slots lie at `base` inside the pinned
@@ -385,9 +350,9 @@ impl WeightStore {
                 let at = unsafe {
                     w.ensure(
                         p.base().add(*base),
-                        gi,
-                        &self.weights[gi],
-                        &self.layouts[gi].offsets,
+                        gi.index(),
+                        &self.weights[gi.index()],
+                        &self.layouts[gi.index()].offsets,
                         drain,
                     )?
                 };
@@ -397,14 +362,18 @@ impl WeightStore {
         };
         // SAFETY: the extent lies inside the pinned buffer; it is written
         // only at load time or by the window, never while a copy reads it.
-        Ok(unsafe { std::slice::from_raw_parts(p.base().add(off), self.layouts[gi].bytes) })
+        Ok(
+            unsafe {
+                std::slice::from_raw_parts(p.base().add(off), self.layouts[gi.index()].bytes)
+            },
+        )
     }
 
     /// Starts reading `gis` from the file ahead of use (DRAM window only).
-    pub fn prefetch(&self, gis: &[usize]) -> Result<(), EngineError> {
+    pub fn prefetch(&self, gis: &[GroupId]) -> Result<(), EngineError> {
         for &gi in gis {
             if let Some((w, _)) = self.window_of(gi) {
-                w.prefetch(gi, &self.weights[gi])?;
+                w.prefetch(gi.index(), &self.weights[gi.index()])?;
             }
         }
         Ok(())
@@ -417,9 +386,9 @@ impl WeightStore {
     }
 
     /// Notes that an asynchronous copy of group `gi`'s host extent was enqueued.
-    pub fn copy_enqueued(&self, gi: usize) {
+    pub fn copy_enqueued(&self, gi: GroupId) {
         if let Some((w, _)) = self.window_of(gi) {
-            w.copy_enqueued_for(gi);
+            w.copy_enqueued_for(gi.index());
         }
     }
 
@@ -448,12 +417,12 @@ impl WeightStore {
     }
 
     /// Bindings of group `gi` placed in slot `s` of its ring.
-    pub fn slot_bindings(&self, gi: usize, ring: usize, s: usize) -> Vec<Binding> {
-        let r = self.rings[ring]
+    pub fn slot_bindings(&self, gi: GroupId, ring: Ring, s: usize) -> Vec<Binding> {
+        let r = self.rings[ring as usize]
             .as_ref()
             .expect("ring exists for a streamed group");
-        let b = &r.slots[s];
-        self.layouts[gi]
+        let b = r.slots[s].buffer();
+        self.layouts[gi.index()]
             .offsets
             .iter()
             // SAFETY: offsets lie inside the slot (slot_bytes is the max extent).

@@ -2,6 +2,8 @@
 //! pinned llama.cpp/ggml source).
 //!
 //! Invariants kept here:
+//! - tensors that live together in one buffer come from a [`TensorArena`],
+//!   which owns their context and buffer and hands out tensors and bindings;
 //! - every C handle has exactly one owner whose `Drop` frees it
 //!   ([`Context`], [`Backend`], [`Buffer`], [`Event`], [`GraphAllocator`]);
 //! - a [`Tensor`] or [`Graph`] borrows the [`Context`] that holds its metadata,
@@ -11,10 +13,12 @@
 //!   reached through strata's C shim (ffi/shim/), which finds them in the
 //!   module and calls them with their declared signatures.
 
+mod arena;
 mod backend;
 mod context;
 mod graph;
 
+pub use arena::{Binding, TensorArena, TensorSpec};
 pub use backend::{
     cpu_device, gpu_device, load_backends, Backend, Buffer, BufferType, BufferUsage, Device, Event,
     MAX_THREADS,

@@ -1,7 +1,7 @@
 //! The blocks of a Llama-family layer: attention group, FFN group, head.
 
 use super::{Dims, Limits, StepShape};
-use crate::ggml::{Context, Graph, RopeParams, Tensor};
+use crate::ggml::{Context, Graph, RopeParams, Tensor, TensorSpec};
 use crate::gguf::GgmlType;
 use crate::model::Role;
 
@@ -23,16 +23,29 @@ pub struct Externals<'c> {
 }
 
 impl<'c> Externals<'c> {
-    pub fn new(ctx: &'c Context, d: &Dims, lim: Limits) -> Externals<'c> {
+    /// x, pos, mask, kv_idx and out_ids: the step's persistent tensors (the
+    /// engine keeps them in one arena; rope_freqs is a weight).
+    pub fn specs(d: &Dims, lim: Limits) -> [TensorSpec; 5] {
         let (b, e) = (lim.n_batch as i64, d.hp.n_embd as i64);
+        [
+            TensorSpec::new(GgmlType::F32, &[e, b]).named("x"),
+            TensorSpec::new(GgmlType::I32, &[b]).named("inp_pos"),
+            TensorSpec::new(GgmlType::F16, &[lim.n_ctx as i64 * b]).named("kq_mask"),
+            TensorSpec::new(GgmlType::I64, &[b]).named("kv_idxs"),
+            TensorSpec::new(GgmlType::I32, &[b]).named("out_ids"),
+        ]
+    }
+    pub fn new(ctx: &'c Context, d: &Dims, lim: Limits) -> Externals<'c> {
+        let [x, pos, mask, kv_idx, out_ids] = Self::specs(d, lim).map(|s| {
+            ctx.new_tensor(s.ty, &s.ne)
+                .named(s.name.as_deref().unwrap_or_default())
+        });
         Externals {
-            x: ctx.new_tensor(GgmlType::F32, &[e, b]).named("x"),
-            pos: ctx.new_tensor(GgmlType::I32, &[b]).named("inp_pos"),
-            mask: ctx
-                .new_tensor(GgmlType::F16, &[lim.n_ctx as i64 * b])
-                .named("kq_mask"),
-            kv_idx: ctx.new_tensor(GgmlType::I64, &[b]).named("kv_idxs"),
-            out_ids: ctx.new_tensor(GgmlType::I32, &[b]).named("out_ids"),
+            x,
+            pos,
+            mask,
+            kv_idx,
+            out_ids,
             rope_freqs: d.has_rope_freqs.then(|| {
                 ctx.new_tensor(GgmlType::F32, &[d.hp.n_rot as i64 / 2])
                     .named("rope_freqs")

@@ -14,7 +14,7 @@ mod blocks;
 mod template;
 
 pub use blocks::{build_attn, build_ffn, build_head, Built, Externals};
-pub use template::{Binding, Template, TemplateKey};
+pub use template::{BindId, Binding, Template, TemplateKey};
 
 use crate::model::{Arch, Hparams};
 

@@ -3,7 +3,7 @@
 use super::{build_attn, build_ffn, build_head, Dims, Limits, StepShape};
 use crate::ggml::{Context, Graph, Result, Tensor};
 use crate::gguf::GgmlType;
-use crate::model::{GroupKind, Role};
+use crate::model::{GroupId, GroupKind, Role};
 use std::ptr::NonNull;
 
 /// What distinguishes one template from another. Types are part of the key:
@@ -25,38 +25,34 @@ pub enum TemplateKey {
     },
 }
 
-/// Memory a placeholder tensor is pointed at.
-#[derive(Clone, Copy, Debug)]
-pub struct Binding {
-    pub data: *mut std::ffi::c_void,
-    pub buffer: crate::sys::ggml_backend_buffer_t,
-    /// The backend's per-tensor data (a repacked CPU weight's layout
-    /// traits); null for plain memory.
-    pub extra: *mut std::ffi::c_void,
+pub use crate::ggml::Binding;
+
+/// What a template's weight and KV placeholders were pointed at last, so an
+/// unchanged binding is not redone: the group (None: the output head),
+/// the ring slot holding its weights (None: resident), and the window slot
+/// holding its layer's K/V (None: the layer's resident K/V, or no KV).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindId {
+    pub group: Option<GroupId>,
+    pub weight_slot: Option<usize>,
+    pub kv_window: Option<usize>,
 }
 
-impl Binding {
-    /// Plain memory at `data` inside `buffer`.
-    pub fn plain(
-        data: *mut std::ffi::c_void,
-        buffer: crate::sys::ggml_backend_buffer_t,
-    ) -> Binding {
-        Binding {
-            data,
-            buffer,
-            extra: std::ptr::null_mut(),
+impl BindId {
+    /// Resident weights of `group` (and its layer's resident K/V, if any).
+    pub fn resident(group: GroupId) -> BindId {
+        BindId {
+            group: Some(group),
+            weight_slot: None,
+            kv_window: None,
         }
     }
-    /// Where a placed tensor lives (data, buffer and the buffer's extra).
-    pub fn of(t: crate::ggml::Tensor<'_>) -> Binding {
-        // SAFETY: reading three pointer fields of a live tensor header.
-        unsafe {
-            let r = &*t.raw();
-            Binding {
-                data: r.data,
-                buffer: r.buffer,
-                extra: r.extra,
-            }
+    /// The output head's resident weights.
+    pub fn head() -> BindId {
+        BindId {
+            group: None,
+            weight_slot: None,
+            kv_window: None,
         }
     }
 }
@@ -72,7 +68,7 @@ pub struct Template {
     kv: Option<[NonNull<crate::sys::ggml_tensor>; 2]>,
     out: NonNull<crate::sys::ggml_tensor>,
     /// Identity of the weights/KV bound last, to skip redundant rebinding.
-    bound_to: Option<(u32, u64)>,
+    bound_to: Option<BindId>,
     /// Activations assigned by the kind's allocator (stay valid until the
     /// allocator grows, which drops every other template of the kind).
     pub allocated: bool,
@@ -160,7 +156,7 @@ impl Template {
     /// Points the weight (and KV) placeholders at a layer's memory and
     /// refreshes every view of them. `id` identifies the bound memory
     /// (layer, generation) so rebinding the same memory twice is free.
-    pub fn bind(&mut self, id: (u32, u64), weights: &[Binding], kv: Option<[Binding; 2]>) {
+    pub fn bind(&mut self, id: BindId, weights: &[Binding], kv: Option<[Binding; 2]>) {
         if self.bound_to == Some(id) {
             return;
         }

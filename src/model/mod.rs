@@ -14,7 +14,7 @@ mod spec;
 mod vocab;
 
 pub use arch::Arch;
-pub use spec::{GroupKind, GroupSpec, Hparams, ModelSpec, Role, WeightSpec};
+pub use spec::{GroupId, GroupKind, GroupSpec, Hparams, ModelSpec, Role, WeightSpec};
 pub use vocab::validate_vocab;
 
 use crate::gguf::GgufError;

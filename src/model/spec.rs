@@ -52,6 +52,41 @@ impl GroupKind {
     }
 }
 
+/// A layer group: layer `l`'s attention is group 2l, its FFN group 2l+1,
+/// the order a step runs them in and the index of every per-group table
+/// (`ModelSpec::groups`, the weight store's locations and layouts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupId(u32);
+
+impl GroupId {
+    pub fn new(layer: u32, kind: GroupKind) -> GroupId {
+        GroupId(2 * layer + u32::from(kind == GroupKind::Ffn))
+    }
+    /// The group at `index` of the per-group tables.
+    pub fn from_index(index: usize) -> GroupId {
+        GroupId(u32::try_from(index).expect("group index fits u32"))
+    }
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+    pub fn layer(self) -> u32 {
+        self.0 / 2
+    }
+    pub fn kind(self) -> GroupKind {
+        if self.0.is_multiple_of(2) {
+            GroupKind::Attn
+        } else {
+            GroupKind::Ffn
+        }
+    }
+}
+
+impl std::fmt::Display for GroupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "g{}", self.0)
+    }
+}
+
 /// What a weight tensor does inside its group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
@@ -481,5 +516,25 @@ impl ModelSpec {
     /// Bytes of all layer-group weights.
     pub fn layer_bytes(&self) -> u64 {
         self.groups.iter().map(|g| g.bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod group_id_tests {
+    use super::*;
+
+    #[test]
+    fn group_ids_run_attention_then_ffn_per_layer() {
+        let mut seen = Vec::new();
+        for layer in 0..5 {
+            for kind in [GroupKind::Attn, GroupKind::Ffn] {
+                let g = GroupId::new(layer, kind);
+                assert_eq!((g.layer(), g.kind()), (layer, kind));
+                assert_eq!(GroupId::from_index(g.index()), g);
+                seen.push(g.index());
+            }
+        }
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        assert_eq!(GroupId::new(3, GroupKind::Ffn).to_string(), "g7");
     }
 }
