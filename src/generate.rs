@@ -170,12 +170,23 @@ impl<'a> Session<'a> {
                 .ok_or_else(|| bad("word_pos"))?,
             history: toks("history")?,
         };
+        if state.history.iter().any(|&t| t >= n_vocab) {
+            self.engine.clear_seq(0);
+            return Err(bad("sampler history token outside the vocabulary"));
+        }
+        let pending = match &v["pending"] {
+            serde_json::Value::Null => None,
+            p => match p.as_u64() {
+                Some(t) if t < u64::from(n_vocab) => Some(t as u32),
+                _ => {
+                    self.engine.clear_seq(0);
+                    return Err(bad("pending token outside the vocabulary"));
+                }
+            },
+        };
         self.sampler.restore(&state);
         self.tokens = tokens;
-        self.pending = v["pending"]
-            .as_u64()
-            .map(|t| t as u32)
-            .filter(|&t| t < n_vocab);
+        self.pending = pending;
         if self.pending.is_none() {
             // the next token's logits come from the last token: take it out
             // of the cache and feed it again

@@ -48,6 +48,20 @@ use rand_chacha::ChaCha20Rng;
 /// same text; pass a different `seed` (e.g. from the clock) for fresh output.
 pub const DEFAULT_SEED: u64 = 1234;
 
+/// A seed nobody chose: what `-s` defaults to (and a negative seed, as
+/// llama.cpp's -1, asks for), different in every call and every process.
+/// From the standard library's per-process random hash keys (the OS's
+/// randomness) mixed with the clock.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.finish()
+}
+
 /// Sampling parameters. Field meanings and defaults follow llama-cli.
 #[derive(Clone, Debug)]
 pub struct SamplerConfig {
@@ -580,6 +594,12 @@ mod tests {
                 assert_eq!(s.sample(&logits).ok(), Some(1), "temp {temp} seed {seed}");
             }
         }
+    }
+
+    #[test]
+    fn random_seeds_differ() {
+        let seeds: std::collections::HashSet<u64> = (0..64).map(|_| random_seed()).collect();
+        assert_eq!(seeds.len(), 64);
     }
 
     #[test]

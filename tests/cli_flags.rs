@@ -29,6 +29,7 @@ fn out_of_range_flags_are_refused_naming_them() {
         ("-c", "0", "--ctx-size"),
         ("-c", "99999999", "--ctx-size"),
         ("-b", "0", "--batch-size"),
+        ("-ub", "0", "--ubatch-size"),
         ("--kv-block", "0", "--kv-block"),
         ("--gpu-budget", "99999999999999999999", "larger than 16 EiB"),
         ("--kv-dram", "12Q", "unknown size unit"),
@@ -190,16 +191,33 @@ fn prompt_file_is_read_or_its_error_named() {
 /// saves a session that resumes.
 #[test]
 fn ctrl_c_ends_the_reply_and_keeps_the_session() {
+    interrupted_run(libc::SIGINT);
+}
+
+/// SIGTERM (what a service manager or `kill` sends) ends `run` as Ctrl-C
+/// does, and like a normal exit it leaves no temp file and no spill
+/// directory (the KV cache lives in host frames here).
+#[test]
+fn sigterm_ends_the_run_cleanly() {
+    interrupted_run(libc::SIGTERM);
+}
+
+fn interrupted_run(signal: i32) {
     use std::io::Read;
     let Some(path) = model(SMOLLM2) else { return };
     let m = path.to_str().unwrap();
     let dir = tempfile::tempdir().expect("tempdir");
     let sess = dir.path().join("s.bin");
     let ss = sess.to_str().unwrap();
+    let spill = dir.path().join("spill");
+    std::fs::create_dir(&spill).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args([
             "run", "-m", m, "--device", "cpu", "-t", "2", "-c", "4096", "--temp", "0",
         ])
+        // the KV of every layer in host frames, the spill directory here
+        .args(["--kv-budget", "1", "--kv-block", "64", "--kv-spill-dir"])
+        .arg(&spill)
         .args([
             "-p",
             "1, 2, 3, 4, 5, 6,",
@@ -212,17 +230,17 @@ fn ctrl_c_ends_the_reply_and_keeps_the_session() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("strata runs");
-    // wait until generated text flows, then interrupt
+    // wait until generated text flows, then signal
     let mut stdout = child.stdout.take().unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 256];
-    while seen.len() < "1, 2, 3, 4, 5, 6,".len() + 20 {
+    while seen.len() < "1, 2, 3, 4, 5, 6,".len() + 60 {
         let n = stdout.read(&mut buf).unwrap();
         assert!(n > 0, "output ended early");
         seen.extend_from_slice(&buf[..n]);
     }
     // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    unsafe { libc::kill(child.id() as i32, signal) };
     stdout.read_to_end(&mut seen).unwrap();
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -233,6 +251,15 @@ fn ctrl_c_ends_the_reply_and_keeps_the_session() {
         "{err}"
     );
     assert!(err.contains("session saved"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&spill).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "s.bin" && n != "spill")
+        .collect();
+    assert!(left.is_empty(), "temp files left behind: {left:?}");
     let (ok, _, err) = strata(&[
         "run",
         "-m",
@@ -251,4 +278,28 @@ fn ctrl_c_ends_the_reply_and_keeps_the_session() {
         ss,
     ]);
     assert!(ok && err.contains("resumed"), "{err}");
+}
+
+/// Sampling without -s draws a random seed (llama.cpp's default), prints
+/// it, and -s with that seed repeats the text.
+#[test]
+fn default_seed_is_random_printed_and_repeatable() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    let args = ["run", "-m", m, "--device", "cpu", "-t", "2", "-p", "Once upon a time", "-n", "12", "--temp", "1.5"];
+    let seed_of = |err: &str| -> String {
+        let line = err.lines().find(|l| l.starts_with("sampling seed: ")).expect("the seed is printed");
+        line["sampling seed: ".len()..].split(' ').next().unwrap().to_string()
+    };
+    let (ok1, out1, err1) = strata(&args);
+    let (ok2, _, err2) = strata(&args);
+    assert!(ok1 && ok2, "{err1}{err2}");
+    let (s1, s2) = (seed_of(&err1), seed_of(&err2));
+    assert_ne!(s1, s2, "two runs drew the same seed");
+    let mut again: Vec<&str> = args.to_vec();
+    again.extend(["-s", &s1]);
+    let (ok, out, err) = strata(&again);
+    assert!(ok, "{err}");
+    assert!(!err.contains("sampling seed"), "an explicit seed is not announced: {err}");
+    assert_eq!(out, out1, "-s {s1} did not repeat the text");
 }

@@ -35,6 +35,8 @@ fn prompt_tokens(path: &Path) -> Vec<u32> {
 fn gguf_opts(target: Option<GgmlType>) -> GgufOptions {
     GgufOptions {
         target,
+        // the test models are quantized; these tests requantize on purpose
+        allow_requantize: true,
         threads: 2,
         progress: false,
     }
@@ -275,4 +277,59 @@ fn synth_real_shapes_run() {
         );
         std::fs::remove_file(&out).expect("rm");
     }
+}
+
+/// Requantizing an already-quantized file is refused unless asked for
+/// (llama-quantize's --allow-requantize), naming the tensor and both types.
+#[test]
+fn requantizing_a_quantized_file_needs_allow_requantize() {
+    let Some(src) = model(common::SMOLLM2) else {
+        return;
+    };
+    let d = tempfile::tempdir().expect("tmp");
+    let out = d.path().join("out.gguf");
+    let mut opts = gguf_opts(Some(GgmlType::Q8_0));
+    opts.allow_requantize = false;
+    let e = strata::convert::convert_gguf(&src, &out, &opts).expect_err("refused").to_string();
+    assert!(e.contains("already quantized") && e.contains("--allow-requantize"), "{e}");
+    assert!(!out.exists(), "no output is left behind");
+    // a plain relayout (no --type) needs no permission
+    opts.target = None;
+    strata::convert::convert_gguf(&src, &out, &opts).expect("relayout");
+}
+
+/// strata-convert prints errors as strata does: one line, "error: " and
+/// each cause once (not anyhow's Debug form), naming the files.
+#[test]
+fn converter_errors_are_one_line_naming_the_file() {
+    let Some(src) = model(common::SMOLLM2) else {
+        return;
+    };
+    let d = tempfile::tempdir().expect("tmp");
+    let out = d.path().join("out.gguf");
+    let convert = |args: &[&std::ffi::OsStr]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_strata-convert"))
+            .args(args)
+            .output()
+            .expect("runs");
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let missing = d.path().join("missing.gguf");
+    let (ok, err) = convert(&["gguf".as_ref(), missing.as_os_str(), out.as_os_str()]);
+    assert!(!ok);
+    assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "{err}");
+    assert!(err.contains("missing.gguf") && !err.contains("Caused by"), "{err}");
+    let (ok, err) = convert(&["gguf".as_ref(), src.as_os_str(), out.as_os_str(), "--type".as_ref(), "q8_0".as_ref(), "-q".as_ref()]);
+    assert!(!ok);
+    assert!(err.contains("already quantized") && err.contains("--allow-requantize"), "{err}");
+    let (ok, err) = convert(&[
+        "gguf".as_ref(),
+        src.as_os_str(),
+        out.as_os_str(),
+        "--type".as_ref(),
+        "q8_0".as_ref(),
+        "--allow-requantize".as_ref(),
+        "-q".as_ref(),
+    ]);
+    assert!(ok, "{err}");
 }

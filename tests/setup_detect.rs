@@ -37,8 +37,16 @@ fn missing(tools: &[&str], py_modules: &[&str]) -> Vec<String> {
         .env("PATH", dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 const ALL: &[&str] = &["cc", "c++", "make", "cmake", "xz", "curl", "python3"];
@@ -52,7 +60,15 @@ fn a_complete_machine_needs_nothing() {
 fn a_bare_machine_needs_everything() {
     assert_eq!(
         missing(&[], &[]),
-        ["build-essential", "cmake", "xz-utils", "curl", "python3", "python3-pip", "python3-venv"]
+        [
+            "build-essential",
+            "cmake",
+            "xz-utils",
+            "curl",
+            "python3",
+            "python3-pip",
+            "python3-venv"
+        ]
     );
 }
 
@@ -67,7 +83,11 @@ fn each_missing_tool_names_its_package() {
         ("curl", "curl"),
     ] {
         let tools: Vec<&str> = ALL.iter().copied().filter(|t| *t != gone).collect();
-        assert_eq!(missing(&tools, &["pip", "venv"]), [package], "without {gone}");
+        assert_eq!(
+            missing(&tools, &["pip", "venv"]),
+            [package],
+            "without {gone}"
+        );
     }
 }
 

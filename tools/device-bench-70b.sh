@@ -19,12 +19,12 @@ if [ ! -f "$m" ]; then
 fi
 case $stage in
   strata)
-    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -n 16 -B 64 --batch-steps 4 -r 3 \
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -ub 2048 -n 16 -B 64 --batch-steps 4 -r 3 \
       --trace "$out/trace_70b_12g.json" 2>&1 | f | tee "$out/bench_strata_12g.txt"
-    $bin/strata bench -m "$m" --device gpu -p 2048 -b 2048 -n 128 -B 64 --batch-steps 4 -r 3 2>&1 | f | tee "$out/bench_strata_resident.txt"
+    $bin/strata bench -m "$m" --device gpu -p 2048 -b 2048 -ub 2048 -n 128 -B 64 --batch-steps 4 -r 3 2>&1 | f | tee "$out/bench_strata_resident.txt"
     ;;
   llama)
-    $bin/strata bench -m "$m" --device gpu --no-strata -p 2048 -b 2048 -n 16 -B 64 --batch-steps 4 -r 3 --llama-ngl 24 2>&1 | f | tee "$out/bench_llama_24.txt"
-    $bin/strata bench -m "$m" --device gpu --no-strata -p 2048 -b 2048 -n 128 -B 64 --batch-steps 4 -r 3 --llama-ngl 99 2>&1 | f | tee "$out/bench_llama_99.txt"
+    $bin/strata bench -m "$m" --device gpu --no-strata -p 2048 -b 2048 -ub 2048 -n 16 -B 64 --batch-steps 4 -r 3 --llama-ngl 24 2>&1 | f | tee "$out/bench_llama_24.txt"
+    $bin/strata bench -m "$m" --device gpu --no-strata -p 2048 -b 2048 -ub 2048 -n 128 -B 64 --batch-steps 4 -r 3 --llama-ngl 99 2>&1 | f | tee "$out/bench_llama_99.txt"
     ;;
 esac

@@ -43,7 +43,7 @@ sweep)
 big)
   {
     echo "== 12G, hybrid auto: pp2048 and 64-sequence decode (the CPU takes no part above 32 tokens)"
-    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -n 0 -B 64 -r 2 2>&1 | f
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -ub 2048 -n 0 -B 64 -r 2 2>&1 | f
   } 2>&1 | tee "$out/hybrid_big.txt" ;;
 bound)
   {

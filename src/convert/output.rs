@@ -284,7 +284,7 @@ fn write_temp(w: &GgufWriter, tmp: &Path, bar: ProgressBar) -> Result<()> {
         pos: 0,
         bar,
     };
-    if let Err(e) = w.write_to(&mut g) {
+    if let Err(e) = w.write_to_path(&mut g, tmp) {
         return Err(if is_cancelled() {
             ConvertError::Cancelled
         } else {

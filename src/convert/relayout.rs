@@ -23,6 +23,9 @@ use std::sync::Arc;
 pub struct GgufOptions {
     /// Requantize matrices to this type; `None` copies bytes unchanged.
     pub target: Option<GgmlType>,
+    /// Requantize tensors that are already quantized (llama-quantize's
+    /// --allow-requantize): quality is lost twice, so it is refused unless asked.
+    pub allow_requantize: bool,
     pub threads: usize,
     pub progress: bool,
 }
@@ -113,6 +116,13 @@ pub fn convert_gguf(input: &Path, output: &Path, opts: &GgufOptions) -> Result<W
             Some(_) => quant::choose_type(&t.name, &t.ne, t.ty, opts.target),
             None => t.ty,
         };
+        if ty != t.ty && t.ty.block_size().is_some_and(|b| b > 1) && !opts.allow_requantize {
+            return Err(ConvertError::Requantize {
+                tensor: t.name.clone(),
+                from: t.ty.name().to_string(),
+                to: ty.name().to_string(),
+            });
+        }
         let fill = if ty == t.ty {
             copy_fill(map.clone(), t.offset, t.size)
         } else {

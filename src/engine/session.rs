@@ -24,7 +24,9 @@ fn runs(cells: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 impl Engine {
-    fn session_shape(&self) -> KvShape {
+    /// The shape (model fingerprint, row and entry sizes) of this engine's
+    /// session files.
+    pub fn session_shape(&self) -> KvShape {
         KvShape {
             fingerprint: super::kv_fingerprint(&self.spec),
             row_bytes: self.spec.hp.n_embd_kv() * 2,
@@ -71,7 +73,10 @@ impl Engine {
         // the sequence's blocks into frames (from spill files if needed)
         let all = self.cells.clone();
         self.prepare_kv(&all, &[], 1 << seq)?;
-        let cells = self.cells.seq_cells(seq);
+        // in position order: the file's positions then read 0, 1, 2, ...,
+        // which load checks
+        let mut cells = self.cells.seq_cells(seq);
+        cells.sort_by_key(|&(_, p)| p);
         let row = self.spec.hp.n_embd_kv() as usize * 2;
         let mut payload = Vec::with_capacity(8 + 4 * cells.len() + extra.len());
         payload.extend_from_slice(&(cells.len() as u64).to_le_bytes());
@@ -148,6 +153,13 @@ impl Engine {
                 pos: p,
                 n_ctx: self.lim.n_ctx,
             });
+        }
+        // a session is one sequence at positions 0..n, written in order: a
+        // duplicate, a gap or any other order is not a file strata wrote
+        if let Some((i, &p)) = pos.iter().enumerate().find(|&(i, &p)| p as usize != i) {
+            return Err(corrupt(format!(
+                "saved cell {i} is at position {p}, not {i} (positions must run 0, 1, 2, ...)"
+            )));
         }
         let n_layer = self.spec.hp.n_layer as usize;
         let chunks = n.div_ceil(CHUNK);

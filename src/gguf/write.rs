@@ -190,7 +190,9 @@ impl GgufWriter {
         self.write_to_path(w, Path::new("<writer>"))
     }
 
-    fn write_to_path<W: Write>(&self, w: W, path: &Path) -> Result<(), GgufError> {
+    /// As [`write_to`](Self::write_to), naming `path` (the file `w` writes)
+    /// in errors.
+    pub fn write_to_path<W: Write>(&self, w: W, path: &Path) -> Result<(), GgufError> {
         let a = self.alignment;
         if !a.is_power_of_two() || a > u64::from(u32::MAX) {
             return Err(GgufError::BadAlignment(a));

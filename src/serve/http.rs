@@ -131,10 +131,7 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
     let arrived = Instant::now();
     let n = st.next_id.fetch_add(1, Relaxed);
     // a request without a seed gets its own
-    let seed = (SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64))
-        ^ n.rotate_left(32);
+    let seed = crate::sample::random_seed();
     let lim = api::Limits {
         model_id: &st.model_id,
         n_ctx_seq: st.n_ctx_seq,

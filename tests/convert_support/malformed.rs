@@ -209,6 +209,7 @@ fn truncated_gguf_is_refused() {
     let bytes = std::fs::read(&src).expect("read");
     let opts = convert::GgufOptions {
         target: None,
+        allow_requantize: false,
         threads: 1,
         progress: false,
     };

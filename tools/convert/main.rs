@@ -47,6 +47,9 @@ enum Cmd {
         /// q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl (norms and biases stay f32).
         #[arg(long = "type")]
         ty: Option<String>,
+        /// Requantize matrices that are already quantized (as llama-quantize).
+        #[arg(long = "allow-requantize")]
+        allow_requantize: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -101,8 +104,18 @@ fn report(s: &WriteSummary) {
     );
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    // errors as `strata` prints them: one line, each cause once
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     convert::cancel::install_signal_handlers();
     let threads = |c: &Common| c.threads.unwrap_or_else(convert::default_threads).max(1);
     match cli.cmd {
@@ -110,11 +123,13 @@ fn main() -> Result<()> {
             input,
             output,
             ty,
+            allow_requantize,
             common,
         } => {
             let target = ty.as_deref().map(quant::parse_type).transpose()?;
             let opts = convert::GgufOptions {
                 target,
+                allow_requantize,
                 threads: threads(&common),
                 progress: !common.quiet,
             };

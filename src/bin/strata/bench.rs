@@ -388,7 +388,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         let rcfg = ReferenceConfig {
             n_ctx: cfg.n_ctx,
-            n_batch: cfg.n_batch,
+            n_batch: a.model.logical_batch().max(cfg.n_batch),
             n_ubatch: a.llama_ubatch,
             n_seq: max_seqs.max(1),
             n_threads: cfg.n_threads as i32,

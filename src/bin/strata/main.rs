@@ -56,10 +56,18 @@ pub struct ModelArgs {
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     ctx_size: u32,
-    /// Most tokens per forward step (at least 1).
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512,
+    /// Logical batch, llama.cpp's -b: most tokens submitted together; each
+    /// forward step takes at most --ubatch-size of them (at least 1).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
+    /// Physical batch, llama.cpp's -ub: most tokens per forward step, what
+    /// the activation memory is sized for (at least 1; at most --batch-size).
+    /// Streamed weights are read once per step, so long prompts at a small
+    /// GPU budget run faster with larger steps.
+    #[arg(long = "ubatch-size", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    ubatch_size: u32,
     /// CPU threads, 1 to 1024 (default: all cores).
     #[arg(short = 't', long, value_parser = parse_threads)]
     threads: Option<usize>,
@@ -178,9 +186,10 @@ struct RunArgs {
         allow_hyphen_values = true
     )]
     presence_penalty: f32,
-    /// RNG seed.
-    #[arg(short = 's', long, default_value_t = 1234)]
-    seed: u64,
+    /// RNG seed; default (or negative, as llama.cpp's -1): a random one,
+    /// printed so the run can be repeated with -s.
+    #[arg(short = 's', long, allow_hyphen_values = true)]
+    seed: Option<i64>,
     /// Interactive multi-turn chat with the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -206,17 +215,9 @@ struct RunArgs {
 }
 
 fn main() {
-    // llama.cpp spells the draft model -md and the parallel sequences
-    // -np, which clap would read as -m d and -n p
-    let cli = Cli::parse_from(std::env::args_os().map(|a| {
-        if a == "-md" {
-            "--model-draft".into()
-        } else if a == "-np" {
-            "--parallel".into()
-        } else {
-            a
-        }
-    }));
+    // llama.cpp spells the draft model -md, the parallel sequences -np and
+    // the physical batch -ub, which clap would read as -m d, -n p and -u b
+    let cli = Cli::parse_from(std::env::args_os().map(llama_spelling));
     tracing_subscriber::fmt()
         // warnings by default (slow fallbacks such as buffered reads
         // instead of O_DIRECT must show); STRATA_LOG=info|debug for more
@@ -255,10 +256,32 @@ fn parse_threads(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
+/// llama.cpp's two-letter flags as clap reads them.
+fn llama_spelling(a: std::ffi::OsString) -> std::ffi::OsString {
+    match a.to_str() {
+        Some("-md") => "--model-draft".into(),
+        Some("-np") => "--parallel".into(),
+        Some("-ub") => "--ubatch-size".into(),
+        _ => a,
+    }
+}
+
+impl ModelArgs {
+    /// Tokens per forward step: the physical batch, never above the logical
+    /// one (llama.cpp's n_ubatch = min(n_ubatch, n_batch)).
+    pub fn step_size(&self) -> u32 {
+        self.ubatch_size.min(self.batch_size)
+    }
+    /// The logical batch (-b).
+    pub fn logical_batch(&self) -> u32 {
+        self.batch_size
+    }
+}
+
 pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
     EngineConfig {
         n_ctx: m.ctx_size,
-        n_batch: m.batch_size,
+        n_batch: m.step_size(),
         n_threads: m.threads.unwrap_or(EngineConfig::default().n_threads),
         poll: m.poll,
         device: match m.device {
@@ -328,9 +351,14 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
     Ok((engine, vocab))
 }
 
-/// Set by the first Ctrl-C: the generation in progress ends at its next
-/// step; a second Ctrl-C before it did exits at once.
+/// Set by the first Ctrl-C (or SIGTERM): the generation in progress ends at
+/// its next step; a second one before it did exits at once.
 static INTERRUPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set by SIGTERM: after the generation ends as on Ctrl-C, `run` exits the
+/// way it does at the end (the session saved, spill files and temp files
+/// removed) instead of going on; a chat ends rather than returning to its
+/// prompt.
+static TERMINATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
     // only async-signal-safe calls: an atomic swap and _exit
@@ -340,11 +368,37 @@ extern "C" fn on_sigint(_: libc::c_int) {
     }
 }
 
-fn catch_sigint() {
-    // SAFETY: the handler only touches an atomic and calls _exit.
+extern "C" fn on_sigterm(_: libc::c_int) {
+    use std::sync::atomic::Ordering::SeqCst;
+    if TERMINATE.swap(true, SeqCst) {
+        // SAFETY: as in on_sigint.
+        unsafe { libc::_exit(143) };
+    }
+    INTERRUPT.store(true, SeqCst);
+    // a chat waiting at its prompt then reads the end of its input and
+    // ends as on Ctrl-D. SAFETY: open, dup2 and close are async-signal-safe;
+    // fd 0 is replaced by /dev/null, nothing else is touched.
+    unsafe {
+        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+        if fd >= 0 {
+            libc::dup2(fd, 0);
+            libc::close(fd);
+        }
+    }
+}
+
+fn catch_signals() {
+    // SAFETY: the handlers only make async-signal-safe calls.
     unsafe {
         libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t);
     }
+}
+
+/// Clears a Ctrl-C given before a generation starts, but not a SIGTERM.
+fn arm_interrupt() {
+    use std::sync::atomic::Ordering::SeqCst;
+    INTERRUPT.store(TERMINATE.load(SeqCst), SeqCst);
 }
 
 fn run(mut a: RunArgs) -> Result<()> {
@@ -355,6 +409,13 @@ fn run(mut a: RunArgs) -> Result<()> {
         a.prompt = std::fs::read_to_string(f)
             .with_context(|| format!("reading the prompt file {}", f.display()))?;
     }
+    let seed = match a.seed {
+        Some(s) if s >= 0 => s as u64,
+        _ => strata::sample::random_seed(),
+    };
+    if a.temp > 0.0 && a.seed.is_none_or(|s| s < 0) {
+        eprintln!("sampling seed: {seed} (repeat with -s {seed})");
+    }
     let scfg = SamplerConfig {
         temperature: a.temp,
         top_k: a.top_k,
@@ -364,7 +425,7 @@ fn run(mut a: RunArgs) -> Result<()> {
         repeat_last_n: a.repeat_last_n,
         frequency_penalty: a.frequency_penalty,
         presence_penalty: a.presence_penalty,
-        seed: a.seed,
+        seed,
     };
     let sampler = Sampler::new(scfg).context("sampling parameters")?;
     let mut cfg = engine_config(&a.model, true);
@@ -374,7 +435,7 @@ fn run(mut a: RunArgs) -> Result<()> {
     let mut session = Session::new(&mut engine, &vocab, sampler);
     // Ctrl-C ends the reply (and the chat returns to its prompt); a second
     // one exits
-    catch_sigint();
+    catch_signals();
     session.interrupt = Some(&INTERRUPT);
     let mut stdout = std::io::stdout();
     if a.chat && (a.save_session.is_some() || a.load_session.is_some()) {
@@ -401,7 +462,7 @@ fn run(mut a: RunArgs) -> Result<()> {
         };
         print!("{}", a.prompt);
         stdout.flush()?;
-        INTERRUPT.store(false, std::sync::atomic::Ordering::SeqCst);
+        arm_interrupt();
         let (_, t) = session.generate_with(&prompt, a.n_predict, spec.as_mut(), |s| {
             print!("{s}");
             let _ = std::io::stdout().flush();
@@ -469,7 +530,7 @@ fn run(mut a: RunArgs) -> Result<()> {
         let toks = vocab.tokenize(new_part, rendered_len == 0, true)?;
         let mut reply = String::new();
         // a Ctrl-C at the prompt does not cut the reply short
-        INTERRUPT.store(false, std::sync::atomic::Ordering::SeqCst);
+        arm_interrupt();
         let (_, t) = session.generate_with(&toks, a.n_predict, spec.as_mut(), |s| {
             print!("{s}");
             reply.push_str(s);
@@ -477,6 +538,9 @@ fn run(mut a: RunArgs) -> Result<()> {
         })?;
         println!();
         eprintln!("[{} tokens, {:.2} t/s]", t.gen_tokens, t.gen_tps());
+        if TERMINATE.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         // the KV cache now holds `full` + the reply text; the template's
         // end-of-turn marker after it is fed with the next user message
         let seen = format!("{full}{reply}");
@@ -494,5 +558,28 @@ fn run(mut a: RunArgs) -> Result<()> {
             }
             rendered_len = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(args: &[&str]) -> (u32, u32) {
+        let argv = ["strata", "run", "-m", "x.gguf"].iter().chain(args).map(|s| (*s).into());
+        let cli = Cli::try_parse_from(argv.map(llama_spelling)).unwrap();
+        let Cmd::Run(r) = cli.cmd else { panic!("not run") };
+        (r.model.logical_batch(), r.model.step_size())
+    }
+
+    #[test]
+    fn batch_and_ubatch_mean_what_they_mean_in_llama_cpp() {
+        assert_eq!(step(&[]), (2048, 512));
+        assert_eq!(step(&["-b", "2048"]), (2048, 512));
+        assert_eq!(step(&["-b", "2048", "-ub", "2048"]), (2048, 2048));
+        assert_eq!(step(&["-ub", "1024"]), (2048, 1024));
+        // the step never exceeds the logical batch
+        assert_eq!(step(&["-b", "64"]), (64, 64));
+        assert_eq!(step(&["--batch-size", "256", "--ubatch-size", "4096"]), (256, 256));
     }
 }
