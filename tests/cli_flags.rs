@@ -251,7 +251,11 @@ fn interrupted_run(signal: i32) {
         "{err}"
     );
     assert!(err.contains("session saved"), "{err}");
-    let left: Vec<_> = std::fs::read_dir(&spill).unwrap().flatten().map(|e| e.path()).collect();
+    let left: Vec<_> = std::fs::read_dir(&spill)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -286,10 +290,31 @@ fn interrupted_run(signal: i32) {
 fn default_seed_is_random_printed_and_repeatable() {
     let Some(path) = model(SMOLLM2) else { return };
     let m = path.to_str().unwrap();
-    let args = ["run", "-m", m, "--device", "cpu", "-t", "2", "-p", "Once upon a time", "-n", "12", "--temp", "1.5"];
+    let args = [
+        "run",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "-t",
+        "2",
+        "-p",
+        "Once upon a time",
+        "-n",
+        "12",
+        "--temp",
+        "1.5",
+    ];
     let seed_of = |err: &str| -> String {
-        let line = err.lines().find(|l| l.starts_with("sampling seed: ")).expect("the seed is printed");
-        line["sampling seed: ".len()..].split(' ').next().unwrap().to_string()
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("sampling seed: "))
+            .expect("the seed is printed");
+        line["sampling seed: ".len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string()
     };
     let (ok1, out1, err1) = strata(&args);
     let (ok2, _, err2) = strata(&args);
@@ -300,6 +325,28 @@ fn default_seed_is_random_printed_and_repeatable() {
     again.extend(["-s", &s1]);
     let (ok, out, err) = strata(&again);
     assert!(ok, "{err}");
-    assert!(!err.contains("sampling seed"), "an explicit seed is not announced: {err}");
+    assert!(
+        !err.contains("sampling seed"),
+        "an explicit seed is not announced: {err}"
+    );
     assert_eq!(out, out1, "-s {s1} did not repeat the text");
+}
+
+/// A chat through a pseudo-terminal (tests/chat/pty_chat.py) survives a full
+/// context (the oldest turns go, the chat goes on) and a Ctrl-C typed during
+/// a reply (the prompt comes back), and Ctrl-D ends it with status 0.
+#[test]
+fn chat_survives_a_full_context_and_ctrl_c() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chat/pty_chat.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_strata"))
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}{err}");
+    assert!(text.starts_with("ok:"), "{text}{err}");
 }

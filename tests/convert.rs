@@ -290,8 +290,13 @@ fn requantizing_a_quantized_file_needs_allow_requantize() {
     let out = d.path().join("out.gguf");
     let mut opts = gguf_opts(Some(GgmlType::Q8_0));
     opts.allow_requantize = false;
-    let e = strata::convert::convert_gguf(&src, &out, &opts).expect_err("refused").to_string();
-    assert!(e.contains("already quantized") && e.contains("--allow-requantize"), "{e}");
+    let e = strata::convert::convert_gguf(&src, &out, &opts)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("already quantized") && e.contains("--allow-requantize"),
+        "{e}"
+    );
     assert!(!out.exists(), "no output is left behind");
     // a plain relayout (no --type) needs no permission
     opts.target = None;
@@ -312,16 +317,35 @@ fn converter_errors_are_one_line_naming_the_file() {
             .args(args)
             .output()
             .expect("runs");
-        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
     };
     let missing = d.path().join("missing.gguf");
     let (ok, err) = convert(&["gguf".as_ref(), missing.as_os_str(), out.as_os_str()]);
     assert!(!ok);
-    assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "{err}");
-    assert!(err.contains("missing.gguf") && !err.contains("Caused by"), "{err}");
-    let (ok, err) = convert(&["gguf".as_ref(), src.as_os_str(), out.as_os_str(), "--type".as_ref(), "q8_0".as_ref(), "-q".as_ref()]);
+    assert!(
+        err.starts_with("error: ") && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    assert!(
+        err.contains("missing.gguf") && !err.contains("Caused by"),
+        "{err}"
+    );
+    let (ok, err) = convert(&[
+        "gguf".as_ref(),
+        src.as_os_str(),
+        out.as_os_str(),
+        "--type".as_ref(),
+        "q8_0".as_ref(),
+        "-q".as_ref(),
+    ]);
     assert!(!ok);
-    assert!(err.contains("already quantized") && err.contains("--allow-requantize"), "{err}");
+    assert!(
+        err.contains("already quantized") && err.contains("--allow-requantize"),
+        "{err}"
+    );
     let (ok, err) = convert(&[
         "gguf".as_ref(),
         src.as_os_str(),

@@ -35,14 +35,17 @@ use strata::gguf::{Array, GgufFile, GgufWriter, Value};
 use strata::llama::LlamaModel;
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Where the case being run is written before it runs (an abort leaves it).
 fn log_path() -> PathBuf {
-    std::env::var_os("STRATA_FUZZ_LOG").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuzz-current.txt")
-    })
+    std::env::var_os("STRATA_FUZZ_LOG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuzz-current.txt"))
 }
 
 /// Aborts the process when a case runs longer than the limit: a hang is a
@@ -71,7 +74,8 @@ impl Watchdog {
         Watchdog { started, t0 }
     }
     fn run<T>(&self, f: impl FnOnce() -> T) -> T {
-        self.started.store(self.t0.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
+        self.started
+            .store(self.t0.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
         let r = f();
         self.started.store(0, Ordering::SeqCst);
         r
@@ -84,6 +88,11 @@ fn peak_rss_mib() -> u64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     u.ru_maxrss as u64 / 1024
 }
+
+/// Seeds of cases that failed once (kind, seed), run every time first.
+/// gguf 1000311: four zero bytes inside a token string made two tokens
+/// equal up to a NUL, which libllama (reading C strings) aborted on.
+const REGRESSIONS: &[(&str, u64)] = &[("gguf", 1000311)];
 
 /// Bytes worth writing over a length, count, offset or id.
 const INTERESTING: [u64; 10] = [
@@ -144,14 +153,24 @@ fn mutate_structure(f: &GgufFile, data: &[u8], rng: &mut ChaCha8Rng) -> Option<(
         .iter()
         .map(|t| {
             let at = t.offset as usize;
-            (t.name.clone(), t.ne.clone(), t.ty, data[at..at + t.size as usize].to_vec())
+            (
+                t.name.clone(),
+                t.ne.clone(),
+                t.ty,
+                data[at..at + t.size as usize].to_vec(),
+            )
         })
         .collect();
-    let set = |meta: &mut Vec<(String, Value)>, k: &str, v: Value| match meta.iter_mut().find(|(n, _)| n == k) {
+    let set = |meta: &mut Vec<(String, Value)>, k: &str, v: Value| match meta
+        .iter_mut()
+        .find(|(n, _)| n == k)
+    {
         Some(slot) => slot.1 = v,
         None => meta.push((k.to_string(), v)),
     };
-    let tokens_at = meta.iter().position(|(k, _)| k == "tokenizer.ggml.tokens")?;
+    let tokens_at = meta
+        .iter()
+        .position(|(k, _)| k == "tokenizer.ggml.tokens")?;
     let arch = f.get_str("general.architecture").ok()?.to_string();
     let what;
     match rng.next_u32() % 12 {
@@ -190,14 +209,25 @@ fn mutate_structure(f: &GgufFile, data: &[u8], rng: &mut ChaCha8Rng) -> Option<(
             what = format!("{k} = {v}");
         }
         4 => {
-            let keys = ["attention.head_count", "attention.head_count_kv", "embedding_length", "feed_forward_length", "rope.dimension_count", "context_length"];
+            let keys = [
+                "attention.head_count",
+                "attention.head_count_kv",
+                "embedding_length",
+                "feed_forward_length",
+                "rope.dimension_count",
+                "context_length",
+            ];
             let k = format!("{arch}.{}", keys[(rng.next_u32() as usize) % keys.len()]);
             let v = INTERESTING[(rng.next_u32() as usize) % 6] as u32;
             set(&mut meta, &k, Value::U32(v));
             what = format!("{k} = {v}");
         }
         5 => {
-            let keys = ["tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id"];
+            let keys = [
+                "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.padding_token_id",
+            ];
             let k = keys[(rng.next_u32() as usize) % keys.len()];
             let v = [49152u32, u32::MAX, 0x7fff_ffff][(rng.next_u32() % 3) as usize];
             set(&mut meta, k, Value::U32(v));
@@ -219,7 +249,11 @@ fn mutate_structure(f: &GgufFile, data: &[u8], rng: &mut ChaCha8Rng) -> Option<(
             what = format!("tensor {} transposed to {:?}", t.0, t.1);
         }
         8 => {
-            for k in ["tokenizer.ggml.token_type", "tokenizer.ggml.scores", "tokenizer.ggml.merges"] {
+            for k in [
+                "tokenizer.ggml.token_type",
+                "tokenizer.ggml.scores",
+                "tokenizer.ggml.merges",
+            ] {
                 if let Some(slot) = meta.iter_mut().find(|(n, _)| n == k) {
                     if let Value::Array(a) = &mut slot.1 {
                         match a {
@@ -254,7 +288,11 @@ fn mutate_structure(f: &GgufFile, data: &[u8], rng: &mut ChaCha8Rng) -> Option<(
                 Value::Array(Array::Str(t)) => t.len(),
                 _ => 0,
             })?;
-            set(&mut meta, "tokenizer.ggml.token_type", Value::Array(Array::Str(vec!["x".into(); n])));
+            set(
+                &mut meta,
+                "tokenizer.ggml.token_type",
+                Value::Array(Array::Str(vec!["x".into(); n])),
+            );
             what = "token_type as strings".into();
         }
     }
@@ -308,9 +346,17 @@ fn run_cases(
         failures: Vec::new(),
     };
     let path = dir.join(format!("{kind}.case"));
-    for seed in first_seed..first_seed + n {
+    // cases that failed once, then the window
+    let seeds = REGRESSIONS
+        .iter()
+        .filter(|(k, _)| *k == kind)
+        .map(|&(_, s)| s)
+        .chain(first_seed..first_seed + n);
+    for seed in seeds {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let Some((bytes, what)) = make(&mut rng) else { continue };
+        let Some((bytes, what)) = make(&mut rng) else {
+            continue;
+        };
         std::fs::write(&path, &bytes).expect("write the case");
         let label = format!("{kind} seed {seed}: {what}");
         std::fs::write(log_path(), &label).expect("log the case");
@@ -363,7 +409,9 @@ fn base_model(dir: &Path) -> Option<PathBuf> {
 #[test]
 fn fuzz_model_files() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(base) = base_model(dir.path()) else { return };
+    let Some(base) = base_model(dir.path()) else {
+        return;
+    };
     load_model(&base).expect("the base model loads");
     let bytes = std::fs::read(&base).unwrap();
     let f = GgufFile::open(&base).unwrap();
@@ -379,7 +427,10 @@ fn fuzz_model_files() {
     };
     let o = run_cases("gguf", n, seed, &mut make, &mut load_model, dir.path());
     assert!(o.failures.is_empty(), "{:#?}", o.failures);
-    assert!(o.refused > 0 && o.cases > n / 2, "the mutations did not reach the checks");
+    assert!(
+        n == 0 || (o.refused > 0 && o.cases > n / 2),
+        "the mutations did not reach the checks"
+    );
     assert!(peak_rss_mib() < 4096, "peak RSS {} MiB", peak_rss_mib());
 }
 
@@ -388,13 +439,21 @@ fn fuzz_session_files() {
     use strata::generate::Session;
     use strata::sample::Sampler;
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(base) = base_model(dir.path()) else { return };
+    let Some(base) = base_model(dir.path()) else {
+        return;
+    };
     let vocab = LlamaModel::load(&base, true, 0).expect("vocab");
     let mut e = Engine::load(&base, &common::cpu_cfg()).expect("engine");
     let saved = dir.path().join("s.kv");
     {
-        let prompt = vocab.tokenize("Hello there, how are you", true, true).unwrap();
-        let mut s = Session::new(&mut e, &vocab, Sampler::new(common::sampled_cfg(3)).unwrap());
+        let prompt = vocab
+            .tokenize("Hello there, how are you", true, true)
+            .unwrap();
+        let mut s = Session::new(
+            &mut e,
+            &vocab,
+            Sampler::new(common::sampled_cfg(3)).unwrap(),
+        );
         s.generate(&prompt, 6, |_| {}).unwrap();
         s.save(&saved).unwrap();
     }
@@ -405,7 +464,11 @@ fn fuzz_session_files() {
     let seed = env_u64("STRATA_FUZZ_SEED", 0);
     let mut make = |rng: &mut ChaCha8Rng| Some(mutate_bytes(&bytes, region, rng));
     let mut check = |p: &Path| -> Result<(), String> {
-        let mut s = Session::new(&mut e, &vocab, Sampler::new(common::sampled_cfg(3)).unwrap());
+        let mut s = Session::new(
+            &mut e,
+            &vocab,
+            Sampler::new(common::sampled_cfg(3)).unwrap(),
+        );
         match s.load(p) {
             Ok(()) => {
                 // a file that loads must generate
@@ -414,13 +477,19 @@ fn fuzz_session_files() {
                 Ok(())
             }
             Err(err) => {
-                assert!(s.engine.cells.seq_cells(0).is_empty(), "a refused session left cells: {err}");
+                assert!(
+                    s.engine.cells.seq_cells(0).is_empty(),
+                    "a refused session left cells: {err}"
+                );
                 Err(err.to_string())
             }
         }
     };
     let o = run_cases("session", n, seed, &mut make, &mut check, dir.path());
     assert!(o.failures.is_empty(), "{:#?}", o.failures);
-    assert!(o.refused > 0, "the mutations did not reach the checks");
+    assert!(
+        n == 0 || o.refused > 0,
+        "the mutations did not reach the checks"
+    );
     assert!(peak_rss_mib() < 4096, "peak RSS {} MiB", peak_rss_mib());
 }

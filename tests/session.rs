@@ -149,7 +149,9 @@ fn inconsistent_sessions_with_valid_checksums_are_refused() {
     use strata::kv::spill;
     let Some(smol) = model(SMOLLM2) else { return };
     let vocab = LlamaModel::load(&smol, true, 0).expect("vocab");
-    let prompt = vocab.tokenize("Hello there, how are", true, true).expect("tokenize");
+    let prompt = vocab
+        .tokenize("Hello there, how are", true, true)
+        .expect("tokenize");
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("s.kv");
     let mut e = Engine::load(&smol, &cfg()).expect("engine");
@@ -161,21 +163,32 @@ fn inconsistent_sessions_with_valid_checksums_are_refused() {
     let mut f = spill::KvFile::open(&file, e.session_shape()).expect("open");
     let extra = f.extra().to_vec();
     let entries: Vec<_> = f.entries().to_vec();
-    let data: Vec<(Vec<u8>, Vec<u8>)> = (0..entries.len()).map(|i| f.read_entry_vec(i).expect("entry")).collect();
+    let data: Vec<(Vec<u8>, Vec<u8>)> = (0..entries.len())
+        .map(|i| f.read_entry_vec(i).expect("entry"))
+        .collect();
     let n = u64::from_le_bytes(extra[..8].try_into().unwrap()) as usize;
     assert!(n >= 4);
     let rewrite = |name: &str, edit: &dyn Fn(&mut Vec<u8>)| {
         let mut x = extra.clone();
         edit(&mut x);
         let p = dir.path().join(name);
-        let ents: Vec<(spill::EntryDesc, &[u8], &[u8])> =
-            entries.iter().zip(&data).map(|(d, (k, v))| (*d, k.as_slice(), v.as_slice())).collect();
+        let ents: Vec<(spill::EntryDesc, &[u8], &[u8])> = entries
+            .iter()
+            .zip(&data)
+            .map(|(d, (k, v))| (*d, k.as_slice(), v.as_slice()))
+            .collect();
         spill::write_file(&p, e.session_shape(), &x, &ents, None).expect("write");
         p
     };
-    let set_pos = |x: &mut Vec<u8>, i: usize, p: i32| x[8 + 4 * i..12 + 4 * i].copy_from_slice(&p.to_le_bytes());
+    let set_pos = |x: &mut Vec<u8>, i: usize, p: i32| {
+        x[8 + 4 * i..12 + 4 * i].copy_from_slice(&p.to_le_bytes())
+    };
     let cases: Vec<(&str, std::path::PathBuf, &str)> = vec![
-        ("duplicate", rewrite("dup.kv", &|x| set_pos(x, 1, 0)), "position"),
+        (
+            "duplicate",
+            rewrite("dup.kv", &|x| set_pos(x, 1, 0)),
+            "position",
+        ),
         (
             "reversed",
             rewrite("rev.kv", &|x| {
@@ -185,7 +198,11 @@ fn inconsistent_sessions_with_valid_checksums_are_refused() {
             }),
             "position",
         ),
-        ("gap", rewrite("gap.kv", &|x| set_pos(x, n - 1, n as i32 + 5)), "position"),
+        (
+            "gap",
+            rewrite("gap.kv", &|x| set_pos(x, n - 1, n as i32 + 5)),
+            "position",
+        ),
         (
             "pending",
             rewrite("pend.kv", &|x| {
@@ -203,7 +220,10 @@ fn inconsistent_sessions_with_valid_checksums_are_refused() {
         let mut s = Session::new(&mut e, &vocab, sampler(1));
         let err = s.load(&p).expect_err(what).to_string();
         assert!(err.contains(says), "{what}: {err}");
-        assert!(s.engine.cells.seq_cells(0).is_empty(), "{what}: nothing half-loaded");
+        assert!(
+            s.engine.cells.seq_cells(0).is_empty(),
+            "{what}: nothing half-loaded"
+        );
     }
     let mut s = Session::new(&mut e, &vocab, sampler(1));
     s.load(&file).expect("the good file still loads");

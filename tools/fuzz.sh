@@ -13,7 +13,7 @@ end=$((SECONDS + secs)); rounds=0; total=0
 while [ $SECONDS -lt $end ]; do
   log=$(STRATA_FUZZ_SEED=$seed STRATA_FUZZ_CASES=$cases cargo test --release -q --test fuzz -- --nocapture --test-threads 1 2>&1)
   rc=$?
-  echo "$log" | grep "^fuzz "
+  echo "$log" | grep -o "fuzz [a-z]*: .*"
   if [ $rc -ne 0 ]; then
     echo "$log" | tail -20
     echo "fuzz: failed in the window of seeds $seed..$((seed + cases)); the case running: $(cat target/fuzz-current.txt 2>/dev/null)"

@@ -105,7 +105,11 @@ pub enum ConvertError {
         reason: String,
     },
     #[error("tensor '{tensor}' is already quantized ({from}); requantizing it to {to} loses quality twice: convert from an f16/bf16/f32 file, or pass --allow-requantize")]
-    Requantize { tensor: String, from: String, to: String },
+    Requantize {
+        tensor: String,
+        from: String,
+        to: String,
+    },
     #[error("layout: {0}")]
     Layout(String),
     #[error("unsupported: {0}")]

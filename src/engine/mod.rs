@@ -144,7 +144,7 @@ impl Default for EngineConfig {
         EngineConfig {
             n_ctx: 4096,
             n_batch: 512,
-            n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
+            n_threads: default_threads(),
             poll: 50,
             device: DeviceChoice::Auto,
             progress: false,
@@ -1210,6 +1210,35 @@ fn cpu_input(
     Ok(Some(c))
 }
 
+/// CPU threads by default: the physical cores (as llama.cpp: a second
+/// hyperthread per core adds little to matrix work and contends for the
+/// core), within the CPUs this process may run on.
+pub fn default_threads() -> usize {
+    let allowed = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let physical = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| physical_cores(&s));
+    physical.map_or(allowed, |p| p.min(allowed)).max(1)
+}
+
+/// Distinct (physical id, core id) pairs in /proc/cpuinfo; None when the
+/// file does not say (some virtual machines and architectures).
+fn physical_cores(cpuinfo: &str) -> Option<usize> {
+    let mut cores = std::collections::HashSet::new();
+    for block in cpuinfo.split("\n\n") {
+        let field = |name: &str| {
+            block.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == name).then(|| v.trim().to_string())
+            })
+        };
+        if let (Some(p), Some(c)) = (field("physical id"), field("core id")) {
+            cores.insert((p, c));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
 /// Threads of the host's CPU backend in hybrid decode: beside a GPU, all
 /// cores but one, which the thread driving the GPU and its copies needs (on
 /// the 16-core H100 machine, 16 threads decoded at 2.91 t/s and 15 at 3.98:
@@ -1270,4 +1299,32 @@ pub fn measure_h2d(device: Device, bytes: usize, reps: usize) -> Result<f64, Eng
     }
     copy.synchronize();
     Ok((bytes * reps) as f64 / start.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod default_threads_tests {
+    use super::*;
+
+    #[test]
+    fn physical_cores_count_core_ids_not_hyperthreads() {
+        let cpu =
+            |p: u32, c: u32| format!("processor\t: x\nphysical id\t: {p}\ncore id\t\t: {c}\n");
+        // two sockets, two cores each, two threads per core
+        let info: Vec<String> = [
+            (0, 0),
+            (0, 0),
+            (0, 1),
+            (0, 1),
+            (1, 0),
+            (1, 0),
+            (1, 1),
+            (1, 1),
+        ]
+        .iter()
+        .map(|&(p, c)| cpu(p, c))
+        .collect();
+        assert_eq!(physical_cores(&info.join("\n")), Some(4));
+        assert_eq!(physical_cores("processor\t: 0\nmodel name\t: x\n"), None);
+        assert!(default_threads() >= 1);
+    }
 }

@@ -164,6 +164,18 @@ pub fn gpu_device() -> Result<Option<Device>> {
     Ok((!d.is_null()).then_some(Device(d)))
 }
 
+/// Every device of the loaded backends, in the registry's order.
+pub fn devices() -> Result<Vec<Device>> {
+    load_backends()?;
+    // SAFETY: queries of the global registry; indices below its count.
+    let n = unsafe { sys::ggml_backend_dev_count() };
+    Ok((0..n)
+        .map(|i| unsafe { sys::ggml_backend_dev_get(i) })
+        .filter(|d| !d.is_null())
+        .map(Device)
+        .collect())
+}
+
 impl Device {
     pub fn name(&self) -> String {
         // SAFETY: self.0 is a registered device; the name is a static string.

@@ -20,8 +20,8 @@ mod graph;
 
 pub use arena::{Binding, TensorArena, TensorSpec};
 pub use backend::{
-    cpu_device, gpu_device, load_backends, Backend, Buffer, BufferType, BufferUsage, Device, Event,
-    MAX_THREADS,
+    cpu_device, devices, gpu_device, load_backends, Backend, Buffer, BufferType, BufferUsage,
+    Device, Event, MAX_THREADS,
 };
 pub use context::{Context, RopeParams, Tensor};
 pub use graph::{Graph, GraphAllocator, NodeInfo};

@@ -42,11 +42,19 @@ pub fn validate_vocab(f: &GgufFile) -> Result<(), ModelError> {
             )));
         }
     }
+    // libllama reads each token as a C string, up to its first NUL byte:
+    // compare what it will see (two tokens equal up to a NUL abort it too)
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(n);
     for (id, s) in tokens.iter().enumerate() {
-        if let Some(first) = seen.insert(s.as_str(), id) {
+        let c = s.split('\0').next().unwrap_or_default();
+        if let Some(first) = seen.insert(c, id) {
             return Err(bad(format!(
-                "token {id} ({s:?}) duplicates token {first} in tokenizer.ggml.tokens"
+                "token {id} ({s:?}) duplicates token {first} in tokenizer.ggml.tokens{}",
+                if c.len() < s.len() {
+                    " (as libllama reads it: up to its NUL byte)"
+                } else {
+                    ""
+                }
             )));
         }
     }
@@ -71,4 +79,33 @@ pub fn validate_vocab(f: &GgufFile) -> Result<(), ModelError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{Array, GgufWriter};
+
+    fn file(tokens: &[&str]) -> GgufFile {
+        let mut w = GgufWriter::new(32);
+        let t = tokens.iter().map(|s| s.to_string()).collect();
+        w.set("tokenizer.ggml.tokens", Value::Array(Array::Str(t)));
+        let mut b = Vec::new();
+        w.write_to(&mut b).unwrap();
+        GgufFile::parse(&b[..], b.len() as u64).unwrap()
+    }
+
+    #[test]
+    fn duplicates_are_found_as_libllama_reads_tokens() {
+        assert!(validate_vocab(&file(&["a", "b", "c"])).is_ok());
+        let e = validate_vocab(&file(&["a", "b", "a"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("token 2") && e.contains("token 0"), "{e}");
+        // "b\0x" is "b" to libllama, which then aborts on the duplicate
+        let e = validate_vocab(&file(&["a", "b", "b\0x"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duplicates token 1") && e.contains("NUL"), "{e}");
+    }
 }

@@ -25,6 +25,12 @@ mod spec;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log more: info, or with -vv debug (STRATA_LOG=FILTER overrides both).
+    #[arg(short = 'v', long = "verbose", global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Log level: error, warn (default), info, debug or trace.
+    #[arg(long = "log-level", global = true, value_parser = ["error", "warn", "info", "debug", "trace"])]
+    log_level: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -38,6 +44,8 @@ enum Cmd {
     /// Serve the OpenAI API (chat and text completions) with continuous
     /// batching and a prefix cache.
     Serve(serve::ServeArgs),
+    /// List the compute devices of the loaded backends (also: --list-devices).
+    Devices,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -68,7 +76,7 @@ pub struct ModelArgs {
     #[arg(long = "ubatch-size", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..))]
     ubatch_size: u32,
-    /// CPU threads, 1 to 1024 (default: all cores).
+    /// CPU threads, 1 to 1024 (default: the physical cores, as llama.cpp).
     #[arg(short = 't', long, value_parser = parse_threads)]
     threads: Option<usize>,
     /// How the CPU thread pool waits for the next graph, 0 (sleep) to 100
@@ -154,9 +162,10 @@ struct RunArgs {
     /// Read the prompt from this file (llama.cpp's -f).
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     file: Option<PathBuf>,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    n_predict: usize,
+    /// Tokens to generate (default 128; with --chat: each reply until its
+    /// end of turn or the end of the context).
+    #[arg(short = 'n', long = "n-predict")]
+    n_predict: Option<usize>,
     /// Temperature; 0 means greedy.
     #[arg(long, default_value_t = 0.8)]
     temp: f32,
@@ -188,8 +197,8 @@ struct RunArgs {
     presence_penalty: f32,
     /// RNG seed; default (or negative, as llama.cpp's -1): a random one,
     /// printed so the run can be repeated with -s.
-    #[arg(short = 's', long, allow_hyphen_values = true)]
-    seed: Option<i64>,
+    #[arg(short = 's', long, allow_hyphen_values = true, value_parser = parse_seed)]
+    seed: Option<Seed>,
     /// Interactive multi-turn chat with the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -218,12 +227,18 @@ fn main() {
     // llama.cpp spells the draft model -md, the parallel sequences -np and
     // the physical batch -ub, which clap would read as -m d, -n p and -u b
     let cli = Cli::parse_from(std::env::args_os().map(llama_spelling));
+    // warnings by default (slow fallbacks such as buffered reads instead
+    // of O_DIRECT must show); -v, --log-level or STRATA_LOG for more
+    let level = match (&cli.log_level, cli.verbose) {
+        (Some(l), _) => l.as_str(),
+        (None, 0) => "warn",
+        (None, 1) => "info",
+        (None, _) => "debug",
+    };
     tracing_subscriber::fmt()
-        // warnings by default (slow fallbacks such as buffered reads
-        // instead of O_DIRECT must show); STRATA_LOG=info|debug for more
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -232,10 +247,48 @@ fn main() {
         Cmd::Check(a) => check::check(a),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Serve(a) => serve::serve(a),
+        Cmd::Devices => list_devices(),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// `strata devices` / `--list-devices` (llama.cpp's): each device with its
+/// memory.
+fn list_devices() -> Result<()> {
+    println!("Available devices:");
+    for d in strata::ggml::devices()? {
+        let (free, total) = d.memory();
+        let mib = |b: usize| b / (1 << 20);
+        println!(
+            "  {}: {} ({} MiB, {} MiB free)",
+            d.name(),
+            d.description(),
+            mib(total),
+            mib(free)
+        );
+    }
+    println!("CPU variants built: {}", strata::sys::CPU_VARIANTS);
+    Ok(())
+}
+
+/// A `--seed`: a number, or None for a random one.
+#[derive(Clone, Copy, Debug)]
+struct Seed(Option<u64>);
+
+/// `--seed`: a u64, or a negative number (llama.cpp's -1) for a random one.
+fn parse_seed(s: &str) -> Result<Seed, String> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(Seed(Some(n)));
+    }
+    match s.parse::<i64>() {
+        Ok(n) if n < 0 => Ok(Seed(None)),
+        _ => Err(format!(
+            "'{s}' is not a seed (0 to {}, or -1 for a random one)",
+            u64::MAX
+        )),
     }
 }
 
@@ -262,6 +315,7 @@ fn llama_spelling(a: std::ffi::OsString) -> std::ffi::OsString {
         Some("-md") => "--model-draft".into(),
         Some("-np") => "--parallel".into(),
         Some("-ub") => "--ubatch-size".into(),
+        Some("--list-devices") => "devices".into(),
         _ => a,
     }
 }
@@ -409,11 +463,9 @@ fn run(mut a: RunArgs) -> Result<()> {
         a.prompt = std::fs::read_to_string(f)
             .with_context(|| format!("reading the prompt file {}", f.display()))?;
     }
-    let seed = match a.seed {
-        Some(s) if s >= 0 => s as u64,
-        _ => strata::sample::random_seed(),
-    };
-    if a.temp > 0.0 && a.seed.is_none_or(|s| s < 0) {
+    let chosen = a.seed.and_then(|s| s.0);
+    let seed = chosen.unwrap_or_else(strata::sample::random_seed);
+    if a.temp > 0.0 && chosen.is_none() {
         eprintln!("sampling seed: {seed} (repeat with -s {seed})");
     }
     let scfg = SamplerConfig {
@@ -463,10 +515,11 @@ fn run(mut a: RunArgs) -> Result<()> {
         print!("{}", a.prompt);
         stdout.flush()?;
         arm_interrupt();
-        let (_, t) = session.generate_with(&prompt, a.n_predict, spec.as_mut(), |s| {
-            print!("{s}");
-            let _ = std::io::stdout().flush();
-        })?;
+        let (_, t) =
+            session.generate_with(&prompt, a.n_predict.unwrap_or(128), spec.as_mut(), |s| {
+                print!("{s}");
+                let _ = std::io::stdout().flush();
+            })?;
         println!();
         if session.interrupted {
             eprintln!("interrupted");
@@ -527,17 +580,70 @@ fn run(mut a: RunArgs) -> Result<()> {
         messages.push(Message::new("user", &user));
         let full = template.render(&messages, true)?;
         let new_part = full.get(rendered_len..).unwrap_or(&full);
-        let toks = vocab.tokenize(new_part, rendered_len == 0, true)?;
+        let mut toks = vocab.tokenize(new_part, rendered_len == 0, true)?;
+        let mut full = full;
+        // context shift (llama.cpp's): when this turn and a reply's worth of
+        // room do not fit, the oldest turns after the system prompt go, the
+        // conversation is re-rendered and computed again from its start
+        let n_ctx = session.engine.n_ctx() as usize;
+        let room = (n_ctx / 4).min(a.n_predict.unwrap_or(usize::MAX)).max(1);
+        if session.tokens.len() + toks.len() + 1 + room > n_ctx {
+            let first = usize::from(a.system.is_some());
+            let mut dropped = 0;
+            loop {
+                full = template.render(&messages, true)?;
+                toks = vocab.tokenize(&full, true, true)?;
+                // keep at most half the context, so shifts stay rare
+                if toks.len() + room <= n_ctx / 2 || messages.len() <= first + 1 {
+                    break;
+                }
+                // a user turn and the reply after it
+                let n = if messages.len() > first + 2 { 2 } else { 1 };
+                messages.drain(first..first + n);
+                dropped += 1;
+            }
+            if toks.len() + 1 + room > n_ctx {
+                messages.pop();
+                eprintln!(
+                    "[this message takes {} tokens: the context of {n_ctx} holds it with no room for a reply; not sent]",
+                    toks.len()
+                );
+                // older turns may have gone: the next turn is computed
+                // from the start of what is left
+                rendered_len = 0;
+                session.engine.clear();
+                session.tokens.clear();
+                session.pending = None;
+                if let Some(s) = spec.as_mut() {
+                    s.reset();
+                }
+                continue;
+            }
+            eprintln!("[context full: the {dropped} oldest turns were dropped]");
+            session.engine.clear();
+            session.tokens.clear();
+            session.pending = None;
+            if let Some(s) = spec.as_mut() {
+                s.reset();
+            }
+        }
+        let n_reply = a.n_predict.unwrap_or(usize::MAX);
         let mut reply = String::new();
         // a Ctrl-C at the prompt does not cut the reply short
         arm_interrupt();
-        let (_, t) = session.generate_with(&toks, a.n_predict, spec.as_mut(), |s| {
+        let (_, t) = session.generate_with(&toks, n_reply, spec.as_mut(), |s| {
             print!("{s}");
             reply.push_str(s);
             let _ = std::io::stdout().flush();
         })?;
         println!();
+        if session.interrupted {
+            eprintln!("[interrupted]");
+        }
         eprintln!("[{} tokens, {:.2} t/s]", t.gen_tokens, t.gen_tps());
+        if session.tokens.len() + 1 >= n_ctx {
+            eprintln!("[the context is full: the next message drops the oldest turns]");
+        }
         if TERMINATE.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
@@ -566,9 +672,14 @@ mod tests {
     use super::*;
 
     fn step(args: &[&str]) -> (u32, u32) {
-        let argv = ["strata", "run", "-m", "x.gguf"].iter().chain(args).map(|s| (*s).into());
+        let argv = ["strata", "run", "-m", "x.gguf"]
+            .iter()
+            .chain(args)
+            .map(|s| (*s).into());
         let cli = Cli::try_parse_from(argv.map(llama_spelling)).unwrap();
-        let Cmd::Run(r) = cli.cmd else { panic!("not run") };
+        let Cmd::Run(r) = cli.cmd else {
+            panic!("not run")
+        };
         (r.model.logical_batch(), r.model.step_size())
     }
 
@@ -580,6 +691,9 @@ mod tests {
         assert_eq!(step(&["-ub", "1024"]), (2048, 1024));
         // the step never exceeds the logical batch
         assert_eq!(step(&["-b", "64"]), (64, 64));
-        assert_eq!(step(&["--batch-size", "256", "--ubatch-size", "4096"]), (256, 256));
+        assert_eq!(
+            step(&["--batch-size", "256", "--ubatch-size", "4096"]),
+            (256, 256)
+        );
     }
 }
