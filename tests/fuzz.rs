@@ -94,6 +94,9 @@ fn peak_rss_mib() -> u64 {
 /// equal up to a NUL, which libllama (reading C strings) aborted on.
 const REGRESSIONS: &[(&str, u64)] = &[("gguf", 1000311)];
 
+/// Makes a case's bytes (and what was done) from its seed's generator.
+type MakeCase<'a> = dyn FnMut(&mut ChaCha8Rng) -> Option<(Vec<u8>, String)> + 'a;
+
 /// Bytes worth writing over a length, count, offset or id.
 const INTERESTING: [u64; 10] = [
     0,
@@ -333,7 +336,7 @@ fn run_cases(
     kind: &str,
     n: u64,
     first_seed: u64,
-    make: &mut dyn FnMut(&mut ChaCha8Rng) -> Option<(Vec<u8>, String)>,
+    make: &mut MakeCase<'_>,
     check: &mut dyn FnMut(&Path) -> Result<(), String>,
     dir: &Path,
 ) -> Outcome {
@@ -419,7 +422,7 @@ fn fuzz_model_files() {
     let n = env_u64("STRATA_FUZZ_CASES", 1000);
     let seed = env_u64("STRATA_FUZZ_SEED", 0);
     let mut make = |rng: &mut ChaCha8Rng| {
-        if rng.next_u32() % 2 == 0 {
+        if rng.next_u32().is_multiple_of(2) {
             Some(mutate_bytes(&bytes, header, rng))
         } else {
             mutate_structure(&f, &bytes, rng)
