@@ -350,3 +350,30 @@ fn chat_survives_a_full_context_and_ctrl_c() {
     assert!(out.status.success(), "{text}{err}");
     assert!(text.starts_with("ok:"), "{text}{err}");
 }
+
+/// `bench --json`: one JSON object per result, naming the model, the
+/// device and the build beside the figures.
+#[test]
+fn bench_json_names_model_device_and_build() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    let (ok, out, err) = strata(&[
+        "bench", "-m", m, "--device", "cpu", "-t", "2", "-p", "8", "-n", "2", "-B", "0", "-r", "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for v in &lines {
+        assert_eq!(v["model"], SMOLLM2, "{v}");
+        assert!(v["device"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
+        assert_eq!(v["build"]["ggml"], "0.26.0", "{v}");
+        assert!(v["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0), "{v}");
+        assert!(v["step"]["step_ms"].as_f64().is_some(), "{v}");
+    }
+    assert_eq!(lines[0]["test"], "pp8");
+    assert_eq!(lines[1]["test"], "tg2");
+}

@@ -109,10 +109,10 @@ impl HostCompute {
         let t0 = Instant::now();
         let n = rows as usize * self.dims.hp.n_embd as usize;
         self.x.resize(n, 0.0);
-        x.get_bytes(super::as_bytes_mut(&mut self.x), 0)?;
+        x.get_bytes(bytemuck::cast_slice_mut(&mut self.x), 0)?;
         self.persistent
             .tensor(buffers::X)
-            .set_bytes(super::as_bytes(&self.x), 0)?;
+            .set_bytes(bytemuck::cast_slice(&self.x), 0)?;
         self.stats.hops += t0.elapsed();
         Ok(())
     }
@@ -125,8 +125,8 @@ impl HostCompute {
         self.x.resize(n, 0.0);
         self.persistent
             .tensor(buffers::X)
-            .get_bytes(super::as_bytes_mut(&mut self.x), 0)?;
-        x.set_bytes(super::as_bytes(&self.x), 0)?;
+            .get_bytes(bytemuck::cast_slice_mut(&mut self.x), 0)?;
+        x.set_bytes(bytemuck::cast_slice(&self.x), 0)?;
         self.stats.hops += t0.elapsed();
         Ok(())
     }

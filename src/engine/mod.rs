@@ -736,7 +736,7 @@ impl Engine {
         self.cells.fill_mask(&sp, n_kv as usize, &mut self.mask);
         self.persistent
             .tensor(buffers::MASK)
-            .set_bytes(as_bytes(&self.mask), 0)?;
+            .set_bytes(bytemuck::cast_slice(&self.mask), 0)?;
         let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
         self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
         if n_out > 0 {
@@ -841,7 +841,7 @@ impl Engine {
         }
         self.persistent
             .tensor(buffers::X)
-            .set_bytes(as_bytes(&self.embd), 0)?;
+            .set_bytes(bytemuck::cast_slice(&self.embd), 0)?;
         Ok(())
     }
 
@@ -1101,16 +1101,6 @@ fn alloc_key(k: &TemplateKey) -> u8 {
 
 fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
-}
-
-fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: plain numeric slices viewed as bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
-}
-
-fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: every byte pattern is a valid f32, so writing bytes is sound.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
 /// What the planner needs to know about the host CPU, measured, when the

@@ -303,23 +303,16 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
     pub fn set_f32(&self, v: &[f32]) -> Result<()> {
-        self.set_bytes(as_bytes(v), 0)
+        self.set_bytes(bytemuck::cast_slice(v), 0)
     }
     pub fn set_i32(&self, v: &[i32]) -> Result<()> {
-        self.set_bytes(as_bytes(v), 0)
+        self.set_bytes(bytemuck::cast_slice(v), 0)
     }
     pub fn set_i64(&self, v: &[i64]) -> Result<()> {
-        self.set_bytes(as_bytes(v), 0)
+        self.set_bytes(bytemuck::cast_slice(v), 0)
     }
     pub fn get_f32(&self, out: &mut [f32]) -> Result<()> {
-        // SAFETY: f32 has no invalid bit patterns; the slice is reinterpreted in place.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(
-                out.as_mut_ptr().cast::<u8>(),
-                std::mem::size_of_val(out),
-            )
-        };
-        self.get_bytes(bytes, 0)
+        self.get_bytes(bytemuck::cast_slice_mut(out), 0)
     }
 
     /// Points this tensor at the memory of `src` (same type and shape): the
@@ -342,11 +335,6 @@ impl<'ctx> Tensor<'ctx> {
             t.extra = extra;
         }
     }
-}
-
-fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: plain-old-data numeric slices viewed as bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
 impl Context {

@@ -83,21 +83,61 @@ pub struct BenchArgs {
 type Workload = (Vec<Vec<BatchToken>>, Vec<Vec<BatchToken>>);
 
 /// One measured test.
+#[derive(serde::Serialize)]
 struct Row {
     engine: String,
     test: String,
+    #[serde(rename = "tokens_per_s")]
     tps: f64,
+    #[serde(rename = "runs")]
     tps_all: Vec<f64>,
     step: Option<StepFigures>,
 }
 
+/// What every `--json` line names besides its figures: the model, the
+/// device and the build, so lines from different runs can be told apart.
+#[derive(serde::Serialize)]
+struct RunInfo {
+    model: String,
+    device: String,
+    build: BuildInfo,
+}
+
+#[derive(serde::Serialize)]
+struct BuildInfo {
+    strata: &'static str,
+    ggml: String,
+    ggml_source_sha256: &'static str,
+    cpu_variants: &'static str,
+}
+
+impl RunInfo {
+    fn new(model: &std::path::Path, device: String) -> RunInfo {
+        RunInfo {
+            model: model
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            device,
+            build: BuildInfo {
+                strata: env!("CARGO_PKG_VERSION"),
+                ggml: strata::ggml::version(),
+                ggml_source_sha256: env!("STRATA_GGML_SRC_SHA256"),
+                cpu_variants: strata::sys::CPU_VARIANTS,
+            },
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
 struct StepFigures {
     step_ms: f64,
     /// MiB read from the model file per step (DRAM tier), and its rate.
     disk_mib: f64,
     disk_gbs: f64,
+    #[serde(rename = "mib_uploaded")]
     mib_up: f64,
     copy_gbs: f64,
+    #[serde(rename = "compute_wait_ms")]
     wait_ms: f64,
     overlap: f64,
     floor_ms: f64,
@@ -309,6 +349,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let mut tests: Vec<(String, Workload)> = Vec::new();
     let mut rows = Vec::new();
     let mut trace_spans: Vec<Span> = Vec::new();
+    // the device both engines compute on (llama.cpp's unoffloaded layers
+    // on the CPU)
+    let gpu = match cfg.device {
+        strata::engine::DeviceChoice::Cpu => None,
+        _ => strata::ggml::gpu_device().ok().flatten(),
+    };
+    let device = match gpu {
+        Some(g) => g.description(),
+        None => strata::ggml::cpu_device()?.description(),
+    };
+    let info = RunInfo::new(&a.model.model, device);
+    let json = a.json.then_some(&info);
     if !a.no_strata {
         let draft = super::spec::load_draft(&a.spec, &mut cfg)?;
         let mut e = Engine::load(&a.model.model, &cfg).context("loading strata")?;
@@ -331,6 +383,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         );
         eprintln!("{}", e.plan);
         eprintln!("measured pinned host-to-device copy: {:.1} GB/s", bw / 1e9);
+
         build_tests(&a, n_vocab, &mut tests);
         for (name, (pre, run)) in &tests {
             let mut all = Vec::new();
@@ -351,7 +404,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 tps_all: all,
                 step: fig,
             });
-            print_row(rows.last().expect("row"), a.json);
+            print_row(rows.last().expect("row"), json);
         }
         if !a.spec_k.is_empty() {
             let spans = super::bench_spec::step_costs(
@@ -417,7 +470,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 tps_all: all,
                 step: None,
             });
-            print_row(rows.last().expect("row"), a.json);
+            print_row(rows.last().expect("row"), json);
         }
     }
     if !a.json {
@@ -473,18 +526,19 @@ fn build_tests(a: &BenchArgs, n_vocab: u32, tests: &mut Vec<(String, Workload)>)
     }
 }
 
-fn print_row(r: &Row, json: bool) {
-    if json {
-        let step = r.step.as_ref().map_or("null".to_string(), |f| {
-            format!(
-                "{{\"step_ms\":{:.3},\"disk_mib\":{:.2},\"disk_gbs\":{:.3},\"read_wait_ms\":{:.3},\"mib_uploaded\":{:.2},\"kv_up_mib\":{:.2},\"kv_down_mib\":{:.3},\"copy_gbs\":{:.2},\"compute_wait_ms\":{:.3},\"overlap\":{:.3},\"floor_ms\":{:.3},\"cpu_ms\":{:.3},\"cpu_groups\":{:.2},\"hop_ms\":{:.3},\"predicted_ms\":{:.3}}}",
-                f.step_ms, f.disk_mib, f.disk_gbs, f.read_wait_ms, f.mib_up, f.kv_up_mib, f.kv_down_mib, f.copy_gbs, f.wait_ms, f.overlap, f.floor_ms, f.cpu_ms, f.cpu_groups, f.hop_ms, f.predicted_ms
-            )
-        });
-        println!(
-            "{{\"engine\":\"{}\",\"test\":\"{}\",\"tokens_per_s\":{:.3},\"runs\":{:?},\"step\":{step}}}",
-            r.engine, r.test, r.tps, r.tps_all
-        );
+fn print_row(r: &Row, json: Option<&RunInfo>) {
+    if let Some(info) = json {
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            #[serde(flatten)]
+            info: &'a RunInfo,
+            #[serde(flatten)]
+            row: &'a Row,
+        }
+        match serde_json::to_string(&Line { info, row: r }) {
+            Ok(l) => println!("{l}"),
+            Err(e) => eprintln!("error: a result as JSON: {e}"),
+        }
         return;
     }
     match &r.step {
