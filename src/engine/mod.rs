@@ -11,6 +11,7 @@
 
 mod buffers;
 mod cpuweights;
+mod error;
 pub mod host;
 pub mod kvtier;
 mod pager;
@@ -19,58 +20,22 @@ mod store;
 pub mod timeline;
 mod window;
 
+pub use error::EngineError;
 pub use pager::PagerStats;
 pub use store::{GroupLayout, Location, ModelFile, WeightStore};
 
 use crate::ggml::{self, Backend, Device, GgmlError, GraphAllocator};
 use crate::gguf::GgufFile;
 use crate::graph::{BindId, Binding, Dims, Limits, StepShape, Template, TemplateKey};
-use crate::kv::{KvCells, KvError};
-use crate::model::{GroupId, GroupKind, ModelError, ModelSpec};
-use crate::paging::{GroupInfo, Plan, PlanError, PlanInput};
+use crate::kv::KvCells;
+use crate::model::{GroupId, GroupKind, ModelSpec};
+use crate::paging::{GroupInfo, Plan, PlanInput};
 use buffers::{KvStore, Persistent};
 use kvtier::{KvStats, KvTier, KvTierConfig};
 use pager::{Pager, Ring};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
-
-/// Errors of the engine, each naming what failed.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("{0}: {1}")]
-    Io(String, std::io::Error),
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
-    #[error(transparent)]
-    Ggml(#[from] GgmlError),
-    #[error(transparent)]
-    Kv(#[from] KvError),
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error("token id {token} is outside the vocabulary (n_vocab = {n_vocab})")]
-    BadToken { token: u32, n_vocab: u32 },
-    #[error("position {pos} of sequence {seq} is outside the context (n_ctx = {n_ctx})")]
-    BadPos { seq: u32, pos: i32, n_ctx: u32 },
-    #[error("empty batch")]
-    EmptyBatch,
-    #[error("{0}")]
-    Unsupported(&'static str),
-    #[error("context size {0} is out of range (at most 16777216 tokens)")]
-    BadContext(u32),
-    #[error(transparent)]
-    Storage(#[from] crate::storage::StorageError),
-    #[error(transparent)]
-    KvTier(#[from] crate::kv::tier::TierError),
-    #[error(transparent)]
-    KvSpill(#[from] crate::kv::spill::SpillError),
-    #[error("KV DRAM budget {budget} bytes is below the minimum of {minimum} bytes (one block of every windowed layer); raise --kv-dram")]
-    KvDramBudget { budget: u64, minimum: u64 },
-    #[error("DRAM budget {budget} bytes is below the minimum of {minimum} bytes (two host slots of the largest streamed group of each kind); raise --dram-budget")]
-    DramBudget { budget: u64, minimum: u64 },
-}
 
 /// Whether the host CPU computes some streamed groups (hybrid decode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
