@@ -83,8 +83,9 @@ impl Watchdog {
 }
 
 fn peak_rss_mib() -> u64 {
-    // SAFETY: getrusage fills the struct it is given.
+    // SAFETY: rusage is plain integers, for which all zeroes is valid.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     u.ru_maxrss as u64 / 1024
 }

@@ -167,9 +167,10 @@ pub fn gpu_device() -> Result<Option<Device>> {
 /// Every device of the loaded backends, in the registry's order.
 pub fn devices() -> Result<Vec<Device>> {
     load_backends()?;
-    // SAFETY: queries of the global registry; indices below its count.
+    // SAFETY: a query of the global registry.
     let n = unsafe { sys::ggml_backend_dev_count() };
     Ok((0..n)
+        // SAFETY: i is below the registry's device count.
         .map(|i| unsafe { sys::ggml_backend_dev_get(i) })
         .filter(|d| !d.is_null())
         .map(Device)
