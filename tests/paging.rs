@@ -195,3 +195,43 @@ fn smollm2_dram_window_equals_resident() {
 fn qwen2_dram_window_equals_resident() {
     dram_window_equals_resident(common::QWEN2);
 }
+
+/// The timeline records, for one streamed step, one compute span per layer
+/// group plus the head and one copy span per upload with its bytes; with
+/// no timeline on, nothing is recorded.
+#[test]
+fn timeline_records_each_group_and_upload() {
+    use strata::engine::timeline::Stream;
+    use strata::engine::BatchToken;
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let mut e = Engine::load(&path, &cfg(true, 2)).expect("streamed engine");
+    let n_groups = 2 * e.spec.hp.n_layer as usize;
+    let tok = |pos| BatchToken {
+        token: 1,
+        pos,
+        seq: 0,
+        logits: true,
+    };
+    e.decode(&[tok(0)]).expect("step without a timeline");
+    assert!(e.finish_timeline().is_empty(), "nothing recorded while off");
+    e.start_timeline();
+    e.decode(&[tok(1)]).expect("recorded step");
+    let spans = e.finish_timeline();
+    let compute: Vec<_> = spans
+        .iter()
+        .filter(|s| s.stream == Stream::Compute)
+        .collect();
+    let copies: Vec<_> = spans.iter().filter(|s| s.stream == Stream::Copy).collect();
+    assert_eq!(compute.len(), n_groups + 1, "every group and the head");
+    assert_eq!(compute.last().map(|s| s.name.as_str()), Some("head"));
+    assert_eq!(copies.len(), n_groups, "every group uploaded once");
+    let up = e.last_step.pager;
+    assert_eq!(copies.iter().map(|s| s.bytes).sum::<u64>(), up.bytes);
+    assert!(spans.windows(2).all(|w| w[0].start <= w[1].start), "sorted");
+    assert!(spans.iter().all(|s| s.end >= s.start));
+    // a second recording starts empty
+    e.start_timeline();
+    assert!(e.finish_timeline().is_empty());
+}

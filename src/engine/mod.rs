@@ -175,7 +175,8 @@ pub struct Engine {
     embd: Vec<f32>,
     mask: Vec<u16>,
     pub last_step: StepStats,
-    timeline: Option<timeline::Timeline>,
+    /// The timeline switch, shared with the pager.
+    rec: timeline::Recorder,
     /// The budgets chosen because none was given, described.
     pub auto_budgets: Vec<String>,
 }
@@ -370,6 +371,7 @@ impl Engine {
         } else {
             None
         };
+        let rec = timeline::Recorder::default();
         let pager = Pager::new(
             device,
             &plan,
@@ -377,6 +379,7 @@ impl Engine {
             cfg.fault_skip_load_wait,
             tier,
             kv_slots,
+            rec.clone(),
         )?;
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let kv = KvStore::alloc(&dims, lim, device, n_kv_resident)?;
@@ -404,7 +407,7 @@ impl Engine {
             embd: Vec::new(),
             mask: Vec::new(),
             last_step: StepStats::default(),
-            timeline: None,
+            rec,
             auto_budgets: budgets,
         })
     }
@@ -492,25 +495,23 @@ impl Engine {
 
     /// Starts recording a timeline of copies and computations.
     pub fn start_timeline(&mut self) {
-        self.timeline = Some(timeline::Timeline::new(self.device));
+        self.rec.start(self.device);
     }
     /// Adds a host-timed span (e.g. the draft model's turn) to the timeline
     /// being recorded, if any.
     pub fn record_host_span(
-        &mut self,
+        &self,
         stream: timeline::Stream,
         name: &str,
         start: Instant,
         end: Instant,
     ) {
-        if let Some(t) = self.timeline.as_mut() {
-            t.host_span(stream, name, start, end);
-        }
+        self.rec.host_span(stream, || name.to_string(), start, end);
     }
     /// Stops recording and returns the spans recorded.
     pub fn finish_timeline(&mut self) -> Vec<timeline::Span> {
         self.pager_sync();
-        self.timeline.take().map(|t| t.finish()).unwrap_or_default()
+        self.rec.finish()
     }
 
     /// Frees the KV cells of a sequence.
@@ -887,13 +888,9 @@ impl Engine {
             kind == GroupKind::Attn && self.pager.kv.as_ref().is_some_and(|k| k.is_windowed(layer));
         let mut id = BindId::resident(gi);
         let kv = if windowed {
-            let w = self.pager.before_compute(
-                gi,
-                Ring::Kv,
-                &self.store,
-                &self.backend,
-                &mut self.timeline,
-            )?;
+            let w = self
+                .pager
+                .before_compute(gi, Ring::Kv, &self.store, &self.backend)?;
             id.kv_window = Some(w);
             Some(self.pager.kv.as_ref().expect("windowed").wbindings[w])
         } else if kind == GroupKind::Attn {
@@ -909,13 +906,9 @@ impl Engine {
                 None
             }
             Location::Streamed { ring, .. } => {
-                let slot = self.pager.before_compute(
-                    gi,
-                    ring,
-                    &self.store,
-                    &self.backend,
-                    &mut self.timeline,
-                )?;
+                let slot = self
+                    .pager
+                    .before_compute(gi, ring, &self.store, &self.backend)?;
                 let b = self.store.slot_bindings(gi, ring, slot);
                 let t = self.templates.get_mut(&key).expect("template exists");
                 id.weight_slot = Some(slot);
@@ -926,30 +919,21 @@ impl Engine {
         // bound before allocating so the allocator sees weights as external
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.begin(
-                timeline::Stream::Compute,
-                &self.backend,
-                format!("{} {layer}", kind.name()),
-                0,
-            );
-        }
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("{} {layer}", kind.name()),
+            0,
+        );
         self.backend.compute_async(&t.graph())?;
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.end(&self.backend);
-        }
+        drop(rec);
         if let Some(ring) = streamed {
             self.pager
-                .after_compute(gi, ring, &self.store, &self.backend, &mut self.timeline)?;
+                .after_compute(gi, ring, &self.store, &self.backend)?;
         }
         if windowed {
-            self.pager.after_compute(
-                gi,
-                Ring::Kv,
-                &self.store,
-                &self.backend,
-                &mut self.timeline,
-            )?;
+            self.pager
+                .after_compute(gi, Ring::Kv, &self.store, &self.backend)?;
         }
         Ok(())
     }
@@ -982,14 +966,12 @@ impl Engine {
         if shared_cores {
             host.park_threads();
         }
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.host_span(
-                timeline::Stream::Cpu,
-                &format!("{} {layer}", kind.name()),
-                t0,
-                Instant::now(),
-            );
-        }
+        self.rec.host_span(
+            timeline::Stream::Cpu,
+            || format!("{} {layer}", kind.name()),
+            t0,
+            Instant::now(),
+        );
         Ok(())
     }
 
@@ -1014,13 +996,14 @@ impl Engine {
             .bind(BindId::head(), &head, None);
         self.ensure_allocated(&key, aid)?;
         let t = self.templates.get(&key).expect("template exists");
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.begin(timeline::Stream::Compute, &self.backend, "head", 0);
-        }
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || "head".into(),
+            0,
+        );
         self.backend.compute_async(&t.graph())?;
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.end(&self.backend);
-        }
+        drop(rec);
         self.backend.synchronize();
         let start = out.len();
         out.resize(start + (n_rows * self.spec.hp.n_vocab) as usize, 0.0);

@@ -8,7 +8,7 @@
 
 use super::kvtier::KvTier;
 use super::store::WeightStore;
-use super::timeline::{Stream, Timeline};
+use super::timeline::{Recorder, Stream};
 use super::EngineError;
 use crate::ggml::{Backend, Device, Event};
 use crate::model::{GroupId, GroupKind};
@@ -76,6 +76,8 @@ pub struct Pager {
     streamed: Vec<GroupId>,
     streams: Streams,
     pub stats: PagerStats,
+    /// The engine's timeline switch.
+    rec: Recorder,
 }
 
 impl Pager {
@@ -86,6 +88,7 @@ impl Pager {
         skip_load_wait: bool,
         kv: Option<KvTier>,
         kv_slots: usize,
+        rec: Recorder,
     ) -> Result<Pager, EngineError> {
         let mk = |n: usize| {
             (n > 0).then(|| {
@@ -129,6 +132,7 @@ impl Pager {
             streamed: Vec::new(),
             streams,
             stats: PagerStats::default(),
+            rec,
         })
     }
 
@@ -171,10 +175,9 @@ impl Pager {
         gi: GroupId,
         store: &WeightStore,
         compute: &Backend,
-        tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
         if ring == Ring::Kv {
-            return self.upload_kv(slot, gi, compute, tl);
+            return self.upload_kv(slot, gi, compute);
         }
         let drain = || {
             if let Streams::Async { copy, .. } = &self.streams {
@@ -196,30 +199,22 @@ impl Pager {
         let name = || format!("upload {gi} -> {}{slot}", ring.label());
         match &self.streams {
             Streams::Async { copy, .. } => {
-                if let Some(tl) = tl.as_mut() {
-                    tl.begin(Stream::Copy, copy, name(), src.len() as u64);
-                }
+                let _rec = self.rec.scope(Stream::Copy, copy, name, src.len() as u64);
                 // SAFETY: src is pinned memory owned by the store, not written
                 // until this copy completed (the window drains the copy stream
                 // before reusing a host slot); the device slot is free (the
                 // copy stream waited free(s)).
                 unsafe { copy.tensor_set_async(t, src, 0) };
                 store.copy_enqueued(gi);
-                if let Some(tl) = tl.as_mut() {
-                    tl.end(copy);
-                }
             }
             Streams::Sync { .. } => {
-                if let Some(tl) = tl.as_mut() {
-                    tl.begin(Stream::Copy, compute, name(), src.len() as u64);
-                }
+                let _rec = self
+                    .rec
+                    .scope(Stream::Copy, compute, name, src.len() as u64);
                 let t0 = Instant::now();
                 // slot fits the extent; the compute side is idle (sync path)
                 t.set_bytes(src, 0)?;
                 self.stats.copy_wait += t0.elapsed();
-                if let Some(tl) = tl.as_mut() {
-                    tl.end(compute);
-                }
             }
         }
         Ok(())
@@ -230,7 +225,6 @@ impl Pager {
         slot: usize,
         gi: GroupId,
         compute: &Backend,
-        tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
         let layer = gi.layer();
         let kv = self.kv.as_mut().expect("KV ring without a tiered cache");
@@ -239,22 +233,18 @@ impl Pager {
             Streams::Sync { .. } => None,
         };
         let on = copy.unwrap_or(compute);
-        if let Some(tl) = tl.as_mut() {
-            tl.begin(
-                Stream::Copy,
-                on,
-                format!("kv l{layer} -> w{slot}"),
-                kv.upload_bytes(),
-            );
-        }
+        let rec = self.rec.scope(
+            Stream::Copy,
+            on,
+            || format!("kv l{layer} -> w{slot}"),
+            kv.upload_bytes(),
+        );
         let t0 = Instant::now();
         let bytes = kv.upload(layer, slot, copy)?;
         if copy.is_none() {
             self.stats.copy_wait += t0.elapsed();
         }
-        if let Some(tl) = tl.as_mut() {
-            tl.end(on);
-        }
+        drop(rec);
         self.stats.kv_bytes += bytes;
         Ok(())
     }
@@ -283,7 +273,6 @@ impl Pager {
         ops: Vec<Op>,
         store: &WeightStore,
         compute: &Backend,
-        tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
         for op in ops {
             match op {
@@ -292,7 +281,7 @@ impl Pager {
                     let gi = self.lists[ring as usize][local];
                     match &mut self.streams {
                         Streams::Sync { pending } => pending.push_back((ring, slot, gi)),
-                        Streams::Async { .. } => self.upload(ring, slot, gi, store, compute, tl)?,
+                        Streams::Async { .. } => self.upload(ring, slot, gi, store, compute)?,
                     }
                 }
                 Op::WaitFree(s) => {
@@ -314,7 +303,7 @@ impl Pager {
                         {
                             let todo: Vec<_> = pending.drain(..=pos).collect();
                             for (r, sl, gi) in todo {
-                                self.upload(r, sl, gi, store, compute, tl)?;
+                                self.upload(r, sl, gi, store, compute)?;
                                 if let Some(rg) = self.rings[r as usize].as_mut() {
                                     rg.mark_resident(sl);
                                 }
@@ -354,7 +343,6 @@ impl Pager {
         ring: Ring,
         store: &WeightStore,
         compute: &Backend,
-        tl: &mut Option<Timeline>,
     ) -> Result<usize, EngineError> {
         let j = self.lists[ring as usize]
             .iter()
@@ -363,7 +351,7 @@ impl Pager {
         let r = self.rings[ring as usize].as_mut().expect("ring");
         let ops = r.before_compute(j);
         let slot = r.slot_of(j);
-        self.run_ops(ring, ops, store, compute, tl)?;
+        self.run_ops(ring, ops, store, compute)?;
         Ok(slot)
     }
 
@@ -374,7 +362,6 @@ impl Pager {
         ring: Ring,
         store: &WeightStore,
         compute: &Backend,
-        tl: &mut Option<Timeline>,
     ) -> Result<(), EngineError> {
         let j = self.lists[ring as usize]
             .iter()
@@ -384,7 +371,7 @@ impl Pager {
             .as_mut()
             .expect("ring")
             .after_compute(j);
-        self.run_ops(ring, ops, store, compute, tl)
+        self.run_ops(ring, ops, store, compute)
     }
 
     /// Forgets a step that failed half-way; both streams must be drained.

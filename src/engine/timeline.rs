@@ -7,6 +7,10 @@
 //! the device (within the wake-up latency of the watcher). The streams run
 //! undisturbed. On the CPU backend operations are synchronous and are timed
 //! on the host directly.
+//!
+//! The engine's parts share one [`Recorder`]: an operation is recorded by
+//! holding a [`Scope`] while it is enqueued, and nothing is recorded (or
+//! formatted) while no timeline is on.
 
 use crate::ggml::{Backend, Device, Event};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -52,10 +56,14 @@ pub struct Timeline {
     spans: Arc<Mutex<Vec<Span>>>,
     device: Option<Device>,
     watchers: Vec<(Stream, Watcher)>,
-    /// Host-timed operation in progress (CPU path).
-    open: Option<(Stream, String, u64, f64)>,
-    /// Device-timed operation in progress: its begin event.
-    open_event: Option<(Stream, String, u64, Event)>,
+}
+
+/// An operation begun and not yet ended.
+enum Open {
+    /// Timed on the host (CPU path): its start.
+    Host(Stream, String, u64, f64),
+    /// Timed on the device: its begin event.
+    Device(Stream, String, u64, Event),
 }
 
 fn spawn(
@@ -107,8 +115,6 @@ impl Timeline {
             spans,
             device: dev,
             watchers,
-            open: None,
-            open_event: None,
         }
     }
 
@@ -117,56 +123,50 @@ impl Timeline {
     }
 
     /// Marks the start of an operation enqueued next on `backend`.
-    pub fn begin(
-        &mut self,
-        stream: Stream,
-        backend: &Backend,
-        name: impl Into<String>,
-        bytes: u64,
-    ) {
+    fn begin(&self, stream: Stream, backend: &Backend, name: String, bytes: u64) -> Option<Open> {
         match self.device {
             Some(dev) => {
-                if let Ok(ev) = Event::new(dev) {
-                    ev.record(backend);
-                    self.open_event = Some((stream, name.into(), bytes, ev));
+                let ev = Event::new(dev).ok()?;
+                ev.record(backend);
+                Some(Open::Device(stream, name, bytes, ev))
+            }
+            None => Some(Open::Host(stream, name, bytes, self.now())),
+        }
+    }
+
+    /// Marks the end of `open`, enqueued last on `backend`.
+    fn end(&self, open: Open, backend: &Backend) {
+        match open {
+            Open::Device(stream, name, bytes, begin) => {
+                let Some(dev) = self.device else { return };
+                let Ok(end) = Event::new(dev) else { return };
+                end.record(backend);
+                if let Some((_, w)) = self.watchers.iter().find(|(s, _)| *s == stream) {
+                    let _ = w.tx.send(Pending {
+                        name,
+                        bytes,
+                        begin,
+                        end,
+                    });
                 }
             }
-            None => self.open = Some((stream, name.into(), bytes, self.now())),
-        }
-    }
-
-    /// Marks the end of the operation begun last.
-    pub fn end(&mut self, backend: &Backend) {
-        if let Some((stream, name, bytes, begin)) = self.open_event.take() {
-            let Some(dev) = self.device else { return };
-            let Ok(end) = Event::new(dev) else { return };
-            end.record(backend);
-            if let Some((_, w)) = self.watchers.iter().find(|(s, _)| *s == stream) {
-                let _ = w.tx.send(Pending {
-                    name,
-                    bytes,
-                    begin,
-                    end,
-                });
-            }
-        } else if let Some((stream, name, bytes, start)) = self.open.take() {
-            let end = self.now();
-            if let Ok(mut s) = self.spans.lock() {
-                s.push(Span {
-                    stream,
-                    name,
-                    start,
-                    end,
-                    bytes,
-                });
+            Open::Host(stream, name, bytes, start) => {
+                let end = self.now();
+                if let Ok(mut s) = self.spans.lock() {
+                    s.push(Span {
+                        stream,
+                        name,
+                        start,
+                        end,
+                        bytes,
+                    });
+                }
             }
         }
     }
 
-    /// Waits for every pending operation and returns all spans so far,
-    /// sorted by start time.
     /// Records an operation timed on the host (a draft model's turn).
-    pub fn host_span(&mut self, stream: Stream, name: &str, start: Instant, end: Instant) {
+    pub fn host_span(&self, stream: Stream, name: &str, start: Instant, end: Instant) {
         let t = |i: Instant| i.saturating_duration_since(self.t0).as_secs_f64();
         if let Ok(mut s) = self.spans.lock() {
             s.push(Span {
@@ -179,6 +179,8 @@ impl Timeline {
         }
     }
 
+    /// Waits for every pending operation and returns all spans, sorted by
+    /// start time.
     pub fn finish(self) -> Vec<Span> {
         for (_, w) in self.watchers {
             drop(w.tx);
@@ -187,6 +189,80 @@ impl Timeline {
         let mut v = self.spans.lock().map(|s| s.clone()).unwrap_or_default();
         v.sort_by(|a, b| a.start.total_cmp(&b.start));
         v
+    }
+}
+
+/// The timeline switch the engine's parts share (cloning shares it):
+/// while a timeline is on, each [`Scope`] records one operation.
+#[derive(Clone, Default)]
+pub struct Recorder(Arc<Mutex<Option<Timeline>>>);
+
+impl Recorder {
+    /// Starts a timeline for `device`, replacing one that was on.
+    pub fn start(&self, device: Device) {
+        if let Ok(mut t) = self.0.lock() {
+            *t = Some(Timeline::new(device));
+        }
+    }
+
+    /// Stops the timeline and returns its spans (none if it was off). The
+    /// operations recorded must have been enqueued; this waits for them.
+    pub fn finish(&self) -> Vec<Span> {
+        let t = self.0.lock().ok().and_then(|mut t| t.take());
+        t.map(Timeline::finish).unwrap_or_default()
+    }
+
+    /// Records the operation enqueued on `backend` while the returned scope
+    /// lives; `name` is only called while a timeline is on.
+    pub fn scope<'a>(
+        &'a self,
+        stream: Stream,
+        backend: &'a Backend,
+        name: impl FnOnce() -> String,
+        bytes: u64,
+    ) -> Scope<'a> {
+        let open = self.0.lock().ok().and_then(|t| {
+            t.as_ref()
+                .and_then(|t| t.begin(stream, backend, name(), bytes))
+        });
+        Scope {
+            rec: self,
+            backend,
+            open,
+        }
+    }
+
+    /// Records an operation timed on the host between `start` and `end`.
+    pub fn host_span(
+        &self,
+        stream: Stream,
+        name: impl FnOnce() -> String,
+        start: Instant,
+        end: Instant,
+    ) {
+        if let Ok(t) = self.0.lock() {
+            if let Some(t) = t.as_ref() {
+                t.host_span(stream, &name(), start, end);
+            }
+        }
+    }
+}
+
+/// One operation being recorded; it ends when the scope is dropped.
+pub struct Scope<'a> {
+    rec: &'a Recorder,
+    backend: &'a Backend,
+    open: Option<Open>,
+}
+
+impl Drop for Scope<'_> {
+    fn drop(&mut self) {
+        let Some(open) = self.open.take() else { return };
+        if let Ok(t) = self.rec.0.lock() {
+            if let Some(t) = t.as_ref() {
+                t.end(open, self.backend);
+            }
+        }
     }
 }
 
