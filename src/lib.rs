@@ -11,9 +11,15 @@
 //! [`sample`] (sampling), [`speculative`] (drafting and verifying several
 //! tokens per step), [`llama`] (llama.cpp's tokenizer and reference
 //! decoder).
+//!
+//! Cargo features, both on by default: `convert` (the converter behind
+//! `strata-convert`) and `reference` (llama.cpp's decoder as a reference:
+//! `llama::Reference`, [`parity`], `strata check`, `bench --llama-ngl`).
+//! Without them the library is the runtime alone.
 
 pub use strata_ffi as sys;
 
+#[cfg(feature = "convert")]
 pub mod convert;
 pub mod engine;
 pub mod generate;
@@ -24,6 +30,7 @@ pub mod kv;
 pub mod llama;
 pub mod model;
 pub mod paging;
+#[cfg(feature = "reference")]
 pub mod parity;
 pub mod sample;
 pub mod serve;

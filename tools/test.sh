@@ -10,5 +10,7 @@ tools/fetch-models.sh all >/dev/null
 tools/serve-clients.sh >/dev/null
 export STRATA_REQUIRE_MODELS=1
 cargo build --release --all-targets
+# the runtime alone: without the converter and llama.cpp's reference decoder
+cargo check --release --no-default-features --lib --bins
 vendor/verify.sh
 cargo test --release -- --test-threads 1

@@ -7,8 +7,10 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
 use strata::engine::timeline::{write_chrome_trace, Overlap, Span, Stream};
-use strata::engine::{BatchToken, Engine};
-use strata::llama::{LlamaModel, Reference, ReferenceConfig};
+use strata::engine::{BatchToken, Engine, EngineConfig};
+use strata::llama::LlamaModel;
+#[cfg(feature = "reference")]
+use strata::llama::{Reference, ReferenceConfig};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -304,6 +306,7 @@ fn time_strata(
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
 
+#[cfg(feature = "reference")]
 fn time_llama(r: &mut Reference, pre: &[Vec<BatchToken>], run: &[Vec<BatchToken>]) -> Result<f64> {
     let conv = |b: &Vec<BatchToken>| {
         b.iter()
@@ -427,6 +430,36 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             super::bench_spec::generation(&mut e, v, sp, a.spec_gen, a.json)?;
         }
     }
+    llama_rows(&a, &cfg, max_seqs, &mut tests, &mut rows, json)?;
+    if !a.json {
+        print_ratios(&rows);
+    }
+    if let Some(p) = &a.trace {
+        write_chrome_trace(&trace_spans, p).with_context(|| format!("writing {}", p.display()))?;
+        let copies = trace_spans
+            .iter()
+            .filter(|s| s.stream == Stream::Copy)
+            .count();
+        eprintln!(
+            "trace: {} spans ({copies} copies) written to {}",
+            trace_spans.len(),
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// Times llama.cpp at each `--llama-ngl` on the same tests, adding a row
+/// per test.
+#[cfg(feature = "reference")]
+fn llama_rows(
+    a: &BenchArgs,
+    cfg: &EngineConfig,
+    max_seqs: u32,
+    tests: &mut Vec<(String, Workload)>,
+    rows: &mut Vec<Row>,
+    json: Option<&RunInfo>,
+) -> Result<()> {
     for &ngl in &a.llama_ngl {
         // llama.cpp as its users run it: weight repacking on, flash attention
         // auto (strata's parity checks use the settings that match strata)
@@ -437,7 +470,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         .context("loading llama.cpp")?;
         if tests.is_empty() {
-            build_tests(&a, lm.n_vocab(), &mut tests);
+            build_tests(a, lm.n_vocab(), tests);
         }
         let rcfg = ReferenceConfig {
             n_ctx: cfg.n_ctx,
@@ -453,7 +486,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             Reference::new_default_settings(&lm, &rcfg)
         }
         .context("llama.cpp context")?;
-        for (name, (pre, run)) in &tests {
+        for (name, (pre, run)) in tests.iter() {
             let mut all = Vec::new();
             for _ in 0..a.reps.max(1) {
                 all.push(time_llama(&mut r, pre, run)?);
@@ -473,19 +506,21 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             print_row(rows.last().expect("row"), json);
         }
     }
-    if !a.json {
-        print_ratios(&rows);
-    }
-    if let Some(p) = &a.trace {
-        write_chrome_trace(&trace_spans, p).with_context(|| format!("writing {}", p.display()))?;
-        let copies = trace_spans
-            .iter()
-            .filter(|s| s.stream == Stream::Copy)
-            .count();
-        eprintln!(
-            "trace: {} spans ({copies} copies) written to {}",
-            trace_spans.len(),
-            p.display()
+    Ok(())
+}
+
+#[cfg(not(feature = "reference"))]
+fn llama_rows(
+    a: &BenchArgs,
+    _: &EngineConfig,
+    _: u32,
+    _: &mut Vec<(String, Workload)>,
+    _: &mut Vec<Row>,
+    _: Option<&RunInfo>,
+) -> Result<()> {
+    if !a.llama_ngl.is_empty() {
+        anyhow::bail!(
+            "--llama-ngl: this strata was built without the `reference` feature (llama.cpp's decoder)"
         );
     }
     Ok(())

@@ -247,7 +247,12 @@ fn top2_gap(e: &mut Engine, prompt: &[u32], tokens: &[u32]) -> Result<f32> {
         .collect();
     let mut logits = e.decode(&batch)?;
     for (i, &t) in tokens.iter().enumerate() {
-        logits = strata::parity::decode_next(e, t, (prompt.len() + i) as i32)?;
+        logits = e.decode(&[BatchToken {
+            token: t,
+            pos: (prompt.len() + i) as i32,
+            seq: 0,
+            logits: true,
+        }])?;
     }
     e.clear();
     let mut l = logits;

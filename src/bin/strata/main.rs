@@ -12,6 +12,7 @@ use strata::serve::chat::{ChatTemplate, Message};
 
 mod bench;
 mod bench_spec;
+#[cfg(feature = "reference")]
 mod check;
 mod serve;
 mod spec;
@@ -38,6 +39,7 @@ enum Cmd {
     /// Generate text from a prompt, or chat interactively (--chat).
     Run(RunArgs),
     /// Compare greedy tokens and logits with llama.cpp on this device.
+    #[cfg(feature = "reference")]
     Check(check::CheckArgs),
     /// Measure prompt processing, generation and batched decode (vs llama.cpp).
     Bench(bench::BenchArgs),
@@ -244,6 +246,7 @@ fn main() {
         .init();
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
+        #[cfg(feature = "reference")]
         Cmd::Check(a) => check::check(a),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Serve(a) => serve::serve(a),
