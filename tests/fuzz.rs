@@ -1,8 +1,10 @@
 //! A mutation fuzzer over what strata reads from disk: model files (GGUF,
 //! through the reader, the model checks, the engine and libllama's
-//! vocabulary load) and session files (the spill format plus the session
-//! payload). Each case derives from a fixed seed, so a failure names the
-//! case that reproduces it.
+//! vocabulary load), session files (the spill format plus the session
+//! payload) and Hugging Face checkpoints (safetensors, config.json and
+//! tokenizer.json through `strata-convert hf`, and whatever it writes
+//! through the model loaders). Each case derives from a fixed seed, so a
+//! failure names the case that reproduces it.
 //!
 //! A case passes when strata either loads the input or refuses it with an
 //! error: no panic (caught per case), no abort (the process would die: the
@@ -11,8 +13,10 @@
 //! STRATA_FUZZ_CASE_SECONDS, default 60), and bounded memory (peak RSS
 //! checked at the end). STRATA_FUZZ_CASES sets the number of cases per
 //! input kind (default 1000: about 80 s for model files and a few for
-//! sessions on a 2-core machine); STRATA_FUZZ_SEED the
-//! first seed; tools/fuzz.sh runs it for an hour.
+//! sessions on a 2-core machine; checkpoints run half of it, each
+//! case being a whole conversion); STRATA_FUZZ_SEED the
+//! first seed; STRATA_FUZZ_VERBOSE=1 prints each refused case with its
+//! error; tools/fuzz.sh runs it for an hour.
 //!
 //! Regression cases for the failures found by hand (a duplicated token, a
 //! vocabulary shorter than token_embd, a block count that disagrees with
@@ -22,6 +26,7 @@
 //! every run covers them.
 
 mod common;
+mod convert_support;
 
 use common::{model, SMOLLM2};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -350,6 +355,7 @@ fn run_cases(
         failures: Vec::new(),
     };
     let path = dir.join(format!("{kind}.case"));
+    let verbose = env_u64("STRATA_FUZZ_VERBOSE", 0) == 1;
     // cases that failed once, then the window
     let seeds = REGRESSIONS
         .iter()
@@ -368,7 +374,12 @@ fn run_cases(
         out.cases += 1;
         match r {
             Ok(Ok(())) => out.loaded += 1,
-            Ok(Err(_)) => out.refused += 1,
+            Ok(Err(e)) => {
+                out.refused += 1;
+                if verbose {
+                    eprintln!("{label}\n    refused: {e}");
+                }
+            }
             Err(p) => {
                 let msg = p
                     .downcast_ref::<String>()
@@ -493,6 +504,276 @@ fn fuzz_session_files() {
     assert!(o.failures.is_empty(), "{:#?}", o.failures);
     assert!(
         n == 0 || o.refused > 0,
+        "the mutations did not reach the checks"
+    );
+    assert!(peak_rss_mib() < 4096, "peak RSS {} MiB", peak_rss_mib());
+}
+
+/// A checkpoint file rewritten in a way the converter must refuse or
+/// survive: the safetensors header's JSON changed entry by entry, or
+/// config.json / tokenizer.json with a key removed or given an odd value.
+/// Returns the file's name, its bytes and what was done.
+fn mutate_checkpoint(
+    files: &[(&'static str, Vec<u8>)],
+    rng: &mut ChaCha8Rng,
+) -> Option<(&'static str, Vec<u8>, String)> {
+    use serde_json::{json, Value};
+    let pick = |rng: &mut ChaCha8Rng, n: usize| (rng.next_u64() % n as u64) as usize;
+    let odd = |rng: &mut ChaCha8Rng| -> Value {
+        let v = [
+            json!(0),
+            json!(-1),
+            json!(1),
+            json!(3),
+            json!(1e12),
+            json!(4294967552u64),
+            json!(u64::MAX),
+            json!(1.5),
+            json!(-0.0),
+            json!(1e308),
+            json!("x"),
+            json!(null),
+            json!([]),
+            json!({}),
+            json!(true),
+        ];
+        v[(rng.next_u64() % v.len() as u64) as usize].clone()
+    };
+    let (name, base) = &files[pick(rng, files.len())];
+    match *name {
+        "model.safetensors" => {
+            let hlen = u64::from_le_bytes(base[..8].try_into().ok()?) as usize;
+            let mut header: serde_json::Map<String, Value> =
+                serde_json::from_slice(&base[8..8 + hlen]).ok()?;
+            let data = &base[8 + hlen..];
+            let names: Vec<String> = header
+                .keys()
+                .filter(|k| *k != "__metadata__")
+                .cloned()
+                .collect();
+            let t = names[pick(rng, names.len())].clone();
+            let what = match rng.next_u32() % 8 {
+                0 => {
+                    let d = ["F64", "I8", "U8", "BOOL", "F8_E4M3", "I64", "", "f32"];
+                    let d = d[pick(rng, d.len())];
+                    header[&t]["dtype"] = json!(d);
+                    format!("{t}: dtype {d:?}")
+                }
+                1 => {
+                    let v = odd(rng);
+                    let shape = header[&t]["shape"].as_array_mut()?;
+                    let i = pick(rng, shape.len() + 1);
+                    if i == shape.len() {
+                        shape.push(v.clone());
+                    } else {
+                        shape[i] = v.clone();
+                    }
+                    format!("{t}: shape[{i}] = {v}")
+                }
+                2 => {
+                    let shape = header[&t]["shape"].as_array_mut()?;
+                    shape.reverse();
+                    format!("{t}: shape reversed")
+                }
+                3 => {
+                    let v = odd(rng);
+                    let i = pick(rng, 2);
+                    header[&t]["data_offsets"][i] = v.clone();
+                    format!("{t}: data_offsets[{i}] = {v}")
+                }
+                4 => {
+                    let o = header[&t]["data_offsets"].as_array_mut()?;
+                    o.swap(0, 1);
+                    format!("{t}: data_offsets swapped")
+                }
+                5 => {
+                    // overlap another tensor's bytes
+                    let u = names[pick(rng, names.len())].clone();
+                    let o = header[&u]["data_offsets"].clone();
+                    header[&t]["data_offsets"] = o;
+                    format!("{t}: data_offsets of {u}")
+                }
+                6 => {
+                    header.remove(&t);
+                    format!("{t} removed")
+                }
+                _ => {
+                    let v = header.remove(&t)?;
+                    let n = format!("{t}.extra");
+                    header.insert(n.clone(), v);
+                    format!("{t} renamed {n}")
+                }
+            };
+            let mut h = serde_json::to_vec(&header).ok()?;
+            let lie = rng.next_u32().is_multiple_of(8);
+            let len = if lie {
+                INTERESTING[pick(rng, INTERESTING.len())]
+            } else {
+                h.len() as u64
+            };
+            let mut out = len.to_le_bytes().to_vec();
+            out.append(&mut h);
+            out.extend_from_slice(data);
+            let what = if lie {
+                format!("{what}; header length {len:#x}")
+            } else {
+                what
+            };
+            Some((name, out, what))
+        }
+        _ => {
+            let mut j: Value = serde_json::from_slice(base).ok()?;
+            let what = if *name == "tokenizer.json" {
+                match rng.next_u32() % 5 {
+                    0 => {
+                        let v = odd(rng);
+                        j["model"]["type"] = v.clone();
+                        format!("model.type = {v}")
+                    }
+                    1 => {
+                        // a token string given twice
+                        let vocab = j["model"]["vocab"].as_object_mut()?;
+                        let keys: Vec<String> = vocab.keys().cloned().collect();
+                        let (a, b) = (&keys[pick(rng, keys.len())], &keys[pick(rng, keys.len())]);
+                        let id = vocab[b].clone();
+                        vocab.insert(a.clone(), id.clone());
+                        format!("vocab[{a:?}] = {id} (the id of {b:?})")
+                    }
+                    2 => {
+                        let vocab = j["model"]["vocab"].as_object_mut()?;
+                        let keys: Vec<String> = vocab.keys().cloned().collect();
+                        let k = &keys[pick(rng, keys.len())];
+                        let v = odd(rng);
+                        vocab.insert(k.clone(), v.clone());
+                        format!("vocab[{k:?}] = {v}")
+                    }
+                    3 => {
+                        let merges = j["model"]["merges"].as_array_mut()?;
+                        let i = pick(rng, merges.len().max(1));
+                        let v = if rng.next_u32().is_multiple_of(2) {
+                            json!("zzzq qqqz")
+                        } else {
+                            odd(rng)
+                        };
+                        if i < merges.len() {
+                            merges[i] = v.clone();
+                        }
+                        format!("merges[{i}] = {v}")
+                    }
+                    _ => {
+                        let v = odd(rng);
+                        j["added_tokens"] = json!([{"id": v.clone(), "content": "<x>", "special": true}]);
+                        format!("added_tokens id {v}")
+                    }
+                }
+            } else {
+                let obj = j.as_object_mut()?;
+                let keys: Vec<String> = obj.keys().cloned().collect();
+                let k = keys[pick(rng, keys.len())].clone();
+                if rng.next_u32().is_multiple_of(4) {
+                    obj.remove(&k);
+                    format!("{k} removed")
+                } else {
+                    let v = if k == "architectures" && rng.next_u32().is_multiple_of(2) {
+                        json!(["GPTNeoXForCausalLM"])
+                    } else {
+                        odd(rng)
+                    };
+                    obj.insert(k.clone(), v.clone());
+                    format!("{k} = {v}")
+                }
+            };
+            Some((name, serde_json::to_vec(&j).ok()?, what))
+        }
+    }
+}
+
+#[test]
+fn fuzz_hf_checkpoints() {
+    use convert_support::reference::{TinyConfig, TinyModel};
+    use std::cell::Cell;
+    use strata::convert::hf;
+    let Some(vocab) = model(SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ckpt = dir.path().join("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+    // a two-layer Llama with SmolLM2's tokenizer, f16, tied embeddings
+    let m = TinyModel::new(
+        TinyConfig {
+            class: "LlamaForCausalLM",
+            hidden: 64,
+            n_head: 4,
+            n_kv: 2,
+            inter: 128,
+            n_layer: 2,
+            vocab: 49152,
+            tie: true,
+            qkv_bias: false,
+            theta: 10000.0,
+            eps: 1e-5,
+            llama3: None,
+            dtype: "F16",
+        },
+        7,
+    );
+    m.write(&ckpt, 1);
+    let style = convert_support::TokenizerStyle {
+        pre_tokenizer: convert_support::smollm_pre(),
+        pair_merges: false,
+        bos_via_config: false,
+    };
+    convert_support::write_tokenizer(&vocab, &ckpt, &style);
+    let names = ["model.safetensors", "config.json", "tokenizer.json"];
+    let files: Vec<(&'static str, Vec<u8>)> = names
+        .iter()
+        .map(|&n| (n, std::fs::read(ckpt.join(n)).expect("checkpoint file")))
+        .collect();
+    let out = dir.path().join("out.gguf");
+    let opts = hf::HfOptions {
+        target: None,
+        pre: None,
+        threads: 2,
+        progress: false,
+    };
+    hf::convert_hf(&ckpt, &out, &opts).expect("the base checkpoint converts");
+    load_model(&out).expect("its conversion loads");
+    // the file the case changes; the others are restored before each case
+    let target = Cell::new("");
+    let converted_unloadable = Cell::new(0u64);
+    let mut make = |rng: &mut ChaCha8Rng| {
+        let (name, bytes, what) = if rng.next_u32().is_multiple_of(3) {
+            let (name, base) = &files[0];
+            let region = 8 + u64::from_le_bytes(base[..8].try_into().unwrap()) as usize;
+            let (b, w) = mutate_bytes(base, region + 64, rng);
+            (*name, b, w)
+        } else {
+            mutate_checkpoint(&files, rng)?
+        };
+        target.set(name);
+        Some((bytes, format!("{name}: {what}")))
+    };
+    let mut check = |case: &Path| -> Result<(), String> {
+        for (n, b) in &files {
+            std::fs::write(ckpt.join(n), b).expect("restore");
+        }
+        std::fs::copy(case, ckpt.join(target.get())).expect("case file");
+        let _ = std::fs::remove_file(&out);
+        hf::convert_hf(&ckpt, &out, &opts).map_err(|e| format!("{e:#}"))?;
+        // what the converter accepted, the loaders refuse or load
+        load_model(&out).inspect_err(|_| converted_unloadable.set(converted_unloadable.get() + 1))
+    };
+    let n = env_u64("STRATA_FUZZ_CASES", 1000) / 2;
+    let seed = env_u64("STRATA_FUZZ_SEED", 0);
+    let o = run_cases("hf", n, seed, &mut make, &mut check, dir.path());
+    eprintln!(
+        "fuzz hf: {} converted files refused by the loaders",
+        converted_unloadable.get()
+    );
+    assert!(o.failures.is_empty(), "{:#?}", o.failures);
+    assert!(
+        n == 0 || (o.refused > 0 && o.cases > n / 2),
         "the mutations did not reach the checks"
     );
     assert!(peak_rss_mib() < 4096, "peak RSS {} MiB", peak_rss_mib());

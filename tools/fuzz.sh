@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the mutation fuzzer (tests/fuzz.rs) for a while: windows of CASES
-# seeds (default 2000) per input kind, a fresh window each round, until
+# seeds (default 2000) per input kind (half for checkpoints), a fresh window each round, until
 # SECONDS (default 3600) have passed. Stops at the first failing case and
 # prints it (the seed reproduces it: STRATA_FUZZ_SEED=N STRATA_FUZZ_CASES=1).
 #   tools/fuzz.sh [SECONDS]
@@ -19,6 +19,7 @@ while [ $SECONDS -lt $end ]; do
     echo "fuzz: failed in the window of seeds $seed..$((seed + cases)); the case running: $(cat target/fuzz-current.txt 2>/dev/null)"
     exit 1
   fi
-  rounds=$((rounds + 1)); total=$((total + 2 * cases)); seed=$((seed + cases))
+  ran=$(echo "$log" | grep -o "fuzz [a-z]*: [0-9]* cases" | awk '{s += $3} END {print s + 0}')
+  rounds=$((rounds + 1)); total=$((total + ran)); seed=$((seed + cases))
 done
 echo "fuzz: $rounds rounds, $total cases, no failure"
