@@ -8,10 +8,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 secs=${1:-3600}; cases=${CASES:-2000}; seed=${SEED:-1000000}
-cargo build --release --tests -q || exit 1
+# one build, copied with its libraries and backend modules: later builds in
+# this tree (edits while it runs) do not change what is being fuzzed
+exe=$(cargo test --release --test fuzz --no-run 2>&1 | grep -o "(target/release/deps/fuzz-[0-9a-f]*)" | tr -d '()')
+[ -x "$exe" ] || { echo "fuzz: could not build tests/fuzz.rs"; exit 1; }
+bin=$(mktemp -d "${TMPDIR:-/tmp}/strata-fuzz.XXXXXX")
+trap 'rm -rf "$bin"' EXIT
+cp "$exe" "$bin/fuzz"; cp -P target/release/lib*.so* "$bin/"
+export STRATA_FUZZ_LOG="$PWD/target/fuzz-current.txt"
 end=$((SECONDS + secs)); rounds=0; total=0
 while [ $SECONDS -lt $end ]; do
-  log=$(STRATA_FUZZ_SEED=$seed STRATA_FUZZ_CASES=$cases cargo test --release -q --test fuzz -- --nocapture --test-threads 1 2>&1)
+  log=$(STRATA_FUZZ_SEED=$seed STRATA_FUZZ_CASES=$cases "$bin/fuzz" --nocapture --test-threads 1 2>&1)
   rc=$?
   echo "$log" | grep -o "fuzz [a-z]*: .*"
   if [ $rc -ne 0 ]; then
