@@ -153,7 +153,7 @@ impl<'a> Session<'a> {
                 .collect()
         };
         let tokens = toks("tokens")?;
-        if tokens.len() != self.engine.cells.seq_cells(0).len() {
+        if tokens.len() != self.engine.kv().cells().seq_cells(0).len() {
             self.engine.clear_seq(0);
             return Err(bad("token count differs from the saved cache"));
         }

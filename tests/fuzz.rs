@@ -493,7 +493,7 @@ fn fuzz_session_files() {
             }
             Err(err) => {
                 assert!(
-                    s.engine.cells.seq_cells(0).is_empty(),
+                    s.engine.kv().cells().seq_cells(0).is_empty(),
                     "a refused session left cells: {err}"
                 );
                 Err(err.to_string())
@@ -662,7 +662,8 @@ fn mutate_checkpoint(
                     }
                     _ => {
                         let v = odd(rng);
-                        j["added_tokens"] = json!([{"id": v.clone(), "content": "<x>", "special": true}]);
+                        j["added_tokens"] =
+                            json!([{"id": v.clone(), "content": "<x>", "special": true}]);
                         format!("added_tokens id {v}")
                     }
                 }

@@ -170,10 +170,10 @@ fn through_ssd(name: &str) {
     }
     // the most blocks one sequence touches (same placement as the tiered run)
     let frames = (0..3)
-        .map(|s| base.cells.seq_blocks(s, BLOCK).len())
+        .map(|s| base.kv().cells().seq_blocks(s, BLOCK).len())
         .max()
         .unwrap();
-    let used = base.cells.blocks_of(0b111, BLOCK).len();
+    let used = base.kv().cells().blocks_of(0b111, BLOCK).len();
     assert!(
         used >= frames + 3,
         "{name}: the test must need more blocks than frames"
@@ -337,7 +337,7 @@ fn full_spill_disk_stops_only_the_sequence_that_needed_room() {
         "{err}"
     );
     assert_eq!(
-        e.cells.seq_cells(1).len(),
+        e.kv().cells().seq_cells(1).len(),
         fed[1],
         "the failed batch was not placed"
     );
@@ -445,8 +445,135 @@ fn failed_batch_leaves_the_cache_as_it_was() {
         .decode(&batch(10, 30))
         .expect_err("too long for the frames");
     assert!(matches!(err, EngineError::KvTier(_)), "{err}");
-    assert_eq!(e.cells.seq_cells(0).len(), 10, "no step of the batch stays");
+    assert_eq!(
+        e.kv().cells().seq_cells(0).len(),
+        10,
+        "no step of the batch stays"
+    );
     let a = e.decode(&batch(10, 6)).expect("a batch that fits");
     let b = base.decode(&batch(10, 6)).expect("a batch that fits");
     assert_eq!(nmse(&a, &b), 0.0);
+}
+
+/// Speculative rounds with random drafts, random acceptance and sequences
+/// taking turns leave the KV cache, in every tier, equal to one that never
+/// saw the rejected drafts: after the history, each sequence's next step
+/// gives bit for bit the logits of an engine fed only the kept tokens.
+/// Tiers: KV on the device; every layer windowed; half the layers
+/// windowed with streamed weights; every layer windowed with DRAM for a
+/// few blocks, so blocks go through spill files and come back.
+#[test]
+fn rejected_drafts_leave_no_trace_in_any_tier() {
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    let Some(path) = model(SMOLLM2) else { return };
+    const BLOCK: usize = 16;
+    let probe = Engine::load(&path, &cfg()).expect("engine");
+    let n_vocab = probe.n_vocab();
+    let n_layer = probe.spec.hp.n_layer as u64;
+    let frame = (2 * 2 * BLOCK) as u64 * probe.spec.hp.n_embd_kv() as u64 * n_layer;
+    let spill = tempfile::tempdir().expect("tempdir");
+    let modes: Vec<(&str, EngineConfig)> = vec![
+        ("device KV", cfg()),
+        ("all windowed", tiered(0, &probe)),
+        (
+            "half windowed, streamed weights",
+            EngineConfig {
+                stream_all: true,
+                slots: 2,
+                ..tiered(n_layer / 2, &probe)
+            },
+        ),
+        (
+            "windowed through spill files",
+            EngineConfig {
+                kv_block: BLOCK,
+                kv_dram: Some(6 * frame),
+                kv_spill_dir: Some(spill.path().to_path_buf()),
+                ..tiered(0, &probe)
+            },
+        ),
+    ];
+    drop(probe);
+    for seed in 0..2u64 {
+        for (mode, c) in &modes {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut e = Engine::load(&path, c).expect("engine");
+            let mut clean = Engine::load(&path, &cfg()).expect("engine");
+            let mut len = [0i32; 3];
+            let tok = |rng: &mut rand_chacha::ChaCha8Rng| rng.next_u32() % n_vocab;
+            // turns of a few rounds each: a sequence's cells stay close
+            // together, so the others' blocks can spill while it runs
+            for turn in 0..9 {
+                let s = turn % 3;
+                for _ in 0..3 + rng.next_u32() % 3 {
+                    let base = len[s as usize];
+                    let n_new = if base == 0 { 6 } else { 1 };
+                    let k = (rng.next_u32() % 7) as i32;
+                    let keep = (rng.next_u32() % (k as u32 + 1)) as i32;
+                    let feed: Vec<BatchToken> = (0..n_new + k)
+                        .map(|i| BatchToken {
+                            token: tok(&mut rng),
+                            pos: base + i,
+                            seq: s,
+                            logits: i >= n_new - 1,
+                        })
+                        .collect();
+                    e.decode(&feed)
+                        .unwrap_or_else(|err| panic!("{mode}: drafted step: {err}"));
+                    e.truncate_seq(s, base + n_new + keep);
+                    if let Some(t) = e.kv_tier() {
+                        // a block keeps a frame or a spill file exactly
+                        // while cells use it
+                        for b in 0..t.table.n_blocks() as u32 {
+                            let used = e.kv().cells().block_rows(b as usize, t.block()) > 0;
+                            let held = t.table.frame_of(b).is_some() || t.table.on_disk(b);
+                            assert_eq!(held, used, "{mode}: block {b} after a truncation");
+                        }
+                    }
+                    let kept = &feed[..(n_new + keep) as usize];
+                    clean.decode(kept).expect("clean step");
+                    len[s as usize] = base + n_new + keep;
+                }
+            }
+            for s in 0..3u32 {
+                assert_eq!(
+                    e.kv().cells().seq_cells(s).len() as i32,
+                    len[s as usize],
+                    "{mode}: seq {s} holds its kept positions"
+                );
+                let probe = [BatchToken {
+                    token: 42,
+                    pos: len[s as usize],
+                    seq: s,
+                    logits: true,
+                }];
+                let a = e.decode(&probe).expect("probe");
+                let b = clean.decode(&probe).expect("probe");
+                assert_eq!(nmse(&a, &b), 0.0, "{mode} seed {seed}: seq {s}");
+            }
+            if let Some(t) = e.kv_tier() {
+                if t.spill_path().is_some() {
+                    assert!(
+                        t.total.spilled > 0 && t.total.loaded > 0,
+                        "{mode}: blocks went through spill files: {:?}",
+                        t.total
+                    );
+                }
+            }
+            // every tier gives back what a cleared sequence held
+            for s in 0..3 {
+                e.clear_seq(s);
+            }
+            if let Some(dir) = e.kv_tier().and_then(|t| t.spill_path()) {
+                assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{mode}");
+            }
+            if let Some(t) = e.kv_tier() {
+                assert_eq!(
+                    (t.table.in_dram(), t.table.on_ssd()),
+                    (0, 0),
+                    "{mode}: frames and files freed"
+                );
+            }
+        }
+    }
 }

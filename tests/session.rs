@@ -102,7 +102,7 @@ fn foreign_and_damaged_sessions_are_refused() {
     let err = s.load(&bad).expect_err("damaged session").to_string();
     assert!(err.contains("bad.kv"), "{err}");
     assert!(
-        s.engine.cells.seq_cells(0).is_empty(),
+        s.engine.kv().cells().seq_cells(0).is_empty(),
         "nothing half-loaded"
     );
     s.load(&file).expect("the good file still loads");
@@ -221,7 +221,7 @@ fn inconsistent_sessions_with_valid_checksums_are_refused() {
         let err = s.load(&p).expect_err(what).to_string();
         assert!(err.contains(says), "{what}: {err}");
         assert!(
-            s.engine.cells.seq_cells(0).is_empty(),
+            s.engine.kv().cells().seq_cells(0).is_empty(),
             "{what}: nothing half-loaded"
         );
     }

@@ -13,6 +13,7 @@ mod buffers;
 mod cpuweights;
 mod error;
 pub mod host;
+mod kvcache;
 pub mod kvtier;
 mod pager;
 mod session;
@@ -21,6 +22,7 @@ pub mod timeline;
 mod window;
 
 pub use error::EngineError;
+pub use kvcache::KvCache;
 pub use pager::PagerStats;
 pub use store::{GroupLayout, Location, ModelFile, WeightStore};
 
@@ -169,9 +171,9 @@ pub struct Engine {
     backend: Backend,
     store: WeightStore,
     persistent: Persistent,
-    kv: KvStore,
+    /// Cells, resident KV tensors and the tier of windowed layers.
+    kv: KvCache,
     file: ModelFile,
-    pub cells: KvCells,
     embd: Vec<f32>,
     mask: Vec<u16>,
     pub last_step: StepStats,
@@ -377,19 +379,19 @@ impl Engine {
             &plan,
             cfg.poison_slots,
             cfg.fault_skip_load_wait,
-            tier,
+            tier.is_some(),
             kv_slots,
             rec.clone(),
         )?;
         let persistent = Persistent::alloc(&dims, lim, device)?;
-        let kv = KvStore::alloc(&dims, lim, device, n_kv_resident)?;
+        let mut kv = KvCache::new(
+            KvCells::new(n_ctx as usize),
+            KvStore::alloc(&dims, lim, device, n_kv_resident)?,
+            tier,
+        );
+        // batch invariance: each sequence's cells in position order
+        kv.set_ordered(cfg.batch_invariant);
         Ok(Engine {
-            cells: {
-                let mut c = KvCells::new(n_ctx as usize);
-                // batch invariance: each sequence's cells in position order
-                c.set_ordered(cfg.batch_invariant);
-                c
-            },
             spec,
             plan,
             dims,
@@ -432,7 +434,7 @@ impl Engine {
     }
     /// Device bytes of the KV cache and the persistent tensors.
     pub fn fixed_device_bytes(&self) -> u64 {
-        self.kv.bytes + self.persistent.bytes
+        self.kv.resident_bytes() + self.persistent.bytes
     }
 
     /// Device bytes this engine holds or will allocate: resident weights,
@@ -447,11 +449,11 @@ impl Engine {
     /// One line on where the weights live.
     pub fn placement_summary(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-        let kv = match self.pager.kv.as_ref() {
+        let kv = match self.kv.tier() {
             None => String::new(),
             Some(t) => format!(
                 "; KV of {} layers on the device, {} windowed ({} windows, {} frames of {} cells in {:.1} MiB of {} host memory)",
-                self.kv.layers.len(),
+                self.kv.resident_layers(),
                 t.layers.len(),
                 t.windows(),
                 t.frames(),
@@ -514,33 +516,32 @@ impl Engine {
         self.rec.finish()
     }
 
-    /// Frees the KV cells of a sequence.
+    /// The KV cache: its cells, resident layers and tier.
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+    /// Frees the KV cells of a sequence, in every tier.
     pub fn clear_seq(&mut self, seq: u32) {
-        self.cells.remove_seq(seq);
-        self.release_kv_blocks();
+        // frames may be the target of copies still in flight
+        self.pager_sync();
+        self.kv.remove_seq(seq);
     }
-    /// Frees every KV cell.
+    /// Frees every KV cell, in every tier.
     pub fn clear(&mut self) {
-        self.cells.clear();
-        self.release_kv_blocks();
+        self.pager_sync();
+        self.kv.clear();
     }
-    /// Frees KV cells of sequence `seq` at positions >= `from`.
+    /// Frees KV cells of sequence `seq` at positions >= `from`, in every
+    /// tier (rejected drafts, a shortened history).
     pub fn truncate_seq(&mut self, seq: u32, from: i32) {
-        self.cells.truncate_seq(seq, from);
-        self.release_kv_blocks();
+        self.pager_sync();
+        self.kv.truncate(seq, from);
     }
     /// Shares the cells of `src` at positions `[p0, p1)` with `dst`, which
     /// must hold no cells yet: a cached prefix, reused without recomputing
     /// or copying it.
     pub fn copy_seq(&mut self, src: u32, dst: u32, p0: i32, p1: i32) -> Result<(), EngineError> {
-        Ok(self.cells.copy_seq(src, dst, p0, p1)?)
-    }
-    fn release_kv_blocks(&mut self) {
-        // frames may be the target of copies still in flight
-        self.pager_sync();
-        if let Some(kv) = self.pager.kv.as_mut() {
-            kv.release_empty(&self.cells);
-        }
+        Ok(self.kv.copy_seq(src, dst, p0, p1)?)
     }
     /// Drains the compute and copy streams.
     fn pager_sync(&self) {
@@ -561,45 +562,23 @@ impl Engine {
             });
         }
         self.pager_sync();
-        let before = self.cells.clone();
+        let before = self.kv.snapshot();
         let sp: Vec<(u32, i32)> = (0..n as i32).map(|p| (seq, p)).collect();
-        let cells = self.cells.place(&sp)?;
-        if let Err(e) = self.prepare_kv(&before, &cells, 1 << seq) {
-            self.cells = before;
+        let cells = self.kv.place(&sp)?;
+        if let Err(e) = self.kv.prepare(&before, &cells, 1 << seq) {
+            self.kv.restore(before);
             return Err(e);
         }
         Ok(())
     }
 
-    /// Brings the blocks of the sequences in `mask` into the KV tier's
-    /// frames (a no-op without windowed layers) and plans the step's KV
-    /// copies. `before`: the cells before `new_cells` were placed. Both
-    /// streams must be drained.
-    fn prepare_kv(
-        &mut self,
-        before: &KvCells,
-        new_cells: &[u32],
-        mask: u64,
-    ) -> Result<(), EngineError> {
-        let Some(kv) = self.pager.kv.as_mut() else {
-            return Ok(());
-        };
-        let b = kv.block();
-        kv.prepare(
-            &self.cells,
-            |blk| before.block_rows(blk as usize, b) > 0,
-            new_cells,
-            mask,
-        )
-    }
-
     /// The tiered KV cache of windowed layers, if any layer is windowed.
     pub fn kv_tier(&self) -> Option<&KvTier> {
-        self.pager.kv.as_ref()
+        self.kv.tier()
     }
     /// Layers whose KV stays on the device.
     pub fn kv_resident_layers(&self) -> usize {
-        self.kv.layers.len()
+        self.kv.resident_layers()
     }
 
     fn ext_bindings(&self) -> Vec<Binding> {
@@ -616,13 +595,13 @@ impl Engine {
             return Err(EngineError::EmptyBatch);
         }
         let mut out = Vec::new();
-        let before = (tokens.len() > self.lim.n_batch as usize).then(|| self.cells.clone());
+        let before = (tokens.len() > self.lim.n_batch as usize).then(|| self.kv.snapshot());
         for chunk in tokens.chunks(self.lim.n_batch as usize) {
             if let Err(e) = self.step(chunk, &mut out) {
                 // all or nothing: earlier steps' cells are given back too
                 if let Some(b) = before {
-                    self.cells = b;
-                    self.release_kv_blocks();
+                    self.pager_sync();
+                    self.kv.restore(b);
                 }
                 return Err(e);
             }
@@ -657,17 +636,17 @@ impl Engine {
         // inputs and the KV tier's host frames are written below: nothing
         // may be in flight
         self.pager_sync();
-        let before = self.cells.clone();
+        let before = self.kv.snapshot();
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
-        let cells = self.cells.place(&sp)?;
+        let cells = self.kv.place(&sp)?;
         let out_len = out.len();
         let r = self.run_step(toks, &cells, &before, out);
         if r.is_err() {
             self.pager_sync();
-            self.pager.abort_step();
-            self.cells = before;
-            // frames given to blocks that are empty again
-            self.release_kv_blocks();
+            self.pager.abort_step(self.kv.tier_mut());
+            // the step's cells given back, and the frames of blocks that
+            // are empty again
+            self.kv.restore(before);
             out.truncate(out_len);
         }
         r
@@ -685,8 +664,8 @@ impl Engine {
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
-        self.prepare_kv(before, cells, mask)?;
-        let n_kv = self.cells.n_kv() as u32;
+        self.kv.prepare(before, cells, mask)?;
+        let n_kv = self.kv.cells().n_kv() as u32;
         let out_ids: Vec<i32> = toks
             .iter()
             .enumerate()
@@ -699,7 +678,7 @@ impl Engine {
         self.embed(toks)?;
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
         self.persistent.tensor(buffers::POS).set_i32(&pos)?;
-        self.cells.fill_mask(&sp, n_kv as usize, &mut self.mask);
+        self.kv.fill_mask(&sp, n_kv as usize, &mut self.mask);
         self.persistent
             .tensor(buffers::MASK)
             .set_bytes(bytemuck::cast_slice(&self.mask), 0)?;
@@ -766,7 +745,7 @@ impl Engine {
             .collect();
         let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
         self.evict_templates(&shapes);
-        self.pager.begin_step(&gis, &self.store)?;
+        self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         // rows of the residual stream on the host, while they are there
         let mut x_host: Option<u32> = None;
         for (l, kind, shape) in order {
@@ -778,7 +757,7 @@ impl Engine {
             }
         }
         self.residual_to_device(&mut x_host)?;
-        self.pager.end_step()?;
+        self.pager.end_step(self.kv.tier_mut())?;
         if n_out > 0 {
             self.run_head(n_out, out)?;
         }
@@ -788,7 +767,7 @@ impl Engine {
             seconds: start.elapsed().as_secs_f64(),
             pager: self.pager.stats,
             disk_bytes: self.store.disk_bytes_read() - disk0,
-            kv: self.pager.kv.as_ref().map(|k| k.step).unwrap_or_default(),
+            kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
         };
         Ok(())
@@ -884,17 +863,20 @@ impl Engine {
         let (gi, key) = self.group_key(layer, kind, shape);
         let aid = self.template(&key)?;
         // KV: resident on the device, or a window the pager fills
-        let windowed =
-            kind == GroupKind::Attn && self.pager.kv.as_ref().is_some_and(|k| k.is_windowed(layer));
+        let windowed = kind == GroupKind::Attn && self.kv.is_windowed(layer);
         let mut id = BindId::resident(gi);
         let kv = if windowed {
-            let w = self
-                .pager
-                .before_compute(gi, Ring::Kv, &self.store, &self.backend)?;
+            let w = self.pager.before_compute(
+                gi,
+                Ring::Kv,
+                &self.store,
+                &self.backend,
+                self.kv.tier_mut(),
+            )?;
             id.kv_window = Some(w);
-            Some(self.pager.kv.as_ref().expect("windowed").wbindings[w])
+            Some(self.kv.bindings(layer, Some(w)))
         } else if kind == GroupKind::Attn {
-            Some(self.kv.layers[layer as usize])
+            Some(self.kv.bindings(layer, None))
         } else {
             None
         };
@@ -906,9 +888,13 @@ impl Engine {
                 None
             }
             Location::Streamed { ring, .. } => {
-                let slot = self
-                    .pager
-                    .before_compute(gi, ring, &self.store, &self.backend)?;
+                let slot = self.pager.before_compute(
+                    gi,
+                    ring,
+                    &self.store,
+                    &self.backend,
+                    self.kv.tier_mut(),
+                )?;
                 let b = self.store.slot_bindings(gi, ring, slot);
                 let t = self.templates.get_mut(&key).expect("template exists");
                 id.weight_slot = Some(slot);
@@ -929,11 +915,16 @@ impl Engine {
         drop(rec);
         if let Some(ring) = streamed {
             self.pager
-                .after_compute(gi, ring, &self.store, &self.backend)?;
+                .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
         }
         if windowed {
-            self.pager
-                .after_compute(gi, Ring::Kv, &self.store, &self.backend)?;
+            self.pager.after_compute(
+                gi,
+                Ring::Kv,
+                &self.store,
+                &self.backend,
+                self.kv.tier_mut(),
+            )?;
         }
         Ok(())
     }

@@ -70,8 +70,6 @@ pub struct Pager {
     pub rings: [Option<SlotRing>; 3],
     /// Per ring: each group it streams, in this step's order.
     lists: [Vec<GroupId>; 3],
-    /// The tiered KV cache of windowed layers, if any.
-    pub kv: Option<KvTier>,
     /// All streamed groups of this step, in order (for reading ahead).
     streamed: Vec<GroupId>,
     streams: Streams,
@@ -86,7 +84,7 @@ impl Pager {
         plan: &Plan,
         poison: bool,
         skip_load_wait: bool,
-        kv: Option<KvTier>,
+        has_kv_tier: bool,
         kv_slots: usize,
         rec: Recorder,
     ) -> Result<Pager, EngineError> {
@@ -99,9 +97,9 @@ impl Pager {
                 r
             })
         };
-        let kv_slots = if kv.is_some() { kv_slots } else { 0 };
+        let kv_slots = if has_kv_tier { kv_slots } else { 0 };
         let rings = [mk(plan.slots.0), mk(plan.slots.1), mk(kv_slots)];
-        let streams = if dev.is_cpu() || plan.n_streamed() == 0 && kv.is_none() {
+        let streams = if dev.is_cpu() || plan.n_streamed() == 0 && !has_kv_tier {
             Streams::Sync {
                 pending: VecDeque::new(),
             }
@@ -128,7 +126,6 @@ impl Pager {
         Ok(Pager {
             rings,
             lists: [Vec::new(), Vec::new(), Vec::new()],
-            kv,
             streamed: Vec::new(),
             streams,
             stats: PagerStats::default(),
@@ -141,6 +138,7 @@ impl Pager {
         &mut self,
         order: &[GroupId],
         store: &WeightStore,
+        kv: Option<&KvTier>,
     ) -> Result<(), EngineError> {
         for r in 0..3 {
             self.lists[r].clear();
@@ -151,9 +149,7 @@ impl Pager {
                 self.lists[ring as usize].push(gi);
                 self.streamed.push(gi);
             }
-            if gi.kind() == GroupKind::Attn
-                && self.kv.as_ref().is_some_and(|k| k.is_windowed(gi.layer()))
-            {
+            if gi.kind() == GroupKind::Attn && kv.is_some_and(|k| k.is_windowed(gi.layer())) {
                 self.lists[Ring::Kv as usize].push(gi);
             }
         }
@@ -175,9 +171,11 @@ impl Pager {
         gi: GroupId,
         store: &WeightStore,
         compute: &Backend,
+        kv: Option<&mut KvTier>,
     ) -> Result<(), EngineError> {
         if ring == Ring::Kv {
-            return self.upload_kv(slot, gi, compute);
+            let kv = kv.expect("KV ring without a tiered cache");
+            return self.upload_kv(slot, gi, compute, kv);
         }
         let drain = || {
             if let Streams::Async { copy, .. } = &self.streams {
@@ -225,9 +223,9 @@ impl Pager {
         slot: usize,
         gi: GroupId,
         compute: &Backend,
+        kv: &mut KvTier,
     ) -> Result<(), EngineError> {
         let layer = gi.layer();
-        let kv = self.kv.as_mut().expect("KV ring without a tiered cache");
         let copy = match &self.streams {
             Streams::Async { copy, .. } => Some(copy),
             Streams::Sync { .. } => None,
@@ -251,8 +249,8 @@ impl Pager {
 
     /// Sends back the new KV rows still in windows at the end of a step
     /// (after the last computations were enqueued).
-    pub fn end_step(&mut self) -> Result<(), EngineError> {
-        let Some(kv) = self.kv.as_mut() else {
+    pub fn end_step(&mut self, kv: Option<&mut KvTier>) -> Result<(), EngineError> {
+        let Some(kv) = kv else {
             return Ok(());
         };
         for s in kv.pending_slots() {
@@ -273,6 +271,7 @@ impl Pager {
         ops: Vec<Op>,
         store: &WeightStore,
         compute: &Backend,
+        mut kv: Option<&mut KvTier>,
     ) -> Result<(), EngineError> {
         for op in ops {
             match op {
@@ -281,7 +280,9 @@ impl Pager {
                     let gi = self.lists[ring as usize][local];
                     match &mut self.streams {
                         Streams::Sync { pending } => pending.push_back((ring, slot, gi)),
-                        Streams::Async { .. } => self.upload(ring, slot, gi, store, compute)?,
+                        Streams::Async { .. } => {
+                            self.upload(ring, slot, gi, store, compute, kv.as_deref_mut())?
+                        }
                     }
                 }
                 Op::WaitFree(s) => {
@@ -303,7 +304,7 @@ impl Pager {
                         {
                             let todo: Vec<_> = pending.drain(..=pos).collect();
                             for (r, sl, gi) in todo {
-                                self.upload(r, sl, gi, store, compute)?;
+                                self.upload(r, sl, gi, store, compute, kv.as_deref_mut())?;
                                 if let Some(rg) = self.rings[r as usize].as_mut() {
                                     rg.mark_resident(sl);
                                 }
@@ -318,7 +319,7 @@ impl Pager {
                 }
                 Op::Poison(s) if ring == Ring::Kv => {
                     compute.synchronize();
-                    let kv = self.kv.as_mut().expect("KV ring");
+                    let kv = kv.as_deref_mut().expect("KV ring");
                     kv.writeback(s, None)?;
                     kv.poison(s)?;
                 }
@@ -343,6 +344,7 @@ impl Pager {
         ring: Ring,
         store: &WeightStore,
         compute: &Backend,
+        kv: Option<&mut KvTier>,
     ) -> Result<usize, EngineError> {
         let j = self.lists[ring as usize]
             .iter()
@@ -351,7 +353,7 @@ impl Pager {
         let r = self.rings[ring as usize].as_mut().expect("ring");
         let ops = r.before_compute(j);
         let slot = r.slot_of(j);
-        self.run_ops(ring, ops, store, compute)?;
+        self.run_ops(ring, ops, store, compute, kv)?;
         Ok(slot)
     }
 
@@ -362,6 +364,7 @@ impl Pager {
         ring: Ring,
         store: &WeightStore,
         compute: &Backend,
+        kv: Option<&mut KvTier>,
     ) -> Result<(), EngineError> {
         let j = self.lists[ring as usize]
             .iter()
@@ -371,20 +374,20 @@ impl Pager {
             .as_mut()
             .expect("ring")
             .after_compute(j);
-        self.run_ops(ring, ops, store, compute)
+        self.run_ops(ring, ops, store, compute, kv)
     }
 
     /// Forgets a step that failed half-way; both streams must be drained.
     /// Queued copies are dropped, and rows a KV window computed are not
     /// written back (the failed step's cells are given back too).
-    pub fn abort_step(&mut self) {
+    pub fn abort_step(&mut self, kv: Option<&mut KvTier>) {
         for r in self.rings.iter_mut().flatten() {
             r.abort();
         }
         if let Streams::Sync { pending } = &mut self.streams {
             pending.clear();
         }
-        if let Some(kv) = self.kv.as_mut() {
+        if let Some(kv) = kv {
             kv.forget_pending();
         }
     }

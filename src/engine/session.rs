@@ -35,7 +35,7 @@ impl Engine {
     }
 
     /// Reads rows of cells from `cell` on of layer `l` (K or V) into `out`.
-    /// Windowed layers read their frames (see `prepare_kv`).
+    /// Windowed layers read their frames (see `KvCache::prepare`).
     fn read_kv_rows(
         &self,
         l: usize,
@@ -44,11 +44,7 @@ impl Engine {
         out: &mut [u8],
     ) -> Result<(), EngineError> {
         let row = self.spec.hp.n_embd_kv() as usize * 2;
-        match self.pager.kv.as_ref() {
-            Some(tier) if l >= self.kv.layers.len() => tier.read_rows(l as u32, kv, cell, out),
-            _ => self.kv.tensor(l, kv).get_bytes(out, cell * row)?,
-        }
-        Ok(())
+        self.kv.read_rows(l, kv, cell, row, out)
     }
 
     fn write_kv_rows(
@@ -59,11 +55,7 @@ impl Engine {
         data: &[u8],
     ) -> Result<(), EngineError> {
         let row = self.spec.hp.n_embd_kv() as usize * 2;
-        match self.pager.kv.as_mut() {
-            Some(tier) if l >= self.kv.layers.len() => tier.write_rows(l as u32, kv, cell, data),
-            _ => self.kv.tensor(l, kv).set_bytes(data, cell * row)?,
-        }
-        Ok(())
+        self.kv.write_rows(l, kv, cell, row, data)
     }
 
     /// Writes sequence `seq`'s KV cache and `extra` to `path`. Returns the
@@ -71,11 +63,11 @@ impl Engine {
     pub fn save_seq(&mut self, seq: u32, path: &Path, extra: &[u8]) -> Result<u64, EngineError> {
         self.pager_sync();
         // the sequence's blocks into frames (from spill files if needed)
-        let all = self.cells.clone();
-        self.prepare_kv(&all, &[], 1 << seq)?;
+        let all = self.kv.snapshot();
+        self.kv.prepare(&all, &[], 1 << seq)?;
         // in position order: the file's positions then read 0, 1, 2, ...,
         // which load checks
-        let mut cells = self.cells.seq_cells(seq);
+        let mut cells = self.kv.cells().seq_cells(seq);
         cells.sort_by_key(|&(_, p)| p);
         let row = self.spec.hp.n_embd_kv() as usize * 2;
         let mut payload = Vec::with_capacity(8 + 4 * cells.len() + extra.len());
@@ -177,9 +169,9 @@ impl Engine {
                 "entries do not cover {n} cells of {n_layer} layers"
             )));
         }
-        let before = self.cells.clone();
+        let before = self.kv.snapshot();
         let sp: Vec<(u32, i32)> = pos.iter().map(|&p| (seq, p)).collect();
-        let cells = self.cells.place(&sp)?;
+        let cells = self.kv.place(&sp)?;
         let r = self.fill_seq(&mut file, &before, &cells, seq);
         if let Err(e) = r {
             self.clear_seq(seq);
@@ -195,7 +187,7 @@ impl Engine {
         cells: &[u32],
         seq: u32,
     ) -> Result<(), EngineError> {
-        self.prepare_kv(before, cells, 1 << seq)?;
+        self.kv.prepare(before, cells, 1 << seq)?;
         let row = self.spec.hp.n_embd_kv() as usize * 2;
         let chunks = cells.len().div_ceil(CHUNK);
         for i in 0..file.entries().len() {

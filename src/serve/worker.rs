@@ -115,7 +115,9 @@ impl Worker {
         metrics: Arc<Metrics>,
         shutdown: Arc<Shutdown>,
     ) -> Worker {
-        metrics.kv_cells.store(engine.cells.size() as u64, Relaxed);
+        metrics
+            .kv_cells
+            .store(engine.kv().cells().size() as u64, Relaxed);
         Worker {
             engine,
             vocab,
@@ -266,7 +268,7 @@ impl Worker {
     }
 
     fn step(&mut self) {
-        let plan = self.batcher.plan(&self.engine.cells);
+        let plan = self.batcher.plan(self.engine.kv().cells());
         self.apply_ops(&plan.ops);
         for a in &plan.admitted {
             if let Some(s) = self.seqs.get_mut(&a.id) {
@@ -581,7 +583,7 @@ impl Worker {
 
     fn update_kv(&self) {
         let m = &self.metrics;
-        let cells = &self.engine.cells;
+        let cells = self.engine.kv().cells();
         m.kv_cells_used.store(cells.used() as u64, Relaxed);
         m.active.store(self.batcher.n_active() as u64, Relaxed);
         m.parked.store(self.batcher.n_parked() as u64, Relaxed);
