@@ -52,6 +52,20 @@ bound)
     echo "== strata 12G without hybrid vs llama.cpp all on the GPU"
     $bin/strata check -m "$m" --device gpu --gpu-budget 12G --hybrid off -n 8 -c 512 2>&1 | f
   } 2>&1 | tee "$out/hybrid_bound.txt" ;;
+spec|spec24)
+  # a Llama-3.2-1B-shaped draft with the target's vocabulary, resident
+  d=/root/m/llama3.2-1b-q4_0.gguf
+  [ -f "$d" ] || $bin/strata-convert synth --preset llama3.2-1b --type q4_0 --vocab-from $v "$d" 2>&1 | tail -1 >> "$out/synth.txt"
+  if [ "$what" = spec ]; then b=12G; ngl=24; else b=24G; ngl=44; fi
+  {
+    echo "== $b, hybrid auto, draft resident: the target step with 1+k tokens, the draft's time for k tokens"
+    $bin/strata bench -m "$m" --device gpu --gpu-budget $b -md "$d" -p 0 -n 16 -B 0 -r $R --spec-k 0,1,2,4,8,16 \
+      --trace "$out/trace_spec_hybrid_${b}_k16.json" 2>&1 | f
+    echo "== $b, hybrid off, draft resident"
+    $bin/strata bench -m "$m" --device gpu --gpu-budget $b --hybrid off -md "$d" -p 0 -n 0 -B 0 -r $R --spec-k 0,4,8,16 2>&1 | f
+    echo "== llama.cpp ngl=$ngl with its default settings, same file"
+    $bin/strata bench -m "$m" --device gpu --no-strata -p 0 -n 16 -B 0 -r $R --llama-ngl $ngl 2>&1 | f
+  } 2>&1 | tee "$out/spec_hybrid_$b.txt" ;;
 checks)
   {
     echo "== NMSE: strata 12G hybrid vs llama.cpp all on the GPU"
