@@ -414,53 +414,91 @@ fn gguf_chat_templates_render_as_libllama_does() {
     );
 }
 
+const DRAFT_PROMPTS: [&str; 3] = [
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+    "List: apple, banana, cherry, apple, banana, cherry, apple,",
+];
+
+fn ask_greedy(port: u16, p: &str) -> String {
+    let body = serde_json::json!({"prompt": p, "max_tokens": 40, "temperature": 0}).to_string();
+    let (st, b) = http(port, "POST", "/v1/completions", body.as_bytes()).expect("answer");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// Drafting in the server with `drafting` flags: the prompts sent
+/// concurrently, with batch-invariant numerics, answer exactly what plain
+/// decoding answers alone, and some drafts are accepted.
+fn drafted_answers_equal_plain(model: &Path, drafting: &[&str]) {
+    let plain: Vec<String> = {
+        let s = Server::start(model, &["--parallel", "4", "--batch-invariant"]);
+        DRAFT_PROMPTS
+            .iter()
+            .map(|p| ask_greedy(s.port, p))
+            .collect()
+    };
+    let mut args = vec!["--parallel", "4", "--batch-invariant", "--draft-fixed"];
+    args.extend_from_slice(drafting);
+    let s = Server::start(model, &args);
+    let drafted: Vec<String> = std::thread::scope(|sc| {
+        let h: Vec<_> = DRAFT_PROMPTS
+            .iter()
+            .map(|p| sc.spawn(|| ask_greedy(s.port, p)))
+            .collect();
+        h.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(drafted, plain, "{drafting:?}");
+    let (d, a) = (
+        s.metric("strata_draft_tokens_total"),
+        s.metric("strata_draft_accepted_total"),
+    );
+    eprintln!("{drafting:?}: {a} of {d} draft tokens accepted");
+    assert!(a > 0.0 && a <= d, "{a} of {d}");
+}
+
 /// Prompt lookup in the server: concurrent sequences each draft from their
-/// own text and verify in their decode steps, and with batch-invariant
-/// numerics answer exactly what plain decoding answers alone.
+/// own text and verify in their decode steps.
 #[test]
 fn lookup_drafting_answers_as_plain_decoding() {
     let Some(model) = common::model(common::SMOLLM2) else {
         return;
     };
-    let prompts = [
-        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-        "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-        "List: apple, banana, cherry, apple, banana, cherry, apple,",
-    ];
-    let ask = |port: u16, p: &str| -> String {
-        let body = serde_json::json!({"prompt": p, "max_tokens": 40, "temperature": 0}).to_string();
-        let (st, b) = http(port, "POST", "/v1/completions", body.as_bytes()).expect("answer");
-        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
-        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
-        v["choices"][0]["text"].as_str().unwrap().to_string()
+    drafted_answers_equal_plain(&model, &["--lookup", "8"]);
+}
+
+/// A draft model in the server: one draft engine holds a sequence per
+/// request and drafts for all of them in one batch after each step (here
+/// the model drafts for itself, so most drafts are accepted).
+#[test]
+fn draft_model_drafting_answers_as_plain_decoding() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
     };
-    let plain: Vec<String> = {
-        let s = Server::start(&model, &["--parallel", "4", "--batch-invariant"]);
-        prompts.iter().map(|p| ask(s.port, p)).collect()
+    let m = model.to_str().expect("utf-8 path");
+    drafted_answers_equal_plain(&model, &["-md", m, "--draft-max", "6"]);
+}
+
+/// A draft model whose vocabulary is not the target's is refused at start.
+#[test]
+fn serve_refuses_a_draft_model_with_another_vocabulary() {
+    let (Some(target), Some(draft)) =
+        (common::model(common::SMOLLM2), common::model(common::QWEN2))
+    else {
+        return;
     };
-    let s = Server::start(
-        &model,
-        &[
-            "--parallel",
-            "4",
-            "--batch-invariant",
-            "--lookup",
-            "8",
-            "--draft-fixed",
-        ],
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "-m"])
+        .arg(&target)
+        .arg("-md")
+        .arg(&draft)
+        .args(["--port", "0", "-t", "2"])
+        .output()
+        .expect("run strata serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot draft for"),
+        "{err}"
     );
-    let drafted: Vec<String> = std::thread::scope(|sc| {
-        let h: Vec<_> = prompts
-            .iter()
-            .map(|p| sc.spawn(|| ask(s.port, p)))
-            .collect();
-        h.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert_eq!(drafted, plain);
-    let (d, a) = (
-        s.metric("strata_draft_tokens_total"),
-        s.metric("strata_draft_accepted_total"),
-    );
-    eprintln!("lookup: {a} of {d} draft tokens accepted");
-    assert!(a > 0.0 && a <= d, "{a} of {d}");
 }

@@ -454,3 +454,54 @@ fn cli_run_chat_and_sessions_with_drafting() {
         "{err}"
     );
 }
+
+/// A draft model drafting for several sequences at once (the server's way:
+/// catch-up tokens in one step, then one step per drafted position) drafts
+/// for each what it drafts for that sequence alone, keeps each sequence's
+/// cache to its own tokens when contexts diverge (rejected drafts), and
+/// forgets a sequence without touching the others.
+#[test]
+fn draft_model_drafts_many_sequences_as_each_alone() {
+    use strata::speculative::DraftRequest;
+    let Some(path) = model(SMOLLM2) else { return };
+    let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
+    // batch-invariant kernels: a row's logits do not depend on its batch
+    let c = EngineConfig {
+        batch_invariant: true,
+        ..cfg()
+    };
+    let mut many = DraftModel::new(Engine::load(&path, &c).expect("engine"), 0.0);
+    let mut alone = DraftModel::new(Engine::load(&path, &c).expect("engine"), 0.0);
+    let mut ctx: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
+        .collect();
+    for round in 0..4 {
+        let reqs: Vec<DraftRequest> = ctx
+            .iter()
+            .enumerate()
+            .map(|(s, c)| DraftRequest {
+                seq: s as u32,
+                context: c,
+                max: 3 + s,
+            })
+            .collect();
+        let got = many.draft_many(&reqs).expect("batched drafts");
+        for (s, d) in got.iter().enumerate() {
+            alone.clear();
+            let want = alone.draft(&ctx[s], 3 + s).expect("drafts alone");
+            assert_eq!(d, &want, "round {round}, seq {s}");
+            assert_eq!(d.len(), 3 + s, "p_min 0 drafts the most");
+        }
+        // the target accepts a different number of drafts per sequence,
+        // then emits its own token (not the next draft)
+        for (s, d) in got.iter().enumerate() {
+            let keep = (round + s) % (d.len() + 1);
+            ctx[s].extend_from_slice(&d[..keep]);
+            ctx[s].push((d.get(keep).copied().unwrap_or(7) + 1) % 1000);
+        }
+    }
+    many.forget(1);
+    assert!(many.engine.kv().cells().seq_cells(1).is_empty());
+    assert!(!many.engine.kv().cells().seq_cells(0).is_empty());
+}

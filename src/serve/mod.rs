@@ -56,10 +56,15 @@ pub struct ServeConfig {
     pub grace: Duration,
     /// The name /v1/models lists and requests may give.
     pub model_id: String,
-    /// Prompt-lookup drafting (`--lookup N`): each sequence drafts up to
-    /// `draft_max` tokens from its own text, verified in its decode steps.
-    pub lookup: Option<crate::speculative::SpecConfig>,
+    /// Speculative decoding: each sequence drafts up to `draft_max` tokens
+    /// (prompt lookup from its own text, or the draft model `load` gives),
+    /// verified in its decode steps.
+    pub spec: Option<crate::speculative::SpecConfig>,
 }
+
+/// What the server's `load` gives: the target, its vocabulary, and the
+/// draft model (its vocabulary checked) when one drafts.
+pub type Loaded = (Engine, LlamaModel, Option<crate::speculative::DraftModel>);
 
 /// What the engine loop reports once the model is loaded.
 struct Ready {
@@ -71,7 +76,7 @@ struct Ready {
 /// (the engine stays there) and gives the engine and its vocabulary.
 pub fn serve<F>(cfg: ServeConfig, model: &Path, load: F) -> Result<(), ServeError>
 where
-    F: FnOnce() -> Result<(Engine, LlamaModel), String> + Send + 'static,
+    F: FnOnce() -> Result<Loaded, String> + Send + 'static,
 {
     let chat = chat::ChatTemplate::load(model, cfg.chat_template.as_deref())?;
     let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -86,24 +91,35 @@ where
     let shutdown = Arc::new(worker::Shutdown::default());
     let (tx, rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready, ServeError>>();
-    let (m, s, parallel, lookup) = (metrics.clone(), shutdown.clone(), cfg.parallel, cfg.lookup);
+    let (m, s, parallel, spec) = (metrics.clone(), shutdown.clone(), cfg.parallel, cfg.spec);
     let handle = std::thread::Builder::new()
         .name("strata-engine".into())
         .spawn(move || {
             let started = load()
                 .map_err(ServeError::Load)
-                .and_then(|(engine, vocab)| {
+                .and_then(|(engine, vocab, draft)| {
                     let b = batch::Batcher::new(
                         engine.n_ctx() as usize,
                         engine.n_batch() as usize,
                         parallel,
                     )?;
-                    Ok((engine, vocab, b))
+                    Ok((engine, vocab, draft, b))
                 });
             match started {
-                Ok((engine, vocab, b)) => {
+                Ok((engine, vocab, draft, b)) => {
+                    let drafting = match (&spec, &draft) {
+                        (Some(c), Some(_)) => format!(
+                            "; a draft model drafts up to {} tokens per sequence",
+                            c.draft_max
+                        ),
+                        (Some(c), None) => format!(
+                            "; prompt lookup drafts up to {} tokens per sequence",
+                            c.draft_max
+                        ),
+                        _ => String::new(),
+                    };
                     let summary = format!(
-                        "{} sequences of up to {} tokens, steps of up to {} tokens",
+                        "{} sequences of up to {} tokens, steps of up to {} tokens{drafting}",
                         parallel,
                         b.n_ctx_seq(),
                         engine.n_batch()
@@ -113,7 +129,7 @@ where
                         summary,
                     }));
                     worker::Worker::new(engine, vocab, b, rx, m, s)
-                        .with_lookup(lookup)
+                        .with_drafting(spec, draft)
                         .run();
                 }
                 Err(e) => {

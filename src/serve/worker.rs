@@ -15,7 +15,7 @@ use crate::engine::{BatchToken, Engine};
 use crate::generate::Utf8Stream;
 use crate::llama::LlamaModel;
 use crate::sample::{SampleError, Sampler};
-use crate::speculative::{Drafter, NgramLookup, SpecConfig, Speculator};
+use crate::speculative::{DraftModel, DraftRequest, Drafter, NgramLookup, SpecConfig, Speculator};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -88,7 +88,8 @@ struct Seq {
     ignore_eos: bool,
     /// Prompt and emitted tokens (what drafting looks at).
     history: Vec<u32>,
-    /// Prompt-lookup drafting, when the server drafts.
+    /// This sequence's drafting (length, statistics; prompt lookup's
+    /// proposals), when the server drafts.
     spec: Option<Speculator>,
 }
 
@@ -102,8 +103,14 @@ pub struct Worker {
     shutdown: Arc<Shutdown>,
     /// (when, tokens sampled) of recent steps, for tokens/s.
     recent: VecDeque<(Instant, usize)>,
-    /// Prompt lookup's parameters, when sequences draft.
-    lookup: Option<SpecConfig>,
+    /// Drafting parameters, when sequences draft.
+    spec: Option<SpecConfig>,
+    /// The draft model all sequences share (None: prompt lookup).
+    draft: Option<DraftModel>,
+    /// Requests the draft model holds a sequence for: (request, KV seq).
+    draft_seqs: HashMap<u64, u32>,
+    /// This step's requests waiting for drafts: (request, KV seq, tokens).
+    to_draft: Vec<(u64, u32, usize)>,
 }
 
 impl Worker {
@@ -127,14 +134,20 @@ impl Worker {
             metrics,
             shutdown,
             recent: VecDeque::new(),
-            lookup: None,
+            spec: None,
+            draft: None,
+            draft_seqs: HashMap::new(),
+            to_draft: Vec::new(),
         }
     }
 
-    /// Each sequence drafts from n-grams of its own prompt and output
-    /// (prompt lookup) and every decode step verifies the drafts.
-    pub fn with_lookup(mut self, cfg: Option<SpecConfig>) -> Worker {
-        self.lookup = cfg.filter(|c| c.draft_max > 0);
+    /// Each sequence drafts, and every decode step verifies its drafts:
+    /// from n-grams of its own prompt and output (prompt lookup) without a
+    /// draft model; with one, the model drafts for every sequence at once
+    /// after each step.
+    pub fn with_drafting(mut self, cfg: Option<SpecConfig>, draft: Option<DraftModel>) -> Worker {
+        self.spec = cfg.filter(|c| c.draft_max > 0);
+        self.draft = self.spec.and(draft);
         self
     }
 
@@ -218,9 +231,14 @@ impl Worker {
                 admitted: false,
                 ignore_eos: s.job.ignore_eos,
                 history: prompt,
-                spec: self
-                    .lookup
-                    .map(|cfg| Speculator::new(Drafter::Lookup(NgramLookup::default()), cfg)),
+                spec: self.spec.map(|cfg| {
+                    let d = if self.draft.is_some() {
+                        Drafter::Shared
+                    } else {
+                        Drafter::Lookup(NgramLookup::default())
+                    };
+                    Speculator::new(d, cfg)
+                }),
             },
         );
     }
@@ -255,6 +273,7 @@ impl Worker {
     }
 
     fn end(&mut self, id: u64, why: Finish) {
+        self.forget_draft(id);
         self.batcher.finish(id, why);
         if let Some(s) = self.seqs.remove(&id) {
             if !s.admitted {
@@ -350,6 +369,7 @@ impl Worker {
             sampled += toks.as_ref().map_or(0, |t| t.len());
             self.emit(id, toks, f, secs);
         }
+        self.run_drafts();
         self.recent.push_back((Instant::now(), sampled));
         self.update_rate();
         self.update_kv();
@@ -430,6 +450,7 @@ impl Worker {
         let toks = match toks {
             Ok(t) => t,
             Err(e) => {
+                self.forget_draft(id);
                 if let Some(s) = self.seqs.remove(&id) {
                     let _ = s.events.send(Event::Error(ApiError {
                         status: 500,
@@ -481,8 +502,71 @@ impl Worker {
             );
         }
         let max = room.min(s.max_tokens.saturating_sub(s.generated + 1));
+        if matches!(spec.drafter, Drafter::Shared) {
+            // the draft model drafts for every sequence after the step
+            let k = spec.length(max);
+            if k > 0 {
+                self.to_draft.push((id, f.seq, k));
+            } else {
+                spec.take(Vec::new(), 0, Duration::ZERO);
+            }
+            return;
+        }
         if let Ok(d) = spec.draft(&s.history, max) {
             self.batcher.set_drafts(id, d);
+        }
+    }
+
+    /// The draft model drafts for this step's requests in one batch (their
+    /// catch-up tokens in one step, then one step per drafted position),
+    /// and each request's drafts go to the batcher. A failure (the draft's
+    /// context full) costs the round its drafts, nothing else.
+    fn run_drafts(&mut self) {
+        let todo = std::mem::take(&mut self.to_draft);
+        let Some(dm) = self.draft.as_mut() else {
+            return;
+        };
+        let (mut ids, mut reqs) = (Vec::new(), Vec::new());
+        for &(id, seq, k) in &todo {
+            if let Some(s) = self.seqs.get(&id) {
+                self.draft_seqs.insert(id, seq);
+                ids.push((id, seq, k));
+                reqs.push(DraftRequest {
+                    seq,
+                    context: &s.history,
+                    max: k,
+                });
+            }
+        }
+        if reqs.is_empty() {
+            return;
+        }
+        let t = Instant::now();
+        match dm.draft_many(&reqs) {
+            Ok(drafts) => {
+                // each sequence's share of the batch's time
+                let share = t.elapsed() / reqs.len() as u32;
+                for ((id, _, k), d) in ids.into_iter().zip(drafts) {
+                    if let Some(spec) = self.seqs.get_mut(&id).and_then(|s| s.spec.as_mut()) {
+                        let d = spec.take(d, k, share);
+                        self.batcher.set_drafts(id, d);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!("the draft model failed; this round verifies no drafts: {e}");
+                for (id, seq, _) in ids {
+                    dm.forget(seq);
+                    self.draft_seqs.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Request `id` ended: the draft model forgets its sequence.
+    fn forget_draft(&mut self, id: u64) {
+        if let (Some(seq), Some(dm)) = (self.draft_seqs.remove(&id), self.draft.as_mut()) {
+            dm.forget(seq);
         }
     }
 
@@ -554,6 +638,7 @@ impl Worker {
     fn fail_step(&mut self, plan: &StepPlan, err: &str) {
         tracing::error!("step failed: {err}");
         for f in &plan.feeds {
+            self.forget_draft(f.id);
             if let Some(s) = self.seqs.remove(&f.id) {
                 let _ = s.events.send(Event::Error(ApiError {
                     status: 500,

@@ -1,23 +1,35 @@
 //! A small model with the target's vocabulary drafts greedily.
 //!
-//! The draft engine keeps its own KV cache of sequence 0. Before drafting,
-//! it keeps the longest prefix its cache shares with the target's context
-//! (rejected drafts fall away here), feeds the rest, then decodes greedily
-//! one token at a time while its top token is likely enough (`p_min`, the
+//! The draft engine keeps its own KV cache, one sequence per target
+//! sequence (the same ids). Before drafting, each sequence keeps the
+//! longest prefix its cache shares with the target's context (rejected
+//! drafts fall away here) and feeds the rest; then the draft decodes
+//! greedily, one token per drafting sequence per step (all sequences in one
+//! batch), while a sequence's top token is likely enough (`p_min`, the
 //! probability among its 10 best tokens, as llama.cpp's draft sampler
-//! computes it). Drafts are point masses: see the module docs of
-//! `speculative` for why verification stays lossless.
+//! computes it) and it wants more. Drafts are point masses: see the module
+//! docs of `speculative` for why verification stays lossless.
 
 use crate::engine::{BatchToken, Engine, EngineError};
 use crate::llama::LlamaModel;
+use std::collections::HashMap;
 
 /// The draft model and what its KV cache holds.
 pub struct DraftModel {
     pub engine: Engine,
-    /// Tokens in the draft's KV cache (sequence 0), in order.
-    cached: Vec<u32>,
+    /// Per sequence: the tokens in the draft's KV cache, in order.
+    cached: HashMap<u32, Vec<u32>>,
     /// Stop drafting when the top token's probability falls below this.
     pub p_min: f32,
+}
+
+/// One sequence's request for drafts: its id (the target's), all its tokens
+/// so far (the last one included), and the most tokens to draft.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftRequest<'a> {
+    pub seq: u32,
+    pub context: &'a [u32],
+    pub max: usize,
 }
 
 /// Why a draft model cannot serve a target.
@@ -76,7 +88,7 @@ impl DraftModel {
         engine.clear();
         DraftModel {
             engine,
-            cached: Vec::new(),
+            cached: HashMap::new(),
             p_min,
         }
     }
@@ -87,71 +99,115 @@ impl DraftModel {
         self.cached.clear();
     }
 
+    /// Forgets sequence `seq` (it ended; its id may come back for another).
+    pub fn forget(&mut self, seq: u32) {
+        if self.cached.remove(&seq).is_some() {
+            self.engine.clear_seq(seq);
+        }
+    }
+
     /// Up to `max` greedy tokens to follow `context` (all tokens so far, the
-    /// last one included). Drafting stops early when the draft is unsure.
-    /// The draft's CPU threads sleep afterwards, leaving the cores to the
-    /// target.
+    /// last one included), for sequence 0. Drafting stops early when the
+    /// draft is unsure. The draft's CPU threads sleep afterwards, leaving the
+    /// cores to the target.
     pub fn draft(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, EngineError> {
-        let r = self.draft_inner(context, max);
+        let mut d = self.draft_many(&[DraftRequest {
+            seq: 0,
+            context,
+            max,
+        }])?;
+        Ok(d.pop().unwrap_or_default())
+    }
+
+    /// Drafts for several sequences at once: their catch-up tokens in one
+    /// step, then one step per drafted position holding every sequence
+    /// still drafting. Returns each request's drafts, in order. On an error
+    /// the draft's cache may have lost tokens but never holds wrong ones.
+    pub fn draft_many(&mut self, reqs: &[DraftRequest]) -> Result<Vec<Vec<u32>>, EngineError> {
+        let r = self.draft_inner(reqs);
         self.engine.park_threads();
         r
     }
 
-    fn draft_inner(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, EngineError> {
-        let Some(last) = context.len().checked_sub(1) else {
-            return Ok(Vec::new());
-        };
-        // drafted token j is decoded at position context.len() + j (all but
-        // the last): stay inside the draft's context
-        let room = (self.engine.n_ctx() as usize).saturating_sub(context.len());
-        let max = max.min(room);
-        if max == 0 {
-            return Ok(Vec::new());
+    fn draft_inner(&mut self, reqs: &[DraftRequest]) -> Result<Vec<Vec<u32>>, EngineError> {
+        let mut out = vec![Vec::new(); reqs.len()];
+        let n_ctx = self.engine.n_ctx() as usize;
+        // per request that drafts: (index, seq, most tokens)
+        let mut live: Vec<(usize, u32, usize)> = Vec::new();
+        let mut feed: Vec<BatchToken> = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            let Some(last) = r.context.len().checked_sub(1) else {
+                continue;
+            };
+            // drafted token j is decoded at position context.len() + j (all
+            // but the last): stay inside the draft's context
+            let max = r.max.min(n_ctx.saturating_sub(r.context.len()));
+            if max == 0 || live.iter().any(|&(_, s, _)| s == r.seq) {
+                continue;
+            }
+            // keep what the cache shares with the context, feed the rest (at
+            // least the last token, whose logits start the draft)
+            let cached = self.cached.entry(r.seq).or_default();
+            let keep = cached
+                .iter()
+                .zip(r.context)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(last);
+            if keep < cached.len() {
+                self.engine.truncate_seq(r.seq, keep as i32);
+                cached.truncate(keep);
+            }
+            feed.extend((keep..r.context.len()).map(|p| BatchToken {
+                token: r.context[p],
+                pos: p as i32,
+                seq: r.seq,
+                logits: p == last,
+            }));
+            live.push((i, r.seq, max));
         }
-        // keep what the cache shares with the context, feed the rest (at
-        // least the last token, whose logits start the draft)
-        let keep = self
-            .cached
-            .iter()
-            .zip(context)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(last);
-        if keep < self.cached.len() {
-            self.engine.truncate_seq(0, keep as i32);
-            self.cached.truncate(keep);
+        if live.is_empty() {
+            return Ok(out);
         }
-        let feed: Vec<BatchToken> = (keep..context.len())
-            .map(|i| BatchToken {
-                token: context[i],
-                pos: i as i32,
-                seq: 0,
-                logits: i == last,
-            })
-            .collect();
-        // on error the cache holds what it held: the first `keep` tokens
+        // on error the cache holds what it held before this feed
         let mut logits = self.engine.decode(&feed)?;
-        self.cached.extend_from_slice(&context[keep..]);
-        let mut out = Vec::with_capacity(max);
-        loop {
-            let (tok, p) = top_token(&logits);
-            if p < self.p_min {
-                break;
-            }
-            out.push(tok);
-            if out.len() == max {
-                break;
-            }
-            let pos = self.cached.len() as i32;
-            logits = self.engine.decode(&[BatchToken {
-                token: tok,
-                pos,
-                seq: 0,
-                logits: true,
-            }])?;
-            self.cached.push(tok);
+        for &(i, seq, _) in &live {
+            let r = &reqs[i];
+            let cached = self.cached.entry(seq).or_default();
+            let keep = cached.len();
+            cached.extend_from_slice(&r.context[keep..]);
         }
-        Ok(out)
+        let n_vocab = self.engine.n_vocab() as usize;
+        loop {
+            let mut next = Vec::new();
+            let mut still = Vec::new();
+            for (row, &(i, seq, max)) in live.iter().enumerate() {
+                let (tok, p) = top_token(&logits[row * n_vocab..(row + 1) * n_vocab]);
+                if p < self.p_min {
+                    continue;
+                }
+                out[i].push(tok);
+                if out[i].len() == max {
+                    continue;
+                }
+                let pos = self.cached.get(&seq).map_or(0, |c| c.len()) as i32;
+                next.push(BatchToken {
+                    token: tok,
+                    pos,
+                    seq,
+                    logits: true,
+                });
+                still.push((i, seq, max));
+            }
+            if next.is_empty() {
+                return Ok(out);
+            }
+            logits = self.engine.decode(&next)?;
+            for t in &next {
+                self.cached.entry(t.seq).or_default().push(t.token);
+            }
+            live = still;
+        }
     }
 }
 

@@ -34,7 +34,7 @@ mod draft_model;
 mod length;
 mod lookup;
 
-pub use draft_model::{check_vocab, top_token, DraftModel, VocabMismatch};
+pub use draft_model::{check_vocab, top_token, DraftModel, DraftRequest, VocabMismatch};
 pub use length::DraftLength;
 pub use lookup::NgramLookup;
 
@@ -45,6 +45,11 @@ use std::time::{Duration, Instant};
 pub enum Drafter {
     Lookup(NgramLookup),
     Model(Box<DraftModel>),
+    /// A draft model the caller shares among sequences and runs for all of
+    /// them at once (the server): the caller asks [`Speculator::length`]
+    /// how many tokens to draft and hands the drafts to
+    /// [`Speculator::take`].
+    Shared,
 }
 
 /// llama.cpp's speculative parameters (its names: --draft-max, --draft-min,
@@ -176,35 +181,49 @@ impl Speculator {
     /// that pays best) tokens to follow `context`; empty when fewer than
     /// `draft_min` came.
     pub fn draft(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, EngineError> {
+        let k = self.length(max);
+        if max.min(self.cfg.draft_max) == 0 {
+            return Ok(Vec::new());
+        }
+        let t = Instant::now();
+        let d = match &mut self.drafter {
+            // proposals are free: look as far as allowed, keep k
+            Drafter::Lookup(l) => l.draft(context, max.min(self.cfg.draft_max)),
+            Drafter::Model(m) if k > 0 => m.draft(context, k)?,
+            Drafter::Model(_) | Drafter::Shared => Vec::new(),
+        };
+        Ok(self.take(d, k, t.elapsed()))
+    }
+
+    /// How many tokens this round should draft, given room for `max`: up
+    /// to `draft_max`, and with `adaptive` the length that pays best.
+    pub fn length(&mut self, max: usize) -> usize {
         let max = max.min(self.cfg.draft_max);
         self.last_draft = Duration::ZERO;
         self.shadow = None;
         if max == 0 {
-            return Ok(Vec::new());
-        }
-        let k = if self.cfg.adaptive {
+            0
+        } else if self.cfg.adaptive {
             self.length.choose(max)
         } else {
             max
-        };
-        let t = Instant::now();
-        let mut d = match &mut self.drafter {
-            // proposals are free: look as far as allowed, keep k
-            Drafter::Lookup(l) => l.draft(context, max),
-            Drafter::Model(m) if k > 0 => m.draft(context, k)?,
-            Drafter::Model(_) => Vec::new(),
-        };
-        self.last_draft = t.elapsed();
-        self.stats.draft_time += self.last_draft;
+        }
+    }
+
+    /// The round's drafts `d` (proposals, kept up to `k` = what `length`
+    /// said), which took `spent` to make; empty when fewer than `draft_min`.
+    pub fn take(&mut self, mut d: Vec<u32>, k: usize, spent: Duration) -> Vec<u32> {
+        self.last_draft = spent;
+        self.stats.draft_time += spent;
         if k == 0 {
             self.shadow = d.first().copied();
         }
         d.truncate(k);
-        Ok(if d.len() < self.cfg.draft_min {
+        if d.len() < self.cfg.draft_min {
             Vec::new()
         } else {
             d
-        })
+        }
     }
 
     /// A round verified `drafted` drafts and accepted `accepted`; its first
@@ -225,7 +244,7 @@ impl Speculator {
     /// Whether drafts come from a model (which computes on the device or
     /// cores the target uses).
     pub fn uses_model(&self) -> bool {
-        matches!(self.drafter, Drafter::Model(_))
+        matches!(self.drafter, Drafter::Model(_) | Drafter::Shared)
     }
 
     /// A new conversation: the draft model's cache no longer applies.

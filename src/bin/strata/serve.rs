@@ -47,13 +47,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if !(a.shutdown_grace.is_finite() && a.shutdown_grace >= 0.0) {
         anyhow::bail!("--shutdown-grace must be a number of seconds >= 0");
     }
-    if a.spec.model_draft.is_some() {
-        anyhow::bail!(
-            "serve drafts with --lookup N (prompt lookup, each sequence from its own text); \
-             a draft model drafts for one sequence (`strata run -md`)"
-        );
-    }
-    let lookup = crate::spec::lookup_config(&a.spec)?;
+    let spec = crate::spec::serve_config(&a.spec)?;
     let cfg = ServeConfig {
         host: a.host.clone(),
         port: a.port,
@@ -66,14 +60,27 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .model
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
-        lookup,
+        spec,
     };
     let mut ecfg = crate::engine_config(&a.model, true);
     ecfg.batch_invariant = a.batch_invariant;
     let model = a.model.model.clone();
     let path = model.clone();
+    let spec_args = a.spec.clone();
     run_server(cfg, &model, move || {
-        crate::load_with(&path, &ecfg).map_err(|e| format!("{e:#}"))
+        let mut load = || -> Result<strata::serve::Loaded> {
+            // the draft first: its device memory comes out of the budget
+            let draft = crate::spec::load_draft(&spec_args, &mut ecfg)?;
+            let (engine, vocab) = crate::load_with(&path, &ecfg)?;
+            let draft = match draft {
+                Some(d) => Some(crate::spec::draft_model(
+                    &spec_args, d, &engine, &vocab, &path,
+                )?),
+                None => None,
+            };
+            Ok((engine, vocab, draft))
+        };
+        load().map_err(|e| format!("{e:#}"))
     })
     .with_context(|| format!("serving {}", model.display()))
 }

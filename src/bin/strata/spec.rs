@@ -128,25 +128,38 @@ pub fn speculator(
     target_path: &Path,
 ) -> Result<Option<Speculator>> {
     let drafter = match draft {
-        Some(d) => {
-            check_vocab(target_vocab, target, &d.vocab, &d.engine).with_context(|| {
-                format!(
-                    "draft model {} cannot draft for {}",
-                    d.path.display(),
-                    target_path.display()
-                )
-            })?;
-            Some(Drafter::Model(Box::new(DraftModel::new(
-                d.engine,
-                s.draft_p_min,
-            ))))
-        }
+        Some(d) => Some(Drafter::Model(Box::new(draft_model(
+            s,
+            d,
+            target,
+            target_vocab,
+            target_path,
+        )?))),
         None => s
             .lookup
             .filter(|&n| n > 0)
             .map(|_| Drafter::Lookup(NgramLookup::default())),
     };
     Ok(drafter.map(|d| Speculator::new(d, spec_config(s))))
+}
+
+/// The loaded draft model, once its vocabulary is checked against the
+/// target's.
+pub fn draft_model(
+    s: &SpecArgs,
+    d: Draft,
+    target: &Engine,
+    target_vocab: &LlamaModel,
+    target_path: &Path,
+) -> Result<DraftModel> {
+    check_vocab(target_vocab, target, &d.vocab, &d.engine).with_context(|| {
+        format!(
+            "draft model {} cannot draft for {}",
+            d.path.display(),
+            target_path.display()
+        )
+    })?;
+    Ok(DraftModel::new(d.engine, s.draft_p_min))
 }
 
 fn spec_config(s: &SpecArgs) -> SpecConfig {
@@ -157,8 +170,9 @@ fn spec_config(s: &SpecArgs) -> SpecConfig {
     }
 }
 
-/// Prompt lookup's parameters for the server, when `--lookup N` asks for it.
-pub fn lookup_config(s: &SpecArgs) -> Result<Option<SpecConfig>> {
+/// The server's drafting parameters, when `-md FILE` or `--lookup N` asks
+/// for drafting.
+pub fn serve_config(s: &SpecArgs) -> Result<Option<SpecConfig>> {
     s.validate()?;
-    Ok(s.lookup.filter(|&n| n > 0).map(|_| spec_config(s)))
+    Ok(s.enabled().then(|| spec_config(s)))
 }
