@@ -26,7 +26,8 @@ bench)
       --trace "$out/trace_hybrid_12g.json" 2>&1 | f
     $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --hybrid off -p 0 -n 16 -B 0 -r $R 2>&1 | f
     echo "== 24G: strata hybrid auto, llama.cpp ngl=44 with its defaults"
-    $bin/strata bench -m "$m" --device gpu --gpu-budget 24G -p 0 -n 16 -B 0 -r $R --llama-ngl 44 2>&1 | f
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 24G -p 0 -n 16 -B 0 -r $R --llama-ngl 44 \
+      --trace "$out/trace_hybrid_24g.json" 2>&1 | f
   } 2>&1 | tee "$out/hybrid_bench.txt"
   # keep a module built here for a fresh machine (16 MB per returned file)
   grep -q restored "$out/module.txt" 2>/dev/null || { xz -T0 -3 -c /root/cuda/libggml-cuda.so \
