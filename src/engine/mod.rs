@@ -746,6 +746,8 @@ impl Engine {
         let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
         self.evict_templates(&shapes);
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
+        self.pager
+            .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
         // rows of the residual stream on the host, while they are there
         let mut x_host: Option<u32> = None;
         for (l, kind, shape) in order {

@@ -72,6 +72,9 @@ pub struct Pager {
     lists: [Vec<GroupId>; 3],
     /// All streamed groups of this step, in order (for reading ahead).
     streamed: Vec<GroupId>,
+    /// Each group's position in this step's device order (by group index;
+    /// usize::MAX: not computed on the device this step).
+    pos: Vec<usize>,
     streams: Streams,
     pub stats: PagerStats,
     /// The engine's timeline switch.
@@ -126,6 +129,7 @@ impl Pager {
         Ok(Pager {
             rings,
             lists: [Vec::new(), Vec::new(), Vec::new()],
+            pos: Vec::new(),
             streamed: Vec::new(),
             streams,
             stats: PagerStats::default(),
@@ -144,6 +148,11 @@ impl Pager {
             self.lists[r].clear();
         }
         self.streamed.clear();
+        self.pos.clear();
+        self.pos.resize(store.groups.len(), usize::MAX);
+        for (p, &gi) in order.iter().enumerate() {
+            self.pos[gi.index()] = p;
+        }
         for &gi in order {
             if let super::store::Location::Streamed { ring, .. } = store.groups[gi.index()] {
                 self.lists[ring as usize].push(gi);
@@ -350,11 +359,86 @@ impl Pager {
             .iter()
             .position(|&g| g == gi)
             .expect("group is in this step's order");
+        let mut kv = kv;
+        self.issue_in_step_order(ring, j, store, compute, kv.as_deref_mut())?;
         let r = self.rings[ring as usize].as_mut().expect("ring");
         let ops = r.before_compute(j);
         let slot = r.slot_of(j);
         self.run_ops(ring, ops, store, compute, kv)?;
         Ok(slot)
+    }
+
+    /// Issues every ring's first uploads (their whole windows) at the start
+    /// of a step, in the order the step needs them: the bus starts while
+    /// the host still enqueues the resident groups before the first
+    /// streamed one.
+    pub fn prefetch_window(
+        &mut self,
+        store: &WeightStore,
+        compute: &Backend,
+        mut kv: Option<&mut KvTier>,
+    ) -> Result<(), EngineError> {
+        let mut next: Vec<(usize, Ring, usize)> = Vec::new();
+        for ring in [Ring::Attn, Ring::Ffn, Ring::Kv] {
+            let Some(r) = self.rings[ring as usize].as_ref() else {
+                continue;
+            };
+            let last = r.depth().min(r.n().saturating_sub(1));
+            for k in r.issued()..=last.min(r.n().saturating_sub(1)) {
+                if k < r.n() {
+                    next.push((self.pos[self.lists[ring as usize][k].index()], ring, k));
+                }
+            }
+        }
+        next.sort_unstable_by_key(|&(p, ring, _)| (p, ring as usize));
+        for (_, ring, k) in next {
+            let ops = self.rings[ring as usize].as_mut().expect("ring").prefetch(k);
+            self.run_ops(ring, ops, store, compute, kv.as_deref_mut())?;
+        }
+        Ok(())
+    }
+
+    /// Issues the uploads `ring` is about to issue for group `j`'s window
+    /// one by one, each after the other rings' uploads the step needs
+    /// before it (as far as their windows allow): the copy stream runs
+    /// them in the order enqueued, so an FFN group prefetched for later
+    /// must not hold up the attention group needed next.
+    fn issue_in_step_order(
+        &mut self,
+        ring: Ring,
+        j: usize,
+        store: &WeightStore,
+        compute: &Backend,
+        mut kv: Option<&mut KvTier>,
+    ) -> Result<(), EngineError> {
+        let Some(r) = self.rings[ring as usize].as_ref() else {
+            return Ok(());
+        };
+        let (first, last) = (r.issued(), (j + r.depth()).min(r.n().saturating_sub(1)));
+        for k in first..=last {
+            let p = self.pos[self.lists[ring as usize][k].index()];
+            for other in [Ring::Attn, Ring::Ffn, Ring::Kv] {
+                if other == ring || self.rings[other as usize].is_none() {
+                    continue;
+                }
+                // its groups needed before position p (lists are in step order)
+                let before =
+                    self.lists[other as usize].partition_point(|g| self.pos[g.index()] < p);
+                if before > 0 {
+                    let ops = self.rings[other as usize]
+                        .as_mut()
+                        .expect("ring")
+                        .prefetch(before - 1);
+                    self.run_ops(other, ops, store, compute, kv.as_deref_mut())?;
+                }
+            }
+            let ops = self.rings[ring as usize]
+                .as_mut()
+                .expect("ring")
+                .prefetch(k);
+            self.run_ops(ring, ops, store, compute, kv.as_deref_mut())?;
+        }
+        Ok(())
     }
 
     /// Enqueues what follows computing streamed group `gi`.

@@ -9,7 +9,10 @@
 //! compute stream: wait loaded(s), compute j on s, [poison s], record free(s)
 //!
 //! Before compute j, uploads up to j + depth are issued (depth < S, so an
-//! upload never targets the slot of a group still waiting to compute). The
+//! upload never targets the slot of a group still waiting to compute).
+//! [`SlotRing::prefetch`] issues uploads of that window earlier, so the
+//! pager can put several rings' uploads on the one copy stream in the
+//! order the step needs them. The
 //! compute stream waits `loaded(s)`, so a group is only read once its copy
 //! completed; a copy into s waits `free(s)`, so a slot is only overwritten
 //! after the computation that reads it finished. `simulate` checks both for
@@ -75,6 +78,9 @@ pub struct SlotRing {
     n: usize,
     /// Uploads issued in this step.
     issued: usize,
+    /// Groups of this step whose computation was enqueued and their slot
+    /// released (after_compute).
+    released: usize,
     state: Vec<SlotState>,
     ever_freed: Vec<bool>,
     pub poison: bool,
@@ -92,6 +98,7 @@ impl SlotRing {
             base: 0,
             n: 0,
             issued: 0,
+            released: 0,
             state: vec![SlotState::Empty; slots],
             ever_freed: vec![false; slots],
             poison: false,
@@ -124,6 +131,7 @@ impl SlotRing {
     pub fn abort(&mut self) {
         self.base += self.issued;
         self.issued = 0;
+        self.released = 0;
         self.n = 0;
         self.state.fill(SlotState::Empty);
     }
@@ -133,6 +141,34 @@ impl SlotRing {
         self.base += self.issued;
         self.n = n;
         self.issued = 0;
+        self.released = 0;
+    }
+
+    /// Streamed groups in this step.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Uploads issued so far in this step (groups 0..issued).
+    pub fn issued(&self) -> usize {
+        self.issued
+    }
+
+    /// Issues the uploads of groups up to `upto` now, as far as the window
+    /// allows: up to `depth` past the next group to compute, whose slots
+    /// the groups before them released. `before_compute` issues what is
+    /// left of its window itself.
+    pub fn prefetch(&mut self, upto: usize) -> Vec<Op> {
+        let mut ops = Vec::new();
+        if self.n == 0 {
+            return ops;
+        }
+        let last = upto.min(self.n - 1).min(self.released + self.depth);
+        while self.issued <= last {
+            let k = self.issued;
+            self.upload_ops(k, &mut ops);
+            self.issued += 1;
+        }
+        ops
     }
 
     fn upload_ops(&mut self, j: usize, ops: &mut Vec<Op>) {
@@ -176,6 +212,7 @@ impl SlotRing {
     /// Operations to enqueue after computing streamed group `j`.
     pub fn after_compute(&mut self, j: usize) -> Vec<Op> {
         let slot = self.slot_of(j);
+        self.released = self.released.max(j + 1);
         self.ever_freed[slot] = true;
         self.state[slot] = SlotState::Evictable(j);
         if self.poison {
@@ -392,7 +429,58 @@ mod tests {
         ));
     }
 
+    /// `schedule` with a prefetch of a random reach before each group.
+    fn schedule_prefetching(ring: &mut SlotRing, steps: &[usize], reach: &[usize]) -> Vec<Op> {
+        let mut ops = Vec::new();
+        let mut r = reach.iter().cycle();
+        for &n in steps {
+            ring.begin_step(n);
+            for j in 0..n {
+                ops.extend(ring.prefetch(j + r.next().copied().unwrap_or(0)));
+                ops.extend(ring.before_compute(j));
+                ops.extend(ring.after_compute(j));
+            }
+        }
+        ops
+    }
+
+    #[test]
+    fn prefetch_stays_in_the_window() {
+        let mut r = SlotRing::new(3, 2);
+        r.begin_step(6);
+        // before anything computed: groups 0..=2 (slots all free)
+        let up = |ops: &[Op]| {
+            ops.iter()
+                .filter(|o| matches!(o, Op::Upload { .. }))
+                .count()
+        };
+        assert_eq!(up(&r.prefetch(10)), 3);
+        assert_eq!(r.issued(), 3);
+        assert_eq!(up(&r.before_compute(0)), 0, "already issued");
+        r.after_compute(0);
+        // group 3 reuses slot 0, released by group 0
+        let ops = r.prefetch(10);
+        assert_eq!(ops[0], Op::WaitFree(0));
+        assert_eq!(up(&ops), 1);
+        assert_eq!(up(&r.prefetch(10)), 0, "slot 1 still holds group 1");
+    }
+
     proptest! {
+        #[test]
+        fn prefetching_is_safe_and_live(
+            slots in 2usize..6,
+            depth in 1usize..6,
+            steps in proptest::collection::vec(1usize..12, 1..4),
+            reach in proptest::collection::vec(0usize..8, 1..16),
+            choices in proptest::collection::vec(any::<bool>(), 1..64),
+        ) {
+            let mut r = SlotRing::new(slots, depth);
+            let ops = schedule_prefetching(&mut r, &steps, &reach);
+            let uploads = ops.iter().filter(|o| matches!(o, Op::Upload { .. })).count();
+            prop_assert_eq!(uploads, steps.iter().sum::<usize>());
+            prop_assert_eq!(simulate(&ops, r.slots(), &choices), Ok(()));
+        }
+
         #[test]
         fn any_interleaving_is_safe_and_live(
             slots in 2usize..6,
