@@ -181,6 +181,8 @@ pub struct Engine {
     rec: timeline::Recorder,
     /// The budgets chosen because none was given, described.
     pub auto_budgets: Vec<String>,
+    /// The host CPU's speed in hybrid steps against its probe's.
+    cpu_cal: Option<crate::paging::CpuCalibration>,
 }
 
 impl Engine {
@@ -316,9 +318,20 @@ impl Engine {
             cpu: None,
         };
         let mut plan = crate::paging::plan(&input)?;
+        let mut cpu_cal = None;
         if let Some(c) = cpu_input(&spec, &plan, &input, device, &backend, cfg)? {
-            input.cpu = Some(c);
+            input.cpu = Some(c.clone());
             plan = crate::paging::plan(&input)?;
+            cpu_cal = plan.hybrid.as_ref().map(|h| {
+                crate::paging::CpuCalibration::new(
+                    c,
+                    input.groups.clone(),
+                    plan.resident.iter().map(|r| !r).collect(),
+                    plan.slots,
+                    input.copy_bw,
+                    h,
+                )
+            });
         }
         let store = WeightStore::load(
             &spec,
@@ -411,6 +424,7 @@ impl Engine {
             last_step: StepStats::default(),
             rec,
             auto_budgets: budgets,
+            cpu_cal,
         })
     }
 
@@ -772,7 +786,37 @@ impl Engine {
             kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
         };
+        self.calibrate_cpu(n);
         Ok(())
+    }
+
+    /// Hybrid decode: the factor on the probe's CPU time per byte that the
+    /// plan uses now (1 until steps showed otherwise), and the step of `n`
+    /// tokens predicted from the probe alone.
+    pub fn cpu_calibration(&self, n: u32) -> Option<(f64, f64)> {
+        let c = self.cpu_cal.as_ref()?;
+        let p = c.probe_sizes.get((n as usize).checked_sub(1)?)?;
+        Some((c.planned, p.predicted.step_s()))
+    }
+
+    /// Compares the host CPU's speed in this step with what the plan
+    /// assumes, and chooses the hybrid splits again when steps keep running
+    /// off it.
+    fn calibrate_cpu(&mut self, n: u32) {
+        let h = self.last_step.host;
+        let (Some(cal), Some(plan)) = (self.cpu_cal.as_mut(), self.plan.hybrid.as_mut()) else {
+            return;
+        };
+        if h.groups > 0 && cal.observe(n, h.bytes, h.compute.as_secs_f64()) {
+            cal.replan(plan);
+            let s1 = &plan.per_size[0];
+            tracing::info!(
+                "hybrid: the CPU runs at {:.2}x the probe's time per byte in steps; a 1-token step now gives it {} groups, predicted {:.2} ms",
+                cal.planned,
+                s1.cpu_groups,
+                s1.predicted.step_s() * 1e3
+            );
+        }
     }
 
     /// Host-side embedding of the step's tokens into x[:, :n].

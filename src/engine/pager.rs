@@ -392,7 +392,10 @@ impl Pager {
         }
         next.sort_unstable_by_key(|&(p, ring, _)| (p, ring as usize));
         for (_, ring, k) in next {
-            let ops = self.rings[ring as usize].as_mut().expect("ring").prefetch(k);
+            let ops = self.rings[ring as usize]
+                .as_mut()
+                .expect("ring")
+                .prefetch(k);
             self.run_ops(ring, ops, store, compute, kv.as_deref_mut())?;
         }
         Ok(())

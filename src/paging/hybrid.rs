@@ -248,28 +248,8 @@ pub fn plan_hybrid(
         .host_room
         .checked_div(largest)
         .map_or(0, |f| (f as usize).min(cand.len()));
-    // the best split for a step of n tokens, choosing up to `most` groups
-    // spread over `pool` (group indices in layer order)
-    let best_for = |n: u32, pool: &[usize], most: usize| -> (usize, u64, Prediction) {
-        let eval = |k: usize| {
-            let mut cpu = vec![false; groups.len()];
-            for j in spread(pool.len(), k) {
-                cpu[pool[j]] = true;
-            }
-            let b: u64 = spread(pool.len(), k)
-                .iter()
-                .map(|&j| groups[pool[j]].bytes)
-                .sum();
-            let at = placement(streamed, &cpu);
-            (k, b, simulate(groups, &at, slots, copy_bw, c, n))
-        };
-        if let Some(f) = c.force {
-            return eval(f.min(most));
-        }
-        (0..=most)
-            .map(eval)
-            .min_by(|a, b| a.2.step_s().total_cmp(&b.2.step_s()))
-            .expect("k = 0 is always a candidate")
+    let best_for = |n: u32, pool: &[usize], most: usize| {
+        best_split(groups, streamed, slots, copy_bw, c, n, pool, most)
     };
     let (k1, host_bytes, _) = best_for(1, &cand, fit);
     if k1 == 0 {
@@ -280,21 +260,159 @@ pub fn plan_hybrid(
     for &i in &hosts {
         host[i] = true;
     }
-    let per_size = (1..=MAX_TOKENS)
+    let per_size = sizes(groups, streamed, slots, copy_bw, c, &host);
+    Some(HybridPlan {
+        host_bytes,
+        host,
+        per_size,
+    })
+}
+
+/// The best split for a step of `n` tokens: up to `most` of the groups in
+/// `pool` (group indices in layer order), spread over it.
+#[allow(clippy::too_many_arguments)]
+fn best_split(
+    groups: &[GroupInfo],
+    streamed: &[bool],
+    slots: (usize, usize),
+    copy_bw: f64,
+    c: &CpuInput,
+    n: u32,
+    pool: &[usize],
+    most: usize,
+) -> (usize, u64, Prediction) {
+    let eval = |k: usize| {
+        let mut cpu = vec![false; groups.len()];
+        for j in spread(pool.len(), k) {
+            cpu[pool[j]] = true;
+        }
+        let b: u64 = spread(pool.len(), k)
+            .iter()
+            .map(|&j| groups[pool[j]].bytes)
+            .sum();
+        let at = placement(streamed, &cpu);
+        (k, b, simulate(groups, &at, slots, copy_bw, c, n))
+    };
+    if let Some(f) = c.force {
+        return eval(f.min(most));
+    }
+    (0..=most)
+        .map(eval)
+        .min_by(|a, b| a.2.step_s().total_cmp(&b.2.step_s()))
+        .expect("k = 0 is always a candidate")
+}
+
+/// The split for every step size, from the host groups `host` (whose CPU
+/// copies exist): choosing again with other rates costs nothing.
+pub fn sizes(
+    groups: &[GroupInfo],
+    streamed: &[bool],
+    slots: (usize, usize),
+    copy_bw: f64,
+    c: &CpuInput,
+    host: &[bool],
+) -> Vec<SizePlan> {
+    let hosts: Vec<usize> = (0..groups.len()).filter(|&i| host[i]).collect();
+    (1..=MAX_TOKENS)
         .map(|n| {
-            let (cpu_groups, cpu_bytes, predicted) = best_for(n, &hosts, k1);
+            let (cpu_groups, cpu_bytes, predicted) =
+                best_split(groups, streamed, slots, copy_bw, c, n, &hosts, hosts.len());
             SizePlan {
                 cpu_groups,
                 cpu_bytes,
                 predicted,
             }
         })
-        .collect();
-    Some(HybridPlan {
-        host_bytes,
-        host,
-        per_size,
-    })
+        .collect()
+}
+
+/// The host CPU's speed in real steps against the probe's reading, which
+/// can be 10% off (a probe runs 2 GiB of matrices; a step many GiB, beside
+/// the bus's reads of host memory). When steps keep running more than 5%
+/// off what the plan assumes, [`CpuCalibration::observe`] says so and
+/// [`CpuCalibration::replan`] chooses the splits again from the measured
+/// speed: only which host groups the CPU computes, and the prediction,
+/// change.
+#[derive(Clone, Debug)]
+pub struct CpuCalibration {
+    /// The probe's reading.
+    pub probe: CpuInput,
+    groups: Vec<GroupInfo>,
+    streamed: Vec<bool>,
+    slots: (usize, usize),
+    copy_bw: f64,
+    /// The factor on the probe's seconds per byte the plan uses now.
+    pub planned: f64,
+    /// Running estimate of that factor from steps.
+    pub seen: f64,
+    /// Steps observed since the plan last changed.
+    samples: u32,
+    /// The splits chosen from the probe alone (their predictions).
+    pub probe_sizes: Vec<SizePlan>,
+}
+
+impl CpuCalibration {
+    pub fn new(
+        probe: CpuInput,
+        groups: Vec<GroupInfo>,
+        streamed: Vec<bool>,
+        slots: (usize, usize),
+        copy_bw: f64,
+        plan: &HybridPlan,
+    ) -> CpuCalibration {
+        CpuCalibration {
+            probe_sizes: plan.per_size.clone(),
+            probe,
+            groups,
+            streamed,
+            slots,
+            copy_bw,
+            planned: 1.0,
+            seen: 1.0,
+            samples: 0,
+        }
+    }
+
+    /// A step of `n` tokens in which the CPU computed `bytes` of weights in
+    /// `secs`. True when the plan should be chosen again (three steps after
+    /// the last change, the running estimate more than 5% off the plan's).
+    pub fn observe(&mut self, n: u32, bytes: u64, secs: f64) -> bool {
+        let want = bytes as f64 * self.probe.s_per_byte(n);
+        let f = secs / want;
+        if bytes == 0 || !(f.is_finite() && f > 0.0) {
+            return false;
+        }
+        self.samples += 1;
+        // the first step after a change warms caches: not counted
+        if self.samples == 1 {
+            return false;
+        }
+        self.seen = if self.samples == 2 {
+            f
+        } else {
+            0.7 * self.seen + 0.3 * f
+        };
+        self.samples >= 4 && (self.seen / self.planned - 1.0).abs() > 0.05
+    }
+
+    /// Chooses `plan`'s splits again at the measured speed.
+    pub fn replan(&mut self, plan: &mut HybridPlan) {
+        self.planned = self.seen;
+        self.samples = 0;
+        let c = CpuInput {
+            s_per_byte_1: self.probe.s_per_byte_1 * self.planned,
+            s_per_byte_n: self.probe.s_per_byte_n * self.planned,
+            ..self.probe.clone()
+        };
+        plan.per_size = sizes(
+            &self.groups,
+            &self.streamed,
+            self.slots,
+            self.copy_bw,
+            &c,
+            &plan.host,
+        );
+    }
 }
 
 impl HybridPlan {
@@ -379,6 +497,45 @@ mod tests {
         // bigger steps give the CPU less, and none past the limit
         assert!(p.per_size[15].cpu_groups < s.cpu_groups);
         assert!(p.cpu_groups(MAX_TOKENS + 1).iter().all(|c| !c));
+    }
+
+    #[test]
+    fn calibration_rechooses_the_split_when_steps_run_slower() {
+        let g = layers(60, 85, 396);
+        let streamed = vec![true; g.len()];
+        let c = cpu(1.0);
+        let mut p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &c).expect("hybrid pays");
+        let before = p.per_size[0];
+        let mut cal = CpuCalibration::new(c.clone(), g.clone(), streamed.clone(), (8, 3), 1.0, &p);
+        // steps at the probe's speed: nothing to do
+        let bytes = before.cpu_bytes;
+        for _ in 0..6 {
+            assert!(!cal.observe(1, bytes, bytes as f64));
+        }
+        // steps 30% slower: due after the warm-up step and three more
+        let due: Vec<bool> = (0..8)
+            .map(|_| cal.observe(1, bytes, 1.3 * bytes as f64))
+            .collect();
+        assert!(due.iter().any(|&d| d), "{due:?}");
+        cal.replan(&mut p);
+        assert!((cal.planned - 1.3).abs() < 0.1, "{}", cal.planned);
+        let after = p.per_size[0];
+        // the slower CPU gets fewer bytes, and the step is predicted longer
+        assert!(
+            after.cpu_bytes < before.cpu_bytes,
+            "{after:?} vs {before:?}"
+        );
+        assert!(after.predicted.step_s() > before.predicted.step_s());
+        // the probe's own prediction is kept for comparison
+        assert_eq!(cal.probe_sizes[0], before);
+        // the host copies do not change
+        assert_eq!(p.per_size.len(), MAX_TOKENS as usize);
+        // steps at the new speed: settled
+        for _ in 0..6 {
+            assert!(!cal.observe(1, after.cpu_bytes, 1.3 * after.cpu_bytes as f64));
+        }
+        // a step where the CPU computed nothing says nothing
+        assert!(!cal.observe(1, 0, 0.0));
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod ring;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use hybrid::{
-    plan_hybrid, spread, CpuInput, HybridPlan, Prediction, SizePlan,
+    plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan,
     MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
 pub use plan::{auto_kv_layers, plan, GroupInfo, Plan, PlanError, PlanInput};

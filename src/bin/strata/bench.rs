@@ -155,6 +155,10 @@ struct StepFigures {
     cpu_gbs: f64,
     hop_ms: f64,
     predicted_ms: f64,
+    /// The same from the CPU probe alone, and the factor on the probe's
+    /// CPU time that the steps showed (the plan re-chose its split with it).
+    probe_predicted_ms: f64,
+    cpu_factor: f64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -254,7 +258,7 @@ fn time_strata(
     let wait0 = e.store().read_wait();
     let (mut kv_up, mut kv_down) = (0u64, 0u64);
     let mut host = strata::engine::host::HostStats::default();
-    let mut predicted = 0.0;
+    let (mut predicted, mut probe_predicted) = (0.0, 0.0);
     let t0 = Instant::now();
     let mut tokens = 0usize;
     for b in run {
@@ -267,7 +271,9 @@ fn time_strata(
         host.compute += h.compute;
         host.hops += h.hops;
         for c in b.chunks(e.n_batch() as usize) {
-            predicted += e.plan.predicted_step_s(c.len() as u32);
+            let p = e.plan.predicted_step_s(c.len() as u32);
+            predicted += p;
+            probe_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
         }
         tokens += b.len();
     }
@@ -302,6 +308,8 @@ fn time_strata(
         cpu_gbs: host.bytes as f64 / host.compute.as_secs_f64().max(1e-9) / 1e9,
         hop_ms: host.hops.as_secs_f64() * 1e3 / steps as f64,
         predicted_ms: predicted * 1e3 / steps as f64,
+        probe_predicted_ms: probe_predicted * 1e3 / steps as f64,
+        cpu_factor: e.cpu_calibration(1).map_or(1.0, |c| c.0),
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -592,6 +600,10 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                 println!(
                     "{:<43} host CPU {:>8.2} ms/step ({:.1} groups at {:.1} GB/s), residual hops {:.2} ms/step; predicted step {:.2} ms (measured/predicted {:.2})",
                     "", f.cpu_ms, f.cpu_groups, f.cpu_gbs, f.hop_ms, f.predicted_ms, f.step_ms / f.predicted_ms.max(1e-9)
+                );
+                println!(
+                    "{:<43} from the CPU probe alone: predicted {:.2} ms (measured/predicted {:.2}); steps ran the CPU at {:.2}x the probe's time per byte",
+                    "", f.probe_predicted_ms, f.step_ms / f.probe_predicted_ms.max(1e-9), f.cpu_factor
                 );
             }
             if f.kv_up_mib > 0.0 {
