@@ -791,31 +791,22 @@ impl Engine {
     }
 
     /// Hybrid decode: the factor on the probe's CPU time per byte that the
-    /// plan uses now (1 until steps showed otherwise), and the step of `n`
-    /// tokens predicted from the probe alone.
+    /// steps so far showed, and the step of `n` tokens predicted with the
+    /// CPU at that speed (the plan's own prediction uses the probe's).
     pub fn cpu_calibration(&self, n: u32) -> Option<(f64, f64)> {
-        let c = self.cpu_cal.as_ref()?;
-        let p = c.probe_sizes.get((n as usize).checked_sub(1)?)?;
-        Some((c.planned, p.predicted.step_s()))
+        let (c, plan) = (self.cpu_cal.as_ref()?, self.plan.hybrid.as_ref()?);
+        (1..=crate::paging::HYBRID_MAX_TOKENS)
+            .contains(&n)
+            .then(|| (c.seen, c.predict(plan, n)))
     }
 
-    /// Compares the host CPU's speed in this step with what the plan
-    /// assumes, and chooses the hybrid splits again when steps keep running
-    /// off it.
+    /// Tracks the host CPU's speed in hybrid steps against its probe's.
     fn calibrate_cpu(&mut self, n: u32) {
         let h = self.last_step.host;
-        let (Some(cal), Some(plan)) = (self.cpu_cal.as_mut(), self.plan.hybrid.as_mut()) else {
-            return;
-        };
-        if h.groups > 0 && cal.observe(n, h.bytes, h.compute.as_secs_f64()) {
-            cal.replan(plan);
-            let s1 = &plan.per_size[0];
-            tracing::info!(
-                "hybrid: the CPU runs at {:.2}x the probe's time per byte in steps; a 1-token step now gives it {} groups, predicted {:.2} ms",
-                cal.planned,
-                s1.cpu_groups,
-                s1.predicted.step_s() * 1e3
-            );
+        if let Some(cal) = self.cpu_cal.as_mut() {
+            if h.groups > 0 {
+                cal.observe(n, h.bytes, h.compute.as_secs_f64());
+            }
         }
     }
 

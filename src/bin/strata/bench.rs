@@ -155,9 +155,9 @@ struct StepFigures {
     cpu_gbs: f64,
     hop_ms: f64,
     predicted_ms: f64,
-    /// The same from the CPU probe alone, and the factor on the probe's
-    /// CPU time that the steps showed (the plan re-chose its split with it).
-    probe_predicted_ms: f64,
+    /// The same with the CPU at the speed these steps showed, and that
+    /// speed as a factor on the probe's time per byte.
+    measured_cpu_predicted_ms: f64,
     cpu_factor: f64,
 }
 
@@ -258,7 +258,7 @@ fn time_strata(
     let wait0 = e.store().read_wait();
     let (mut kv_up, mut kv_down) = (0u64, 0u64);
     let mut host = strata::engine::host::HostStats::default();
-    let (mut predicted, mut probe_predicted) = (0.0, 0.0);
+    let (mut predicted, mut cal_predicted) = (0.0, 0.0);
     let t0 = Instant::now();
     let mut tokens = 0usize;
     for b in run {
@@ -273,7 +273,7 @@ fn time_strata(
         for c in b.chunks(e.n_batch() as usize) {
             let p = e.plan.predicted_step_s(c.len() as u32);
             predicted += p;
-            probe_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
+            cal_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
         }
         tokens += b.len();
     }
@@ -308,7 +308,7 @@ fn time_strata(
         cpu_gbs: host.bytes as f64 / host.compute.as_secs_f64().max(1e-9) / 1e9,
         hop_ms: host.hops.as_secs_f64() * 1e3 / steps as f64,
         predicted_ms: predicted * 1e3 / steps as f64,
-        probe_predicted_ms: probe_predicted * 1e3 / steps as f64,
+        measured_cpu_predicted_ms: cal_predicted * 1e3 / steps as f64,
         cpu_factor: e.cpu_calibration(1).map_or(1.0, |c| c.0),
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
@@ -602,8 +602,8 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                     "", f.cpu_ms, f.cpu_groups, f.cpu_gbs, f.hop_ms, f.predicted_ms, f.step_ms / f.predicted_ms.max(1e-9)
                 );
                 println!(
-                    "{:<43} from the CPU probe alone: predicted {:.2} ms (measured/predicted {:.2}); steps ran the CPU at {:.2}x the probe's time per byte",
-                    "", f.probe_predicted_ms, f.step_ms / f.probe_predicted_ms.max(1e-9), f.cpu_factor
+                    "{:<43} the CPU ran at {:.2}x its probe's time per byte; at that speed the plan predicts {:.2} ms (measured/predicted {:.2})",
+                    "", f.cpu_factor, f.measured_cpu_predicted_ms, f.step_ms / f.measured_cpu_predicted_ms.max(1e-9)
                 );
             }
             if f.kv_up_mib > 0.0 {
