@@ -383,22 +383,32 @@ impl Pager {
             let Some(r) = self.rings[ring as usize].as_ref() else {
                 continue;
             };
-            let last = r.depth().min(r.n().saturating_sub(1));
-            for k in r.issued()..=last.min(r.n().saturating_sub(1)) {
-                if k < r.n() {
-                    next.push((self.pos[self.lists[ring as usize][k].index()], ring, k));
-                }
+            // the window: groups 0..=depth (prefetch keeps to it)
+            for k in r.issued()..r.n().min(r.depth() + 1) {
+                next.push((self.pos[self.lists[ring as usize][k].index()], ring, k));
             }
         }
         next.sort_unstable_by_key(|&(p, ring, _)| (p, ring as usize));
         for (_, ring, k) in next {
-            let ops = self.rings[ring as usize]
-                .as_mut()
-                .expect("ring")
-                .prefetch(k);
-            self.run_ops(ring, ops, store, compute, kv.as_deref_mut())?;
+            self.prefetch(ring, k, store, compute, kv.as_deref_mut())?;
         }
         Ok(())
+    }
+
+    /// Issues `ring`'s uploads up to its group `upto`, within its window.
+    fn prefetch(
+        &mut self,
+        ring: Ring,
+        upto: usize,
+        store: &WeightStore,
+        compute: &Backend,
+        kv: Option<&mut KvTier>,
+    ) -> Result<(), EngineError> {
+        let ops = self.rings[ring as usize]
+            .as_mut()
+            .expect("ring")
+            .prefetch(upto);
+        self.run_ops(ring, ops, store, compute, kv)
     }
 
     /// Issues the uploads `ring` is about to issue for group `j`'s window
@@ -428,18 +438,10 @@ impl Pager {
                 let before =
                     self.lists[other as usize].partition_point(|g| self.pos[g.index()] < p);
                 if before > 0 {
-                    let ops = self.rings[other as usize]
-                        .as_mut()
-                        .expect("ring")
-                        .prefetch(before - 1);
-                    self.run_ops(other, ops, store, compute, kv.as_deref_mut())?;
+                    self.prefetch(other, before - 1, store, compute, kv.as_deref_mut())?;
                 }
             }
-            let ops = self.rings[ring as usize]
-                .as_mut()
-                .expect("ring")
-                .prefetch(k);
-            self.run_ops(ring, ops, store, compute, kv.as_deref_mut())?;
+            self.prefetch(ring, k, store, compute, kv.as_deref_mut())?;
         }
         Ok(())
     }
