@@ -764,9 +764,21 @@ impl Engine {
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
         // rows of the residual stream on the host, while they are there
         let mut x_host: Option<u32> = None;
-        for (l, kind, shape) in order {
+        // after the step's last CPU group its pool sleeps: spinning, it
+        // would take the cores the thread driving the GPU and the driver's
+        // own threads need (the H100 traces showed that thread losing a
+        // 4 ms scheduler tick in most steps)
+        let last_cpu = order
+            .iter()
+            .rposition(|(l, k, _)| on_cpu[GroupId::new(*l, *k).index()]);
+        for (i, (l, kind, shape)) in order.into_iter().enumerate() {
             if on_cpu[GroupId::new(l, kind).index()] {
                 self.run_host_group(l, kind, shape, &mut x_host)?;
+                if Some(i) == last_cpu && !self.device.is_cpu() {
+                    if let Some(h) = self.host.as_ref() {
+                        h.park_threads();
+                    }
+                }
             } else {
                 self.residual_to_device(&mut x_host)?;
                 self.run_group(l, kind, shape)?;
