@@ -17,5 +17,8 @@ if [ ! -f /root/cuda/libggml-cuda.so ]; then
 fi
 m=/root/m/llama3-70b-q4_0.gguf
 [ -f "$m" ] || $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from $v "$m" 2>&1 | tail -1 > "$out/synth.txt"
+# the written file's dirty pages are flushed before anything is timed (run
+# 14: the CPU read 64.5 GB/s during the writeback, 90 a minute later)
+sync
 wait
 cp /root/cuda/libggml-cuda.so* $bin/
