@@ -322,14 +322,13 @@ impl Engine {
         if let Some(c) = cpu_input(&spec, &plan, &input, device, &backend, cfg)? {
             input.cpu = Some(c.clone());
             plan = crate::paging::plan(&input)?;
-            cpu_cal = plan.hybrid.as_ref().map(|h| {
+            cpu_cal = plan.hybrid.is_some().then(|| {
                 crate::paging::CpuCalibration::new(
                     c,
                     input.groups.clone(),
                     plan.resident.iter().map(|r| !r).collect(),
                     plan.slots,
                     input.copy_bw,
-                    h,
                 )
             });
         }
