@@ -87,7 +87,7 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
     let b = match kind {
         "attn" => build_attn(&ctx, &d, &attn_sig(arch), s, LIM),
         "ffn" => build_ffn(&ctx, &d, &ffn_sig(), s, LIM),
-        _ => build_head(&ctx, &d, GgmlType::Q8_0, s, LIM),
+        _ => build_head(&ctx, &d, GgmlType::Q8_0, s, 0, LIM),
     };
     b.graph
         .snapshot()

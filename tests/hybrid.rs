@@ -7,7 +7,7 @@
 mod common;
 
 use common::{cpu_cfg, model};
-use strata::engine::{Engine, EngineConfig, Hybrid};
+use strata::engine::{Engine, EngineConfig, Hybrid, PagingOptions};
 use strata::llama::LlamaModel;
 use strata::parity::{compare, run_strata};
 
@@ -18,8 +18,11 @@ const PROMPTS: [&str; 2] = [
 
 fn hybrid_cfg(k: usize, repack: bool) -> EngineConfig {
     EngineConfig {
-        stream_all: true,
-        hybrid: Hybrid::Force(k),
+        paging: PagingOptions {
+            stream_all: true,
+            hybrid: Hybrid::Force(k),
+            ..PagingOptions::default()
+        },
         repack,
         ..cpu_cfg()
     }
@@ -40,7 +43,7 @@ fn hybrid_equals_resident(name: &str, splits: fn(usize) -> Vec<usize>) {
     let n_layer = resident.spec.hp.n_layer as usize;
     for k in splits(n_layer) {
         let mut hybrid = Engine::load(&path, &hybrid_cfg(k, false)).expect("hybrid engine");
-        let h = hybrid.plan.hybrid.clone().expect("a forced hybrid plan");
+        let h = hybrid.plan.placement.hybrid.clone().expect("a forced hybrid plan");
         assert_eq!(h.host.iter().filter(|h| **h).count(), k);
         assert!(h.per_size.iter().all(|s| s.cpu_groups == k));
         for p in PROMPTS {
@@ -103,7 +106,7 @@ fn qwen2_repacked_hybrid_stays_close() {
     let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
     let mut plain = Engine::load(&path, &hybrid_cfg(0, false)).expect("streamed engine");
     let mut hybrid = Engine::load(&path, &hybrid_cfg(24, true)).expect("hybrid engine");
-    assert!(hybrid.plan.hybrid.is_some());
+    assert!(hybrid.plan.placement.hybrid.is_some());
     let prompt = vocab.tokenize(PROMPTS[1], true, true).expect("tokenize");
     let a = run_strata(&mut plain, &prompt, 12).expect("streamed run");
     let b = run_strata(&mut hybrid, &prompt, 12).expect("hybrid run");

@@ -7,7 +7,9 @@
 mod common;
 
 use common::{all_positions, argmax, model, QWEN2, SMOLLM2};
-use strata::engine::{BatchToken, Engine, EngineConfig, EngineError};
+use strata::engine::{
+    BatchToken, Budgets, Engine, EngineConfig, EngineError, Faults, KvTierOptions, PagingOptions,
+};
 use strata::llama::LlamaModel;
 use strata::parity::{compare, nmse, run_strata};
 
@@ -31,8 +33,43 @@ fn tiered(kv_layers_on_device: u64, e: &Engine) -> EngineConfig {
     // the KV of one layer: K and V, F16, n_ctx cells
     let per_layer = 2 * 2 * e.spec.hp.n_embd_kv() as u64 * e.n_ctx() as u64;
     EngineConfig {
-        kv_budget: Some(kv_layers_on_device * per_layer),
+        budgets: Budgets {
+            kv_gpu: Some(kv_layers_on_device * per_layer),
+            ..Budgets::default()
+        },
         ..cfg()
+    }
+}
+
+/// `c` with blocks of `block` cells, `kv_dram` bytes of frames and spill
+/// files in `dir` (at most `spill_max` bytes).
+fn spilling(
+    c: EngineConfig,
+    block: usize,
+    kv_dram: u64,
+    dir: &std::path::Path,
+    spill_max: Option<u64>,
+) -> EngineConfig {
+    EngineConfig {
+        budgets: Budgets {
+            kv_dram: Some(kv_dram),
+            ..c.budgets
+        },
+        kv_tier: KvTierOptions {
+            block,
+            spill_dir: Some(dir.to_path_buf()),
+            spill_max,
+        },
+        ..c
+    }
+}
+
+/// Every group streamed through two slots.
+fn streamed() -> PagingOptions {
+    PagingOptions {
+        stream_all: true,
+        slots: 2,
+        ..PagingOptions::default()
     }
 }
 
@@ -84,9 +121,11 @@ fn windowed_equals_device_kv(name: &str) {
         (
             "windowed+streamed+poison",
             EngineConfig {
-                stream_all: true,
-                poison_slots: true,
-                slots: 2,
+                paging: streamed(),
+                faults: Faults {
+                    poison_slots: true,
+                    ..Faults::default()
+                },
                 ..tiered(0, &base)
             },
         ),
@@ -182,12 +221,7 @@ fn through_ssd(name: &str) {
     let spill = tempfile::tempdir().expect("tempdir");
     let frame =
         (2 * 2 * BLOCK) as u64 * base.spec.hp.n_embd_kv() as u64 * base.spec.hp.n_layer as u64;
-    let c = EngineConfig {
-        kv_block: BLOCK,
-        kv_dram: Some(frames as u64 * frame),
-        kv_spill_dir: Some(spill.path().to_path_buf()),
-        ..tiered(0, &base)
-    };
+    let c = spilling(tiered(0, &base), BLOCK, frames as u64 * frame, spill.path(), None);
     let mut e = Engine::load(&path, &c).expect("tiered engine");
     assert_eq!(e.kv_tier().unwrap().frames(), frames);
     let mut toks_b = prompts.clone();
@@ -245,13 +279,7 @@ fn two_seqs(path: &std::path::Path, spill_max: Option<u64>) -> TwoSeqs {
     let frame =
         (2 * 2 * 16) as u64 * probe.spec.hp.n_embd_kv() as u64 * probe.spec.hp.n_layer as u64;
     let dir = tempfile::tempdir().expect("tempdir");
-    let c = EngineConfig {
-        kv_block: 16,
-        kv_dram: Some(3 * frame),
-        kv_spill_dir: Some(dir.path().to_path_buf()),
-        kv_spill_max: spill_max,
-        ..tiered(0, &probe)
-    };
+    let c = spilling(tiered(0, &probe), 16, 3 * frame, dir.path(), spill_max);
     drop(probe);
     let mut e = Engine::load(path, &c).expect("tiered engine");
     let mut toks = [prompts[0].clone(), prompts[1].clone()];
@@ -365,7 +393,10 @@ fn gpu_budget_alone_windows_the_kv_that_does_not_fit() {
     let Some(path) = model(SMOLLM2) else { return };
     let c = |b: Option<u64>| EngineConfig {
         n_ctx: 4096,
-        gpu_budget: b,
+        budgets: Budgets {
+            gpu: b,
+            ..Budgets::default()
+        },
         ..cfg()
     };
     let mut base = Engine::load(&path, &c(None)).expect("engine");
@@ -414,9 +445,13 @@ fn failed_batch_leaves_the_cache_as_it_was() {
         (2 * 2 * 16) as u64 * probe.spec.hp.n_embd_kv() as u64 * probe.spec.hp.n_layer as u64;
     let c = EngineConfig {
         n_batch: 8,
-        kv_block: 16,
-        kv_dram: Some(2 * frame),
-        ..tiered(0, &probe)
+        ..spilling(
+            tiered(0, &probe),
+            16,
+            2 * frame,
+            &std::env::temp_dir(),
+            None,
+        )
     };
     drop(probe);
     let mut e = Engine::load(&path, &c).expect("tiered engine");
@@ -478,19 +513,13 @@ fn rejected_drafts_leave_no_trace_in_any_tier() {
         (
             "half windowed, streamed weights",
             EngineConfig {
-                stream_all: true,
-                slots: 2,
+                paging: streamed(),
                 ..tiered(n_layer / 2, &probe)
             },
         ),
         (
             "windowed through spill files",
-            EngineConfig {
-                kv_block: BLOCK,
-                kv_dram: Some(6 * frame),
-                kv_spill_dir: Some(spill.path().to_path_buf()),
-                ..tiered(0, &probe)
-            },
+            spilling(tiered(0, &probe), BLOCK, 6 * frame, spill.path(), None),
         ),
     ];
     drop(probe);

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{all_positions, model};
-use strata::engine::{DeviceChoice, Engine, EngineConfig};
+use strata::engine::{DeviceChoice, Engine, EngineConfig, PagingOptions};
 use strata::llama::LlamaModel;
 use strata::parity::{compare, nmse, run_strata};
 
@@ -21,8 +21,11 @@ fn cfg(stream_all: bool, slots: usize) -> EngineConfig {
         n_batch: 512,
         n_threads: 2,
         device: DeviceChoice::Cpu,
-        stream_all,
-        slots,
+        paging: PagingOptions {
+            stream_all,
+            slots,
+            ..PagingOptions::default()
+        },
         ..EngineConfig::default()
     }
 }
@@ -31,11 +34,11 @@ fn streamed_equals_resident(name: &str) {
     let Some(path) = model(name) else { return };
     let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
     let mut resident = Engine::load(&path, &cfg(false, 3)).expect("resident engine");
-    assert_eq!(resident.plan.n_streamed(), 0);
+    assert_eq!(resident.plan.placement.n_streamed(), 0);
     for slots in [2, 3] {
         let mut streamed = Engine::load(&path, &cfg(true, slots)).expect("streamed engine");
         assert_eq!(
-            streamed.plan.n_streamed(),
+            streamed.plan.placement.n_streamed(),
             2 * streamed.spec.hp.n_layer as usize
         );
         for p in PROMPTS {
@@ -94,20 +97,20 @@ fn poison_switch_catches_broken_ordering() {
 
     // poison on, ordering intact: identical results
     let mut c = cfg(true, 2);
-    c.poison_slots = true;
+    c.faults.poison_slots = true;
     let mut ok = Engine::load(&path, &c).expect("engine");
     let got = run_strata(&mut ok, &prompt, 4).expect("run");
     assert_eq!(compare(&got, &want), (0.0, None));
 
     // computations that do not wait for their upload read poisoned slots
-    c.fault_skip_load_wait = true;
+    c.faults.skip_load_wait = true;
     let mut broken = Engine::load(&path, &c).expect("engine");
     let got = run_strata(&mut broken, &prompt, 4).expect("run");
     let nan = got.logits.iter().flatten().any(|x| x.is_nan());
     assert!(nan, "a read before its upload completed must show as NaN");
 
     // without the switch the same fault goes unnoticed by a NaN check
-    c.poison_slots = false;
+    c.faults.poison_slots = false;
     let mut silent = Engine::load(&path, &c).expect("engine");
     let got = run_strata(&mut silent, &prompt, 4).expect("run");
     assert!(!got.logits.iter().flatten().any(|x| x.is_nan()));
@@ -135,7 +138,7 @@ fn dram_window_equals_resident(name: &str) {
     let mut c = cfg(true, 2);
     // a small window without read-ahead, and a larger one reading ahead
     for groups in [4u64, 10] {
-        c.dram_budget = Some(groups * max_extent);
+        c.budgets.dram = Some(groups * max_extent);
         let mut windowed = Engine::load(&path, &c).expect("windowed engine");
         assert!(windowed.store().window_slots().is_some());
         if groups == 10 {
@@ -179,7 +182,7 @@ fn dram_window_equals_resident(name: &str) {
         "{name}: batched DRAM-windowed run differs"
     );
     // a budget below two host slots is refused, naming the minimum
-    c.dram_budget = Some(max_extent);
+    c.budgets.dram = Some(max_extent);
     let e = Engine::load(&path, &c)
         .err()
         .expect("too small a DRAM budget is refused");
@@ -234,4 +237,46 @@ fn timeline_records_each_group_and_upload() {
     // a second recording starts empty
     e.start_timeline();
     assert!(e.finish_timeline().is_empty());
+}
+
+/// The plan reserves activation memory before any graph exists; the one
+/// buffer every graph shares must never outgrow that reserve, at a decode
+/// step, at the largest step, and with logits for every row.
+#[test]
+fn activation_reserve_covers_the_largest_graph() {
+    for name in [common::SMOLLM2, common::QWEN2] {
+        let Some(path) = model(name) else { continue };
+        for n_batch in [1u32, 7, 64, 300, 512] {
+            let c = EngineConfig {
+                n_batch,
+                n_ctx: 1024,
+                ..cfg(false, 3)
+            };
+            let mut e = Engine::load(&path, &c).expect("engine");
+            let toks: Vec<_> = (0..n_batch)
+                .map(|i| strata::engine::BatchToken {
+                    token: 100 + i,
+                    pos: i as i32,
+                    seq: 0,
+                    logits: true,
+                })
+                .collect();
+            e.decode(&toks).expect("full step");
+            // and a decode step deep into the context
+            let last = strata::engine::BatchToken {
+                token: 7,
+                pos: 1000,
+                seq: 0,
+                logits: true,
+            };
+            e.decode(&[last]).expect("decode step");
+            let (used, reserve) = (e.activation_bytes(), e.activation_reserve());
+            eprintln!("{name} b={n_batch}: activations {used} of {reserve} reserved");
+            assert!(used > 0, "{name} b={n_batch}: no activations allocated");
+            assert!(
+                used <= reserve,
+                "{name} b={n_batch}: activations {used} bytes outgrew the plan's reserve {reserve}"
+            );
+        }
+    }
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{model, QWEN2, SMOLLM2};
-use strata::engine::{Engine, EngineConfig};
+use strata::engine::{Budgets, Engine, EngineConfig, KvTierOptions};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::Sampler;
@@ -43,8 +43,14 @@ fn resume_equals_unbroken(name: &str) {
     for c in [
         cfg(),
         EngineConfig {
-            kv_budget: Some(per_layer),
-            kv_block: 16,
+            budgets: Budgets {
+                kv_gpu: Some(per_layer),
+                ..Budgets::default()
+            },
+            kv_tier: KvTierOptions {
+                block: 16,
+                ..KvTierOptions::default()
+            },
             ..cfg()
         },
     ] {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{model, QWEN15, QWEN2, SMOLLM2};
-use strata::engine::{Engine, EngineConfig};
+use strata::engine::{Budgets, Engine, EngineConfig, Faults, KvTierOptions, PagingOptions};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
@@ -106,11 +106,23 @@ fn lookup_with_tiered_kv_and_streaming_smollm2() {
     drop(e);
     let dir = tempfile::tempdir().expect("tempdir");
     let tiered = EngineConfig {
-        kv_budget: Some(2 * per_layer),
-        kv_block: 16,
-        kv_spill_dir: Some(dir.path().to_path_buf()),
-        stream_all: true,
-        poison_slots: true,
+        budgets: Budgets {
+            kv_gpu: Some(2 * per_layer),
+            ..Budgets::default()
+        },
+        kv_tier: KvTierOptions {
+            block: 16,
+            spill_dir: Some(dir.path().to_path_buf()),
+            ..KvTierOptions::default()
+        },
+        paging: PagingOptions {
+            stream_all: true,
+            ..PagingOptions::default()
+        },
+        faults: Faults {
+            poison_slots: true,
+            ..Faults::default()
+        },
         ..cfg()
     };
     lookup_equals_plain(SMOLLM2, &[tiered], &[SamplerConfig::greedy(), sampled(5)]);

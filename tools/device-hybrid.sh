@@ -9,6 +9,7 @@
 #   bash tools/device-hybrid.sh bench    # 12G and 24G decode (hybrid, not, llama.cpp), trace
 #   bash tools/device-hybrid.sh sweep    # 12G: CPU groups auto / 61 / 30 (SPLITS=...), T15=1: -t 15
 #   bash tools/device-hybrid.sh big      # pp2048 and 64-sequence decode at 12G
+#   bash tools/device-hybrid.sh ub       # 12G decode: default plan (-ub 512) vs decode-sized (-ub 16) vs -ub 2048
 #   bash tools/device-hybrid.sh checks   # NMSE vs llama.cpp all-GPU, compute-sanitizer
 #   bash tools/device-hybrid.sh bound    # the CUDA-vs-CPU NMSE bound; 12G without hybrid
 # Several may be named in one call (bash tools/device-hybrid.sh bench sweep).
@@ -46,6 +47,17 @@ big)
     echo "== 12G, hybrid auto: pp2048 and 64-sequence decode (the CPU takes no part above 32 tokens)"
     $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -ub 2048 -n 0 -B 64 -r 2 2>&1 | f
   } 2>&1 | tee "$out/hybrid_big.txt" ;;
+ub)
+  {
+    echo "== 12G decode: the default plan (-ub 512) against a decode-sized (-ub 16) and a prefill-sized (-ub 2048) one, interleaved"
+    for rep in 1 2; do
+      for ub in 512 16 2048; do
+        echo "-- round $rep: -ub $ub"
+        $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -b 2048 -ub $ub -p 0 -n 16 -B 0 -r $R 2>&1 | f \
+          | grep -e "^plan:" -e "^memory:" -e "tg16" -e "measured/predicted"
+      done
+    done
+  } 2>&1 | tee "$out/hybrid_ub.txt" ;;
 bound)
   {
     echo "== the CUDA-vs-CPU bound: strata all resident on the GPU vs llama.cpp (GPU) and vs strata on the CPU"

@@ -36,8 +36,4 @@ pub enum EngineError {
     KvTier(#[from] crate::kv::tier::TierError),
     #[error(transparent)]
     KvSpill(#[from] crate::kv::spill::SpillError),
-    #[error("KV DRAM budget {budget} bytes is below the minimum of {minimum} bytes (one block of every windowed layer); raise --kv-dram")]
-    KvDramBudget { budget: u64, minimum: u64 },
-    #[error("DRAM budget {budget} bytes is below the minimum of {minimum} bytes (two host slots of the largest streamed group of each kind); raise --dram-budget")]
-    DramBudget { budget: u64, minimum: u64 },
 }

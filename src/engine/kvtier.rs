@@ -27,8 +27,9 @@ use std::path::PathBuf;
 pub struct KvTierConfig {
     /// Cells per block.
     pub block: usize,
-    /// Host bytes for frames; None: every block of the context.
-    pub dram: Option<u64>,
+    /// Host frames (one block of every windowed layer each), as the
+    /// memory plan decided; at least 1.
+    pub frames: usize,
     /// Where the private spill directory is made.
     pub spill_parent: PathBuf,
     /// Most bytes the spill files may take.
@@ -112,16 +113,7 @@ impl KvTier {
         let block = cfg.block.clamp(1, n_ctx);
         let n_blocks = n_ctx.div_ceil(block);
         let frame_bytes = (layers.len() * 2 * block * row) as u64;
-        let frames = match cfg.dram {
-            None => n_blocks,
-            Some(b) => ((b / frame_bytes.max(1)) as usize).min(n_blocks),
-        };
-        if frames == 0 {
-            return Err(EngineError::KvDramBudget {
-                budget: cfg.dram.unwrap_or(0),
-                minimum: frame_bytes,
-            });
-        }
+        let frames = cfg.frames.clamp(1, n_blocks);
         // windows; read where the mask hides them, so zeroed (finite)
         let spec = TensorSpec::new(GgmlType::F16, &[n_embd_kv as i64, n_ctx as i64]);
         let windows =

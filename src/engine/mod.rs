@@ -28,10 +28,11 @@ pub use store::{GroupLayout, Location, ModelFile, WeightStore};
 
 use crate::ggml::{self, Backend, Device, GgmlError, GraphAllocator};
 use crate::gguf::GgufFile;
-use crate::graph::{BindId, Binding, Dims, Limits, StepShape, Template, TemplateKey};
+use crate::graph::{BindId, Binding, Dims, Limits, StepShape, Template, TemplateKey, HEAD_ROWS};
 use crate::kv::KvCells;
 use crate::model::{GroupId, GroupKind, ModelSpec};
-use crate::paging::{GroupInfo, Plan, PlanInput};
+pub use crate::paging::Budgets;
+use crate::paging::{GroupInfo, KvShape, MemoryInput, MemoryPlan, Plan};
 use buffers::{KvStore, Persistent};
 use kvtier::{KvStats, KvTier, KvTierConfig};
 use pager::{Pager, Ring};
@@ -70,40 +71,74 @@ pub struct EngineConfig {
     pub poll: u32,
     pub device: DeviceChoice,
     pub progress: bool,
-    /// Device memory strata may use; None: everything that fits stays resident.
-    pub gpu_budget: Option<u64>,
-    /// Slots per group kind when streaming (>= 2).
-    pub slots: usize,
-    /// Stream every layer group whatever the budget (tests, benchmarks).
-    pub stream_all: bool,
-    /// Host memory for streamed groups; below their size, a window of them
-    /// is kept and the rest is read from the model file as needed.
-    pub dram_budget: Option<u64>,
-    /// Debug: fill each slot with NaN once its reader finished, so a read
-    /// before its next upload completed shows as NaN logits.
-    pub poison_slots: bool,
-    /// Debug fault for tests: computations do not wait for their upload.
-    pub fault_skip_load_wait: bool,
-    /// Device bytes for KV caches kept on the GPU (the first layers get
-    /// theirs while it lasts; the others are windowed through DRAM).
-    /// None: every layer's KV stays on the device.
-    pub kv_budget: Option<u64>,
-    /// Host bytes for windowed layers' KV blocks; None: all of them.
-    pub kv_dram: Option<u64>,
-    /// Cells per KV block (the unit moved between tiers).
-    pub kv_block: usize,
-    /// Where KV spill files go (a private directory is made inside).
-    pub kv_spill_dir: Option<std::path::PathBuf>,
-    /// Most bytes the KV spill files may take.
-    pub kv_spill_max: Option<u64>,
+    /// What strata may use of GPU and host memory, for weights and KV
+    /// (the memory plan decides the rest; see [`crate::paging::memory_plan`]).
+    pub budgets: Budgets,
+    /// How layer groups may be placed.
+    pub paging: PagingOptions,
+    /// The KV tier of layers whose KV is windowed.
+    pub kv_tier: KvTierOptions,
     /// CPU weights in the CPU's repacked buffer types (llama.cpp's
     /// default; its --no-repack turns it off).
     pub repack: bool,
-    pub hybrid: Hybrid,
     /// Batch-invariant numerics on the CPU: ggml's reference kernels and
     /// plain weights, so a sequence's logits do not depend on what it is
     /// batched with (slower; the server's --batch-invariant).
     pub batch_invariant: bool,
+    /// Debug switches for tests.
+    pub faults: Faults,
+}
+
+/// How layer groups may be placed.
+#[derive(Clone, Debug)]
+pub struct PagingOptions {
+    /// Slots per group kind when streaming (>= 2).
+    pub slots: usize,
+    /// Stream every layer group whatever the budget (tests, benchmarks).
+    pub stream_all: bool,
+    /// Whether the host CPU computes some streamed groups.
+    pub hybrid: Hybrid,
+}
+
+impl Default for PagingOptions {
+    fn default() -> Self {
+        PagingOptions {
+            slots: 3,
+            stream_all: false,
+            hybrid: Hybrid::Auto,
+        }
+    }
+}
+
+/// The KV tier of windowed layers.
+#[derive(Clone, Debug)]
+pub struct KvTierOptions {
+    /// Cells per KV block (the unit moved between tiers).
+    pub block: usize,
+    /// Where KV spill files go (a private directory is made inside).
+    pub spill_dir: Option<std::path::PathBuf>,
+    /// Most bytes the KV spill files may take.
+    pub spill_max: Option<u64>,
+}
+
+impl Default for KvTierOptions {
+    fn default() -> Self {
+        KvTierOptions {
+            block: 256,
+            spill_dir: None,
+            spill_max: None,
+        }
+    }
+}
+
+/// Debug switches for tests.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Fill each slot with NaN once its reader finished, so a read before
+    /// its next upload completed shows as NaN logits.
+    pub poison_slots: bool,
+    /// Computations do not wait for their upload (a deliberate bug).
+    pub skip_load_wait: bool,
 }
 
 impl Default for EngineConfig {
@@ -115,20 +150,12 @@ impl Default for EngineConfig {
             poll: 50,
             device: DeviceChoice::Auto,
             progress: false,
-            gpu_budget: None,
-            slots: 3,
-            stream_all: false,
-            dram_budget: None,
-            poison_slots: false,
-            fault_skip_load_wait: false,
-            kv_budget: None,
-            kv_dram: None,
-            kv_block: 256,
-            kv_spill_dir: None,
-            kv_spill_max: None,
+            budgets: Budgets::default(),
+            paging: PagingOptions::default(),
+            kv_tier: KvTierOptions::default(),
             repack: true,
-            hybrid: Hybrid::Auto,
             batch_invariant: false,
+            faults: Faults::default(),
         }
     }
 }
@@ -159,13 +186,15 @@ pub struct StepStats {
 
 pub struct Engine {
     pub spec: ModelSpec,
-    pub plan: Plan,
+    /// Where the weights, the KV cache and the CPU's copies live.
+    pub plan: MemoryPlan,
     dims: Dims,
     lim: Limits,
     device: Device,
     // field order is drop order: graphs before the buffers they point into
     templates: HashMap<TemplateKey, Template>,
-    allocators: HashMap<u8, (GraphAllocator, usize)>,
+    /// The activation buffer every group graph and the head share.
+    activations: Option<(GraphAllocator, usize)>,
     pager: Pager,
     host: Option<host::HostCompute>,
     backend: Backend,
@@ -200,7 +229,7 @@ impl Engine {
         };
         // budgets not given: what the machine has free, less a margin
         let mut budgets = Vec::new();
-        let auto_gpu = (cfg.gpu_budget.is_none() && !device.is_cpu()).then(|| {
+        let auto_gpu = (cfg.budgets.gpu.is_none() && !device.is_cpu()).then(|| {
             let (free, total) = device.memory();
             let b = crate::paging::auto_gpu_budget(free as u64, total as u64);
             budgets.push(format!(
@@ -210,7 +239,7 @@ impl Engine {
             ));
             b
         });
-        let auto_dram = match cfg.dram_budget {
+        let auto_dram = match cfg.budgets.dram {
             Some(_) => None,
             None => crate::paging::mem_available().map(|avail| {
                 let b = crate::paging::auto_dram_budget(avail);
@@ -226,8 +255,11 @@ impl Engine {
             // batch invariance needs the plain layout: repacked kernels
             // pick gemv or gemm by batch size
             repack: cfg.repack && !cfg.batch_invariant,
-            gpu_budget: cfg.gpu_budget.or(auto_gpu),
-            dram_budget: cfg.dram_budget.or(auto_dram),
+            budgets: Budgets {
+                gpu: cfg.budgets.gpu.or(auto_gpu),
+                dram: cfg.budgets.dram.or(auto_dram),
+                ..cfg.budgets
+            },
             ..cfg.clone()
         };
         let mut backend = device.init_backend()?;
@@ -263,71 +295,50 @@ impl Engine {
             + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let persistent_bytes =
             lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
-        let groups: Vec<GroupInfo> = spec
-            .groups
-            .iter()
-            .zip(&layouts)
-            .map(|(g, l)| GroupInfo {
-                kind: g.kind,
-                bytes: l.bytes as u64,
-            })
-            .collect();
-        // KV: the first layers keep theirs on the device while the KV
-        // budget lasts (without one: while the GPU budget allows, see
-        // auto_kv_layers); the rest are windowed through DRAM
         let n_layer = dims.hp.n_layer as usize;
-        let per_layer = KvStore::bytes_per_layer(&dims, lim);
-        let kv_slots = cfg.slots.max(2);
-        let fixed_no_kv = head_bytes + persistent_bytes + buffers::activation_estimate(&dims, lim);
-        let n_kv_resident = match cfg.kv_budget {
-            // windowing pays only when fewer layers than the windows remain
-            Some(b) => match ((b / per_layer) as usize).min(n_layer) {
-                k if k + kv_slots >= n_layer && k > 0 => n_layer,
-                k => k,
-            },
-            None => crate::paging::auto_kv_layers(
-                &groups,
-                fixed_no_kv,
-                per_layer,
+        let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
+        let mut input = MemoryInput {
+            groups: spec
+                .groups
+                .iter()
+                .zip(&layouts)
+                .map(|(g, l)| GroupInfo {
+                    kind: g.kind,
+                    bytes: l.bytes as u64,
+                })
+                .collect(),
+            fixed_bytes: head_bytes
+                + persistent_bytes
+                + buffers::activation_estimate(&dims, lim),
+            kv: KvShape {
                 n_layer,
-                kv_slots,
-                cfg.slots,
-                cfg.gpu_budget,
-            ),
-        };
-        let kv_device = per_layer * n_kv_resident as u64
-            + if n_kv_resident < n_layer {
-                kv_slots as u64 * per_layer
-            } else {
-                0
-            };
-        let fixed = fixed_no_kv + kv_device;
-        let mut input = PlanInput {
-            groups,
-            fixed_bytes: fixed,
-            budget: cfg.gpu_budget,
+                layer_bytes: KvStore::bytes_per_layer(&dims, lim),
+                n_blocks: (n_ctx as usize).div_ceil(kv_block),
+                block_bytes: (2 * kv_block * dims.hp.n_embd_kv() as usize * 2) as u64,
+            },
+            budgets: cfg.budgets,
+            host_available: crate::paging::mem_available().unwrap_or(0),
+            slots: cfg.paging.slots,
+            stream_all: cfg.paging.stream_all,
             // measured: a quick pinned copy on a second stream (GPU)
-            copy_bw: if device.is_cpu() || cfg.gpu_budget.is_none() && !cfg.stream_all {
+            copy_bw: if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
                 10e9
             } else {
                 measure_h2d(device, 64 << 20, 4)?
             },
-            compute_s: 0.0,
-            slots: cfg.slots,
-            stream_all: cfg.stream_all,
             cpu: None,
         };
-        let mut plan = crate::paging::plan(&input)?;
+        let mut plan = crate::paging::memory_plan(&input)?;
         let mut cpu_cal = None;
-        if let Some(c) = cpu_input(&spec, &plan, &input, device, &backend, cfg)? {
+        if let Some(c) = cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)? {
             input.cpu = Some(c.clone());
-            plan = crate::paging::plan(&input)?;
-            cpu_cal = plan.hybrid.is_some().then(|| {
+            plan = crate::paging::memory_plan(&input)?;
+            cpu_cal = plan.placement.hybrid.is_some().then(|| {
                 crate::paging::CpuCalibration::new(
                     c,
                     input.groups.clone(),
-                    plan.resident.iter().map(|r| !r).collect(),
-                    plan.slots,
+                    plan.placement.resident.iter().map(|r| !r).collect(),
+                    plan.placement.slots,
                     input.copy_bw,
                 )
             });
@@ -339,11 +350,10 @@ impl Engine {
             device,
             &plan,
             layouts,
-            cfg.dram_budget,
             cfg.repack,
             cfg.progress,
         )?;
-        let host = match &plan.hybrid {
+        let host = match &plan.placement.hybrid {
             Some(h) => {
                 let bar = store::progress(h.host_bytes, cfg.progress);
                 let hl = Limits {
@@ -366,6 +376,7 @@ impl Engine {
             }
             None => None,
         };
+        let n_kv_resident = plan.kv.resident_layers;
         let tier = if n_kv_resident < n_layer {
             Some(KvTier::new(
                 device,
@@ -373,13 +384,17 @@ impl Engine {
                 n_layer,
                 dims.hp.n_embd_kv() as usize,
                 n_ctx as usize,
-                kv_slots,
+                plan.kv.windows,
                 kv_fingerprint(&spec),
                 &KvTierConfig {
-                    block: cfg.kv_block,
-                    dram: cfg.kv_dram,
-                    spill_parent: cfg.kv_spill_dir.clone().unwrap_or_else(std::env::temp_dir),
-                    spill_max: cfg.kv_spill_max,
+                    block: kv_block,
+                    frames: plan.kv.frames,
+                    spill_parent: cfg
+                        .kv_tier
+                        .spill_dir
+                        .clone()
+                        .unwrap_or_else(std::env::temp_dir),
+                    spill_max: cfg.kv_tier.spill_max,
                 },
             )?)
         } else {
@@ -388,11 +403,11 @@ impl Engine {
         let rec = timeline::Recorder::default();
         let pager = Pager::new(
             device,
-            &plan,
-            cfg.poison_slots,
-            cfg.fault_skip_load_wait,
+            &plan.placement,
+            cfg.faults.poison_slots,
+            cfg.faults.skip_load_wait,
             tier.is_some(),
-            kv_slots,
+            plan.kv.windows,
             rec.clone(),
         )?;
         let persistent = Persistent::alloc(&dims, lim, device)?;
@@ -410,7 +425,7 @@ impl Engine {
             lim,
             device,
             templates: HashMap::new(),
-            allocators: HashMap::new(),
+            activations: None,
             pager,
             host,
             backend,
@@ -454,9 +469,13 @@ impl Engine {
     /// KV, persistent tensors and the activation estimate the plan uses
     /// (what a resident draft model takes from the target's GPU budget).
     pub fn device_footprint(&self) -> u64 {
-        self.store.resident_bytes
-            + self.fixed_device_bytes()
-            + buffers::activation_estimate(&self.dims, self.lim)
+        self.store.resident_bytes + self.fixed_device_bytes() + self.activation_reserve()
+    }
+
+    /// Device bytes the plan reserves for activations: the largest step's
+    /// graphs (see [`buffers::activation_estimate`]).
+    pub fn activation_reserve(&self) -> u64 {
+        buffers::activation_estimate(&self.dims, self.lim)
     }
 
     /// One line on where the weights live.
@@ -475,7 +494,7 @@ impl Engine {
                 if t.host_pinned { "pinned" } else { "PAGEABLE" }
             ),
         };
-        if self.plan.n_streamed() == 0 {
+        if self.plan.placement.n_streamed() == 0 {
             return format!(
                 "{:.1} MiB of weights resident{kv}",
                 mib(self.store.resident_bytes)
@@ -484,10 +503,10 @@ impl Engine {
         format!(
             "{:.1} MiB resident, {} of {} groups streamed through {}+{} slots from {:.1} MiB of {} host memory",
             mib(self.store.resident_bytes),
-            self.plan.n_streamed(),
-            self.plan.resident.len(),
-            self.plan.slots.0,
-            self.plan.slots.1,
+            self.plan.placement.n_streamed(),
+            self.plan.placement.resident.len(),
+            self.plan.placement.slots.0,
+            self.plan.placement.slots.1,
             mib(self.store.pinned_bytes),
             if self.device.is_cpu() {
                 "plain"
@@ -744,7 +763,7 @@ impl Engine {
             ));
         }
         // hybrid decode: the groups the CPU computes at this step size
-        let on_cpu = match (&self.host, &self.plan.hybrid) {
+        let on_cpu = match (&self.host, &self.plan.placement.hybrid) {
             (Some(_), Some(h)) => h.cpu_groups(n),
             _ => vec![false; self.spec.groups.len()],
         };
@@ -805,7 +824,7 @@ impl Engine {
     /// steps so far showed, and the step of `n` tokens predicted with the
     /// CPU at that speed (the plan's own prediction uses the probe's).
     pub fn cpu_calibration(&self, n: u32) -> Option<(f64, f64)> {
-        let (c, plan) = (self.cpu_cal.as_ref()?, self.plan.hybrid.as_ref()?);
+        let (c, plan) = (self.cpu_cal.as_ref()?, self.plan.placement.hybrid.as_ref()?);
         (1..=crate::paging::HYBRID_MAX_TOKENS)
             .contains(&n)
             .then(|| (c.seen, c.predict(plan, n)))
@@ -838,28 +857,29 @@ impl Engine {
         Ok(())
     }
 
-    fn template(&mut self, key: &TemplateKey) -> Result<u8, EngineError> {
+    fn template(&mut self, key: &TemplateKey) -> Result<(), EngineError> {
         if !self.templates.contains_key(key) {
             let mut t = Template::build(key, &self.dims, self.lim)?;
             t.bind_externals(&self.ext_bindings());
             self.templates.insert(key.clone(), t);
         }
-        let aid = alloc_key(key);
-        if let std::collections::hash_map::Entry::Vacant(e) = self.allocators.entry(aid) {
-            e.insert((GraphAllocator::new(self.device.buffer_type())?, 0));
+        if self.activations.is_none() {
+            self.activations = Some((GraphAllocator::new(self.device.buffer_type())?, 0));
         }
-        Ok(aid)
+        Ok(())
     }
 
-    /// Allocates activations of `key`'s graph once. All templates of a kind
-    /// share one allocator buffer (they run one after another on one
-    /// stream); if the buffer had to grow, every other template of that
-    /// kind points into freed memory and is dropped.
-    fn ensure_allocated(&mut self, key: &TemplateKey, aid: u8) -> Result<(), EngineError> {
+    /// Allocates activations of `key`'s graph once. Every template shares
+    /// one allocator buffer (the graphs run one after another on one
+    /// stream, and what one hands the next lives in persistent tensors), so
+    /// the device holds the largest graph's activations, not a sum; if the
+    /// buffer had to grow, every other template points into freed memory
+    /// and is dropped.
+    fn ensure_allocated(&mut self, key: &TemplateKey) -> Result<(), EngineError> {
         if self.templates.get(key).is_some_and(|t| t.allocated) {
             return Ok(());
         }
-        let (alloc, size) = self.allocators.get_mut(&aid).expect("allocator exists");
+        let (alloc, size) = self.activations.as_mut().expect("allocator exists");
         let t = self.templates.get_mut(key).expect("template exists");
         alloc.alloc(&t.graph())?;
         t.allocated = true;
@@ -867,13 +887,23 @@ impl Engine {
         let grew = new_size != *size;
         *size = new_size;
         if grew {
+            tracing::debug!(
+                "activations grew to {:.1} MiB ({key:?})",
+                new_size as f64 / (1u64 << 20) as f64
+            );
             // drained first: the old buffer may still be in use on the device
             self.backend.synchronize();
             let keep = key.clone();
-            self.templates
-                .retain(|k, _| alloc_key(k) != aid || *k == keep);
+            self.templates.retain(|k, _| *k == keep);
         }
         Ok(())
+    }
+
+    /// Device bytes the activation buffer holds now (it grows to the
+    /// largest graph run so far; the plan reserves
+    /// [`buffers::activation_estimate`] for it).
+    pub fn activation_bytes(&self) -> u64 {
+        self.activations.as_ref().map_or(0, |(_, s)| *s as u64)
     }
 
     /// Bounds the template cache: when it holds more than a few templates
@@ -909,7 +939,7 @@ impl Engine {
         shape: StepShape,
     ) -> Result<(), EngineError> {
         let (gi, key) = self.group_key(layer, kind, shape);
-        let aid = self.template(&key)?;
+        self.template(&key)?;
         // KV: resident on the device, or a window the pager fills
         let windowed = kind == GroupKind::Attn && self.kv.is_windowed(layer);
         let mut id = BindId::resident(gi);
@@ -951,7 +981,7 @@ impl Engine {
             }
         };
         // bound before allocating so the allocator sees weights as external
-        self.ensure_allocated(&key, aid)?;
+        self.ensure_allocated(&key)?;
         let t = self.templates.get(&key).expect("template exists");
         let rec = self.rec.scope(
             timeline::Stream::Compute,
@@ -1022,31 +1052,40 @@ impl Engine {
         Ok(())
     }
 
+    /// Logits of the first `n_rows` rows of the residual stream, at most
+    /// [`HEAD_ROWS`] rows per graph so the logits never need more
+    /// activation memory than the plan reserved.
     fn run_head(&mut self, n_rows: u32, out: &mut Vec<f32>) -> Result<(), EngineError> {
-        let key = TemplateKey::Head {
-            out_ty: self.spec.output.ty,
-            n_rows,
-        };
-        let aid = self.template(&key)?;
-        let head = self.store.head.clone();
-        self.templates
-            .get_mut(&key)
-            .expect("template exists")
-            .bind(BindId::head(), &head, None);
-        self.ensure_allocated(&key, aid)?;
-        let t = self.templates.get(&key).expect("template exists");
-        let rec = self.rec.scope(
-            timeline::Stream::Compute,
-            &self.backend,
-            || "head".into(),
-            0,
-        );
-        self.backend.compute_async(&t.graph())?;
-        drop(rec);
-        self.backend.synchronize();
+        let n_vocab = self.spec.hp.n_vocab as usize;
         let start = out.len();
-        out.resize(start + (n_rows * self.spec.hp.n_vocab) as usize, 0.0);
-        t.out().get_f32(&mut out[start..])?;
+        out.resize(start + n_rows as usize * n_vocab, 0.0);
+        for row0 in (0..n_rows).step_by(HEAD_ROWS as usize) {
+            let rows = HEAD_ROWS.min(n_rows - row0);
+            let key = TemplateKey::Head {
+                out_ty: self.spec.output.ty,
+                n_rows: rows,
+                row0,
+            };
+            self.template(&key)?;
+            let head = self.store.head.clone();
+            self.templates
+                .get_mut(&key)
+                .expect("template exists")
+                .bind(BindId::head(), &head, None);
+            self.ensure_allocated(&key)?;
+            let t = self.templates.get(&key).expect("template exists");
+            let rec = self.rec.scope(
+                timeline::Stream::Compute,
+                &self.backend,
+                || "head".into(),
+                0,
+            );
+            self.backend.compute_async(&t.graph())?;
+            drop(rec);
+            self.backend.synchronize();
+            let o = start + row0 as usize * n_vocab;
+            t.out().get_f32(&mut out[o..o + rows as usize * n_vocab])?;
+        }
         Ok(())
     }
 }
@@ -1072,20 +1111,6 @@ impl Drop for Engine {
     }
 }
 
-fn alloc_key(k: &TemplateKey) -> u8 {
-    match k {
-        TemplateKey::Group {
-            kind: GroupKind::Attn,
-            ..
-        } => 0,
-        TemplateKey::Group {
-            kind: GroupKind::Ffn,
-            ..
-        } => 1,
-        TemplateKey::Head { .. } => 2,
-    }
-}
-
 fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
 }
@@ -1096,12 +1121,12 @@ fn gib(b: u64) -> String {
 fn cpu_input(
     spec: &ModelSpec,
     plan: &Plan,
-    input: &PlanInput,
+    copy_bw: f64,
     device: Device,
     backend: &Backend,
     cfg: &EngineConfig,
 ) -> Result<Option<crate::paging::CpuInput>, EngineError> {
-    let force = match cfg.hybrid {
+    let force = match cfg.paging.hybrid {
         Hybrid::Off => return Ok(None),
         Hybrid::Auto if device.is_cpu() => return Ok(None),
         Hybrid::Auto => None,
@@ -1112,19 +1137,6 @@ fn cpu_input(
         .collect();
     let Some(&first) = cand.first() else {
         return Ok(None);
-    };
-    let streamed: u64 = input
-        .groups
-        .iter()
-        .zip(&plan.resident)
-        .filter(|(_, r)| !**r)
-        .map(|(g, _)| g.bytes)
-        .sum();
-    // host room for the CPU copies: none while a DRAM window pages the
-    // streamed groups from disk
-    let room = match cfg.dram_budget {
-        Some(b) => b.saturating_sub(streamed),
-        None => host_available().saturating_sub(streamed + (2 << 30)),
     };
     // a representative matrix: the group's largest
     let w = spec.groups[first]
@@ -1151,7 +1163,7 @@ fn cpu_input(
     // measured while the bus uploads: DMA and CPU share the host's memory
     // bandwidth in a hybrid step (on the H100 machine the CPU read 93 GB/s
     // alone, 67 GB/s beside the copies)
-    let bus = Some((device, input.copy_bw));
+    let bus = Some((device, copy_bw));
     let s1 = host::measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1, bus)?;
     let sn = host::measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS, bus)?;
     let gpu = host::measure_matmul(
@@ -1169,20 +1181,20 @@ fn cpu_input(
         s_per_byte_1: s1,
         s_per_byte_n: sn,
         probe_tokens: PROBE_TOKENS,
-        host_room: room,
+        // the memory plan decides the room
+        host_room: 0,
         hop_s: hop,
         gpu_s_per_byte: gpu,
         gpu_group_s: per_group,
         force,
     };
     tracing::info!(
-        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; host room {:.1} GiB",
+        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us",
         1e-9 / s1,
         1e-9 / sn,
         1e-9 / gpu,
         per_group * 1e6,
         hop * 1e6,
-        room as f64 / (1u64 << 30) as f64
     );
     Ok(Some(c))
 }
@@ -1229,17 +1241,6 @@ fn host_threads(device: Device, n_threads: usize) -> usize {
 }
 
 /// Host memory available now (MemAvailable), or 0 where unknown.
-fn host_available() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 impl Engine {
     /// Host-to-device copy bandwidth of this engine's device (bytes/s).
     pub fn measure_h2d(&self, bytes: usize, reps: usize) -> Result<f64, EngineError> {

@@ -8,7 +8,7 @@ use super::window::DramWindow;
 use super::EngineError;
 use crate::ggml::{Binding, Buffer, BufferUsage, Context, Device, TensorArena, TensorSpec};
 use crate::model::{GroupId, GroupKind, ModelSpec, WeightSpec};
-use crate::paging::Plan;
+use crate::paging::MemoryPlan;
 use indicatif::{ProgressBar, ProgressStyle};
 use memmap2::Mmap;
 use std::path::Path;
@@ -143,9 +143,8 @@ impl WeightStore {
         file: &ModelFile,
         path: &Path,
         dev: Device,
-        plan: &Plan,
+        plan: &MemoryPlan,
         layouts: Vec<GroupLayout>,
-        dram_budget: Option<u64>,
         repack: bool,
         show_progress: bool,
     ) -> Result<WeightStore, EngineError> {
@@ -156,7 +155,7 @@ impl WeightStore {
         // resident: globals + resident groups, tensor by tensor into one buffer
         let mut resident_specs: Vec<&WeightSpec> = vec![&spec.output_norm, &spec.output];
         resident_specs.extend(spec.rope_freqs.iter());
-        for (g, r) in spec.groups.iter().zip(&plan.resident) {
+        for (g, r) in spec.groups.iter().zip(&plan.placement.resident) {
             if *r {
                 resident_specs.extend(g.weights.iter());
             }
@@ -194,51 +193,23 @@ impl WeightStore {
         // streamed: pinned host extents with the slot layout
         let streamed: Vec<usize> = layouts
             .iter()
-            .zip(&plan.resident)
+            .zip(&plan.placement.resident)
             .filter(|(_, r)| !**r)
             .map(|(l, _)| l.bytes)
             .collect();
         let streamed_bytes: usize = streamed.iter().sum();
-        // the DRAM tier: when the streamed groups exceed the host budget, a
-        // window of host slots per group kind (slots sized for that kind's
-        // largest group), the budget split by the kinds' streamed bytes
-        let mut kind_bytes = [0usize; 2];
-        let mut kind_max = [0usize; 2];
-        for ((g, r), l) in spec.groups.iter().zip(&plan.resident).zip(&layouts) {
-            if !*r {
-                let k = usize::from(g.kind == GroupKind::Ffn);
-                kind_bytes[k] += l.bytes;
-                kind_max[k] = kind_max[k].max(l.bytes);
-            }
-        }
+        // the DRAM tier, where the plan has one: a window of host slots per
+        // group kind over the model file
         let mut windows: [Option<(DramWindow, usize)>; 2] = [None, None];
         let mut host_bytes = streamed_bytes;
-        if let Some(b) = dram_budget.filter(|&b| streamed_bytes as u64 > b) {
-            // each kind needs two host slots of its largest group
-            let minimum = (0..2)
-                .filter(|&k| kind_bytes[k] > 0)
-                .map(|k| {
-                    (2 * kind_max[k] as u128 * streamed_bytes as u128)
-                        .div_ceil(kind_bytes[k] as u128) as u64
-                })
-                .max()
-                .unwrap_or(0);
+        if plan.dram.iter().any(Option::is_some) {
             let mut off = 0usize;
-            for k in 0..2 {
-                if kind_bytes[k] == 0 {
-                    continue;
+            for (k, w) in plan.dram.iter().enumerate() {
+                if let Some(w) = w {
+                    let slot = w.slot_bytes as usize;
+                    windows[k] = Some((DramWindow::new(path, w.slots, slot, w.ahead)?, off));
+                    off += w.slots * slot;
                 }
-                let share = (b as u128 * kind_bytes[k] as u128 / streamed_bytes as u128) as usize;
-                // the share holds host slots and reads in flight (a staging
-                // buffer each): a quarter of it reads ahead
-                let groups = share / kind_max[k];
-                let ahead = (groups / 4).min(8);
-                let slots = groups - ahead;
-                if slots < 2 {
-                    return Err(EngineError::DramBudget { budget: b, minimum });
-                }
-                windows[k] = Some((DramWindow::new(path, slots, kind_max[k], ahead)?, off));
-                off += slots * kind_max[k];
             }
             host_bytes = off;
         }
@@ -256,7 +227,7 @@ impl WeightStore {
         let mut groups = Vec::with_capacity(spec.groups.len());
         let mut res_iter = it;
         let mut host = 0usize;
-        for ((g, r), l) in spec.groups.iter().zip(&plan.resident).zip(&layouts) {
+        for ((g, r), l) in spec.groups.iter().zip(&plan.placement.resident).zip(&layouts) {
             if *r {
                 groups.push(Location::Resident(
                     res_iter.by_ref().take(g.weights.len()).collect(),
@@ -290,7 +261,11 @@ impl WeightStore {
 
         let mut rings: [Option<RingBuffers>; 2] = [None, None];
         for (ri, kind) in [GroupKind::Attn, GroupKind::Ffn].into_iter().enumerate() {
-            let n_slots = if ri == 0 { plan.slots.0 } else { plan.slots.1 };
+            let n_slots = if ri == 0 {
+                plan.placement.slots.0
+            } else {
+                plan.placement.slots.1
+            };
             if n_slots == 0 {
                 continue;
             }

@@ -106,8 +106,13 @@ fn find<'c>(sig: &[(Role, GgmlType)], w: &[Tensor<'c>], role: Role) -> Option<Te
 
 /// `x[:, :n]` of the residual stream.
 fn rows<'c>(ctx: &'c Context, x: Tensor<'c>, n: u32) -> Tensor<'c> {
+    rows_at(ctx, x, 0, n)
+}
+
+/// `x[:, r0..r0 + n]` of the residual stream.
+fn rows_at<'c>(ctx: &'c Context, x: Tensor<'c>, r0: u32, n: u32) -> Tensor<'c> {
     let [e, ..] = x.ne();
-    ctx.view_2d(x, e, n as i64, x.nb()[1], 0)
+    ctx.view_2d(x, e, n as i64, x.nb()[1], r0 as usize * x.nb()[1])
 }
 
 fn rms_norm<'c>(
@@ -253,6 +258,9 @@ pub fn build_attn<'c>(
     }
 }
 
+/// Most rows the output head computes logits for in one graph.
+pub const HEAD_ROWS: u32 = 256;
+
 /// FFN group: x += down · swiglu(gate·norm(x), up·norm(x)).
 pub fn build_ffn<'c>(
     ctx: &'c Context,
@@ -285,13 +293,15 @@ pub fn build_ffn<'c>(
     }
 }
 
-/// Output head on the first `n_tokens` rows: logits = output · norm(x).
-/// `sig` is [(output_norm type), (output type)] as pseudo-roles.
+/// Output head on rows `row0..row0 + n_tokens`: logits = output · norm(x).
+/// The engine runs it over at most [`HEAD_ROWS`] rows at a time, so the
+/// logits' activation memory stays bounded whatever the step size.
 pub fn build_head<'c>(
     ctx: &'c Context,
     d: &Dims,
     out_ty: GgmlType,
     s: StepShape,
+    row0: u32,
     lim: Limits,
 ) -> Built<'c> {
     let ext = Externals::new(ctx, d, lim);
@@ -301,7 +311,7 @@ pub fn build_head<'c>(
         .named("output_norm.weight");
     let out_w = ctx.new_tensor(out_ty, &[e, v]).named("output.weight");
     let mut g = ctx.new_graph(super::GRAPH_NODES);
-    let x = rows(ctx, ext.x, s.n_tokens).named("head_in");
+    let x = rows_at(ctx, ext.x, row0, s.n_tokens).named("head_in");
     let cur = rms_norm(ctx, x, norm_w, d.hp.rms_eps, "result_norm");
     let logits = ctx.mul_mat(out_w, cur).named("result_output").as_output();
     g.expand(logits);

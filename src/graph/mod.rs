@@ -13,7 +13,7 @@
 mod blocks;
 mod template;
 
-pub use blocks::{build_attn, build_ffn, build_head, Built, Externals};
+pub use blocks::{build_attn, build_ffn, build_head, Built, Externals, HEAD_ROWS};
 pub use template::{BindId, Binding, Template, TemplateKey};
 
 use crate::model::{Arch, Hparams};

@@ -19,9 +19,11 @@ pub enum TemplateKey {
         shape: StepShape,
         instance: u32,
     },
+    /// The head over rows `row0..row0 + n_rows` of the residual stream.
     Head {
         out_ty: GgmlType,
         n_rows: u32,
+        row0: u32,
     },
 }
 
@@ -95,14 +97,18 @@ impl Template {
                     shape,
                     ..
                 } => build_ffn(&ctx, d, sig, *shape, lim),
-                TemplateKey::Head { out_ty, n_rows } => {
+                TemplateKey::Head {
+                    out_ty,
+                    n_rows,
+                    row0,
+                } => {
                     let s = StepShape {
                         n_tokens: *n_rows,
                         n_kv: 0,
                         n_out: *n_rows,
                         last_layer: false,
                     };
-                    build_head(&ctx, d, *out_ty, s, lim)
+                    build_head(&ctx, d, *out_ty, s, *row0, lim)
                 }
             };
             (

@@ -90,6 +90,10 @@ pub enum PlanError {
     },
     #[error("the model has no layer groups")]
     Empty,
+    #[error("DRAM budget {budget} bytes is below the minimum of {minimum} bytes (two host slots of the largest streamed group of each kind); raise --dram-budget")]
+    DramBudget { budget: u64, minimum: u64 },
+    #[error("KV DRAM budget {budget} bytes is below the minimum of {minimum} bytes (one block of every windowed layer); raise --kv-dram")]
+    KvDramBudget { budget: u64, minimum: u64 },
 }
 
 /// The largest group of `kind` (0 when there is none).

@@ -271,7 +271,7 @@ fn time_strata(
         host.compute += h.compute;
         host.hops += h.hops;
         for c in b.chunks(e.n_batch() as usize) {
-            let p = e.plan.predicted_step_s(c.len() as u32);
+            let p = e.plan.placement.predicted_step_s(c.len() as u32);
             predicted += p;
             cal_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
         }

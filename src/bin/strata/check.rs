@@ -3,7 +3,7 @@
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use strata::engine::{DeviceChoice, Engine, EngineConfig};
+use strata::engine::{Budgets, DeviceChoice, Engine, EngineConfig};
 use strata::llama::{LlamaModel, Reference, ReferenceConfig};
 use strata::parity::{compare, run_reference, run_strata, run_strata_forced, run_turns};
 
@@ -98,7 +98,10 @@ pub fn check(a: CheckArgs) -> Result<()> {
     }
     if a.turns > 0 {
         let dev = EngineConfig {
-            kv_budget: Some(u64::MAX),
+            budgets: Budgets {
+                kv_gpu: Some(u64::MAX),
+                ..cfg.budgets
+            },
             ..cfg.clone()
         };
         let mut base =

@@ -4,7 +4,9 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use strata::engine::{DeviceChoice, Engine, EngineConfig, Hybrid};
+use strata::engine::{
+    Budgets, DeviceChoice, Engine, EngineConfig, Faults, Hybrid, KvTierOptions, PagingOptions,
+};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
@@ -347,19 +349,27 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             DeviceArg::Gpu => DeviceChoice::Gpu,
         },
         progress,
-        gpu_budget: m.gpu_budget,
-        slots: m.slots,
-        stream_all: m.stream_all,
-        dram_budget: m.dram_budget,
-        poison_slots: m.poison_slots,
-        fault_skip_load_wait: false,
-        kv_budget: m.kv_budget,
-        kv_dram: m.kv_dram,
-        kv_block: m.kv_block,
-        kv_spill_dir: m.kv_spill_dir.clone(),
-        kv_spill_max: m.kv_spill_max,
+        budgets: Budgets {
+            gpu: m.gpu_budget,
+            dram: m.dram_budget,
+            kv_gpu: m.kv_budget,
+            kv_dram: m.kv_dram,
+        },
+        paging: PagingOptions {
+            slots: m.slots,
+            stream_all: m.stream_all,
+            hybrid: m.hybrid,
+        },
+        kv_tier: KvTierOptions {
+            block: m.kv_block,
+            spill_dir: m.kv_spill_dir.clone(),
+            spill_max: m.kv_spill_max,
+        },
         repack: !m.no_repack,
-        hybrid: m.hybrid,
+        faults: Faults {
+            poison_slots: m.poison_slots,
+            skip_load_wait: false,
+        },
         batch_invariant: false,
     }
 }
@@ -399,11 +409,13 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
     for b in &engine.auto_budgets {
         tracing::info!("{b}");
     }
-    if engine.plan.n_streamed() > 0 {
+    if engine.plan.placement.n_streamed() > 0 || engine.plan.kv.windows > 0 {
         for b in &engine.auto_budgets {
             eprintln!("strata: {b}");
         }
-        eprintln!("strata: {}", engine.plan);
+        for line in engine.plan.to_string().lines() {
+            eprintln!("strata: {line}");
+        }
     }
     Ok((engine, vocab))
 }

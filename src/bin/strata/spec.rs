@@ -4,7 +4,7 @@
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
-use strata::engine::{Engine, EngineConfig};
+use strata::engine::{Budgets, Engine, EngineConfig, Faults, PagingOptions};
 use strata::llama::LlamaModel;
 use strata::speculative::{check_vocab, DraftModel, Drafter, NgramLookup, SpecConfig, Speculator};
 
@@ -68,7 +68,7 @@ pub struct Draft {
 }
 
 /// Loads the draft model (if any) resident on `cfg`'s device, and takes its
-/// device memory out of `cfg.gpu_budget`.
+/// device memory out of `cfg.budgets.gpu`.
 pub fn load_draft(s: &SpecArgs, cfg: &mut EngineConfig) -> Result<Option<Draft>> {
     s.validate()?;
     let Some(path) = &s.model_draft else {
@@ -77,12 +77,12 @@ pub fn load_draft(s: &SpecArgs, cfg: &mut EngineConfig) -> Result<Option<Draft>>
     super::check_model_path(path, "draft model file")?;
     // the draft stays resident: no budget, no tiers
     let dcfg = EngineConfig {
-        gpu_budget: None,
-        dram_budget: None,
-        stream_all: false,
-        kv_budget: None,
-        kv_dram: None,
-        poison_slots: false,
+        budgets: Budgets::default(),
+        paging: PagingOptions {
+            stream_all: false,
+            ..cfg.paging.clone()
+        },
+        faults: Faults::default(),
         progress: false,
         ..cfg.clone()
     };
@@ -98,7 +98,7 @@ pub fn load_draft(s: &SpecArgs, cfg: &mut EngineConfig) -> Result<Option<Draft>>
         mib(e.weight_bytes()),
         mib(bytes.saturating_sub(e.weight_bytes())),
     );
-    if let Some(b) = cfg.gpu_budget {
+    if let Some(b) = cfg.budgets.gpu {
         let Some(left) = b.checked_sub(bytes) else {
             bail!("the draft model needs {bytes} bytes on the device, more than the GPU budget of {b}");
         };
@@ -107,7 +107,7 @@ pub fn load_draft(s: &SpecArgs, cfg: &mut EngineConfig) -> Result<Option<Draft>>
             mib(left),
             mib(b)
         );
-        cfg.gpu_budget = Some(left);
+        cfg.budgets.gpu = Some(left);
     }
     let vocab = LlamaModel::load(path, true, 0)
         .with_context(|| format!("loading the vocabulary of {}", path.display()))?;
