@@ -167,21 +167,19 @@ impl HostCompute {
     }
 }
 
-/// Seconds per weight byte of a step of `n_tokens` tokens on `backend`:
-/// matrix-vector products over about `bytes` of weights of type `ty` and
-/// shape `ne` (several matrices, so caches do not hold them), placed in
-/// `buft` (a repacked CPU layout, the device's memory). The best of three
-/// timed runs after a warm-up; with `bus` (a device and its copy rate),
-/// while that device's bus uploads (see [`BusLoad`]).
-pub fn measure_matmul(
+/// Calls `f` with a graph of matrix-vector products over about `bytes` of
+/// weights of type `ty` and shape `ne` (several matrices, so caches do not
+/// hold them) placed in `buft`, `n_tokens` columns each, on `backend`: `f`
+/// gets a function computing the graph once and the bytes one run reads.
+fn with_matmul_probe<R>(
     backend: &Backend,
     buft: BufferType,
     ty: crate::gguf::GgmlType,
     ne: [i64; 2],
     bytes: u64,
     n_tokens: u32,
-    bus: Option<(Device, f64)>,
-) -> Result<f64, EngineError> {
+    f: impl FnOnce(&mut dyn FnMut() -> Result<(), EngineError>, usize) -> Result<R, EngineError>,
+) -> Result<R, EngineError> {
     let ctx = Context::new(512, 512)?;
     let probe = ctx.new_tensor(ty, &ne);
     let each = probe.nbytes().max(1);
@@ -209,19 +207,84 @@ pub fn measure_matmul(
     }
     let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
     alloc.alloc(&g)?;
-    backend.compute(&g)?;
-    // uploads for longer than the timed runs take
-    let _load = match bus {
-        Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
-        None => None,
-    };
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        backend.compute(&g)?;
-        best = best.min(t0.elapsed().as_secs_f64());
+    let mut run = || backend.compute(&g).map_err(EngineError::from);
+    // warm-up
+    run()?;
+    f(&mut run, each * count)
+}
+
+/// Seconds per weight byte of a step of `n_tokens` tokens on `backend`
+/// over about `bytes` of weights of type `ty` and shape `ne` placed in
+/// `buft` (a repacked CPU layout, the device's memory). The best of three
+/// timed runs after a warm-up; with `bus` (a device and its copy rate),
+/// while that device's bus uploads (see [`BusLoad`]).
+pub fn measure_matmul(
+    backend: &Backend,
+    buft: BufferType,
+    ty: crate::gguf::GgmlType,
+    ne: [i64; 2],
+    bytes: u64,
+    n_tokens: u32,
+    bus: Option<(Device, f64)>,
+) -> Result<f64, EngineError> {
+    with_matmul_probe(backend, buft, ty, ne, bytes, n_tokens, |run, read| {
+        // uploads for longer than the timed runs take
+        let _load = match bus {
+            Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
+            None => None,
+        };
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            run()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(best / read as f64)
+    })
+}
+
+/// The host-to-device copy rate (bytes/s) of `device` while the CPU
+/// computes one-token products on `cpu` over weights as in
+/// [`measure_matmul`]: the copies and the CPU share the host's memory
+/// bandwidth in a hybrid step, and the bus is the slower for it (H100 run
+/// 12: 49.7 GB/s in hybrid steps, 54.2 streaming alone). About 0.3 s of
+/// 256 MiB copies on their own thread, the CPU computing until they are
+/// done. None on the CPU device.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_bus_beside_cpu(
+    cpu: &Backend,
+    buft: BufferType,
+    ty: crate::gguf::GgmlType,
+    ne: [i64; 2],
+    bytes: u64,
+    device: Device,
+    copy_bw: f64,
+) -> Result<Option<f64>, EngineError> {
+    if device.is_cpu() {
+        return Ok(None);
     }
-    Ok(best / (each * count) as f64)
+    const CHUNK: usize = 256 << 20;
+    let reps = ((0.3 * copy_bw) / CHUNK as f64).ceil().clamp(2.0, 32.0) as usize;
+    with_matmul_probe(cpu, buft, ty, ne, bytes, 1, |run, _| {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let copies = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let r = super::measure_h2d(device, CHUNK, reps);
+                done.store(true, std::sync::atomic::Ordering::Release);
+                r
+            })
+        };
+        let mut computed = Ok(());
+        while computed.is_ok() && !done.load(std::sync::atomic::Ordering::Acquire) {
+            computed = run();
+        }
+        let bw = copies
+            .join()
+            .map_err(|_| EngineError::Unsupported("the bus probe's thread panicked"))??;
+        computed?;
+        Ok(Some(bw))
+    })
 }
 
 /// Uploads keeping the bus busy for a while: a copy stream of a device

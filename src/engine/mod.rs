@@ -1175,6 +1175,7 @@ fn cpu_input(
         1,
         None,
     )?;
+    let bus_beside = host::measure_bus_beside_cpu(&cb, buft, w.ty, ne, probe_bytes, device, copy_bw)?;
     let hop = host::measure_hop(device, backend, spec.hp.n_embd as i64)?;
     let per_group = host::measure_group_overhead(device, backend, spec.hp.n_embd as i64)?;
     let c = crate::paging::CpuInput {
@@ -1186,15 +1187,18 @@ fn cpu_input(
         hop_s: hop,
         gpu_s_per_byte: gpu,
         gpu_group_s: per_group,
+        bus_bw_beside: bus_beside,
         force,
     };
     tracing::info!(
-        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us",
+        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
         1e-9 / s1,
         1e-9 / sn,
         1e-9 / gpu,
         per_group * 1e6,
         hop * 1e6,
+        copy_bw / 1e9,
+        bus_beside.unwrap_or(copy_bw) / 1e9,
     );
     Ok(Some(c))
 }

@@ -385,6 +385,7 @@ mod tests {
             hop_s: 0.0,
             gpu_s_per_byte: 0.0,
             gpu_group_s: 0.0,
+            bus_bw_beside: None,
             force: None,
         }
     }
