@@ -43,7 +43,12 @@ fn hybrid_equals_resident(name: &str, splits: fn(usize) -> Vec<usize>) {
     let n_layer = resident.spec.hp.n_layer as usize;
     for k in splits(n_layer) {
         let mut hybrid = Engine::load(&path, &hybrid_cfg(k, false)).expect("hybrid engine");
-        let h = hybrid.plan.placement.hybrid.clone().expect("a forced hybrid plan");
+        let h = hybrid
+            .plan
+            .placement
+            .hybrid
+            .clone()
+            .expect("a forced hybrid plan");
         assert_eq!(h.host.iter().filter(|h| **h).count(), k);
         assert!(h.per_size.iter().all(|s| s.cpu_groups == k));
         for p in PROMPTS {

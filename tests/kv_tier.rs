@@ -221,7 +221,13 @@ fn through_ssd(name: &str) {
     let spill = tempfile::tempdir().expect("tempdir");
     let frame =
         (2 * 2 * BLOCK) as u64 * base.spec.hp.n_embd_kv() as u64 * base.spec.hp.n_layer as u64;
-    let c = spilling(tiered(0, &base), BLOCK, frames as u64 * frame, spill.path(), None);
+    let c = spilling(
+        tiered(0, &base),
+        BLOCK,
+        frames as u64 * frame,
+        spill.path(),
+        None,
+    );
     let mut e = Engine::load(&path, &c).expect("tiered engine");
     assert_eq!(e.kv_tier().unwrap().frames(), frames);
     let mut toks_b = prompts.clone();

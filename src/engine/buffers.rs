@@ -85,7 +85,8 @@ pub fn activation_estimate(d: &Dims, lim: Limits) -> u64 {
     let hp = &d.hp;
     let b = lim.n_batch as u64;
     // norm, Q, K, V, attention output (flash attention: no KQ matrix)
-    let attn = 4 * b * (2 * hp.n_embd as u64 + 2 * hp.n_embd_q() as u64 + 2 * hp.n_embd_kv() as u64);
+    let attn =
+        4 * b * (2 * hp.n_embd as u64 + 2 * hp.n_embd_q() as u64 + 2 * hp.n_embd_kv() as u64);
     // norm, gate, up, their product
     let ffn = 4 * b * (2 * hp.n_embd as u64 + 3 * hp.n_ff as u64);
     // the head runs over at most HEAD_ROWS rows at a time

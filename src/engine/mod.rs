@@ -307,9 +307,7 @@ impl Engine {
                     bytes: l.bytes as u64,
                 })
                 .collect(),
-            fixed_bytes: head_bytes
-                + persistent_bytes
-                + buffers::activation_estimate(&dims, lim),
+            fixed_bytes: head_bytes + persistent_bytes + buffers::activation_estimate(&dims, lim),
             kv: KvShape {
                 n_layer,
                 layer_bytes: KvStore::bytes_per_layer(&dims, lim),
@@ -830,6 +828,22 @@ impl Engine {
             .then(|| (c.seen, c.predict(plan, n)))
     }
 
+    /// Hybrid decode: the step of `n` tokens predicted with the CPU at the
+    /// speed the steps showed and the bus at `bus_bw` bytes/s (as a run
+    /// measured it), and the bus rate the load-time probe read beside the
+    /// CPU. None where the CPU takes no part.
+    pub fn predict_at_bus(&self, n: u32, bus_bw: f64) -> Option<(f64, Option<f64>)> {
+        let (c, plan) = (self.cpu_cal.as_ref()?, self.plan.placement.hybrid.as_ref()?);
+        (1..=crate::paging::HYBRID_MAX_TOKENS)
+            .contains(&n)
+            .then(|| {
+                (
+                    c.predict_at(plan, n, c.seen, Some(bus_bw)),
+                    c.probe.bus_bw_beside,
+                )
+            })
+    }
+
     /// Tracks the host CPU's speed in hybrid steps against its probe's.
     fn calibrate_cpu(&mut self, n: u32) {
         let h = self.last_step.host;
@@ -1068,10 +1082,11 @@ impl Engine {
             };
             self.template(&key)?;
             let head = self.store.head.clone();
-            self.templates
-                .get_mut(&key)
-                .expect("template exists")
-                .bind(BindId::head(), &head, None);
+            self.templates.get_mut(&key).expect("template exists").bind(
+                BindId::head(),
+                &head,
+                None,
+            );
             self.ensure_allocated(&key)?;
             let t = self.templates.get(&key).expect("template exists");
             let rec = self.rec.scope(
@@ -1175,7 +1190,8 @@ fn cpu_input(
         1,
         None,
     )?;
-    let bus_beside = host::measure_bus_beside_cpu(&cb, buft, w.ty, ne, probe_bytes, device, copy_bw)?;
+    let bus_beside =
+        host::measure_bus_beside_cpu(&cb, buft, w.ty, ne, probe_bytes, device, copy_bw)?;
     let hop = host::measure_hop(device, backend, spec.hp.n_embd as i64)?;
     let per_group = host::measure_group_overhead(device, backend, spec.hp.n_embd as i64)?;
     let c = crate::paging::CpuInput {

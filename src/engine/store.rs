@@ -227,7 +227,12 @@ impl WeightStore {
         let mut groups = Vec::with_capacity(spec.groups.len());
         let mut res_iter = it;
         let mut host = 0usize;
-        for ((g, r), l) in spec.groups.iter().zip(&plan.placement.resident).zip(&layouts) {
+        for ((g, r), l) in spec
+            .groups
+            .iter()
+            .zip(&plan.placement.resident)
+            .zip(&layouts)
+        {
             if *r {
                 groups.push(Location::Resident(
                     res_iter.by_ref().take(g.weights.len()).collect(),

@@ -398,10 +398,25 @@ impl CpuCalibration {
     /// The predicted step of `n` tokens with `plan`'s split, the CPU at the
     /// speed the steps showed.
     pub fn predict(&self, plan: &HybridPlan, n: u32) -> f64 {
+        self.predict_at(plan, n, self.seen, None)
+    }
+
+    /// The same at given rates: the CPU at `cpu_factor` times the probe's
+    /// time per byte, the bus at `bus_bw` bytes/s while the CPU computes
+    /// (None: the probe's). With the rates a run showed, what is left
+    /// between its steps and this is the model's error, not the probes'.
+    pub fn predict_at(
+        &self,
+        plan: &HybridPlan,
+        n: u32,
+        cpu_factor: f64,
+        bus_bw: Option<f64>,
+    ) -> f64 {
         let at = placement(&self.streamed, &plan.cpu_groups(n));
         let c = CpuInput {
-            s_per_byte_1: self.probe.s_per_byte_1 * self.seen,
-            s_per_byte_n: self.probe.s_per_byte_n * self.seen,
+            s_per_byte_1: self.probe.s_per_byte_1 * cpu_factor,
+            s_per_byte_n: self.probe.s_per_byte_n * cpu_factor,
+            bus_bw_beside: bus_bw.or(self.probe.bus_bw_beside),
             ..self.probe.clone()
         };
         simulate(&self.groups, &at, self.slots, self.copy_bw, &c, n).step_s()
@@ -428,39 +443,9 @@ impl HybridPlan {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::{cpu, layers};
     use super::*;
     use proptest::prelude::*;
-
-    fn layers(n: usize, attn: u64, ffn: u64) -> Vec<GroupInfo> {
-        (0..n)
-            .flat_map(|_| {
-                [
-                    GroupInfo {
-                        kind: GroupKind::Attn,
-                        bytes: attn,
-                    },
-                    GroupInfo {
-                        kind: GroupKind::Ffn,
-                        bytes: ffn,
-                    },
-                ]
-            })
-            .collect()
-    }
-
-    fn cpu(s_per_byte: f64) -> CpuInput {
-        CpuInput {
-            s_per_byte_1: s_per_byte,
-            s_per_byte_n: s_per_byte * 8.0,
-            probe_tokens: 16,
-            host_room: u64::MAX,
-            hop_s: 0.0,
-            gpu_s_per_byte: 0.0,
-            gpu_group_s: 0.0,
-            bus_bw_beside: None,
-            force: None,
-        }
-    }
 
     #[test]
     fn spread_is_even_and_exact() {
@@ -585,6 +570,20 @@ mod tests {
         assert_eq!(p.stall_s, 1.0 + 1.0);
     }
 
+    /// The first `resident` groups resident, `k` of the streamed FFN groups
+    /// on the CPU (spread as the plan spreads them), the rest on the bus.
+    fn spread_on_cpu(g: &[GroupInfo], resident: usize, k: usize) -> Vec<Where> {
+        let streamed: Vec<bool> = (0..g.len()).map(|i| i >= resident).collect();
+        let cand: Vec<usize> = (0..g.len())
+            .filter(|&i| streamed[i] && g[i].kind == GroupKind::Ffn)
+            .collect();
+        let mut cpu = vec![false; g.len()];
+        for j in spread(cand.len(), k) {
+            cpu[cand[j]] = true;
+        }
+        placement(&streamed, &cpu)
+    }
+
     /// Per-group GPU overhead on the H100 machine, from the run-4 trace (36
     /// resident groups in 6.9 ms for 3.3 ms of weight reads).
     const GPU_GROUP_S: f64 = 100e-6;
@@ -608,15 +607,8 @@ mod tests {
             force: None,
         };
         let check = |resident: usize, slots, k: usize, measured_ms: f64| {
-            let streamed: Vec<bool> = (0..g.len()).map(|i| i >= resident).collect();
-            let cand: Vec<usize> = (0..g.len())
-                .filter(|&i| streamed[i] && g[i].kind == GroupKind::Ffn)
-                .collect();
-            let mut cpu = vec![false; g.len()];
-            for j in spread(cand.len(), k) {
-                cpu[cand[j]] = true;
-            }
-            let p = simulate(&g, &placement(&streamed, &cpu), slots, 55.2e9, &c, 1);
+            let at = spread_on_cpu(&g, resident, k);
+            let p = simulate(&g, &at, slots, 55.2e9, &c, 1);
             let ratio = measured_ms / (p.step_s() * 1e3);
             eprintln!("resident {resident}, k {k}: predicted {:.1} ms, measured {measured_ms} ms, ratio {ratio:.2}", p.step_s() * 1e3);
             ratio
@@ -643,7 +635,12 @@ mod tests {
     fn simulation_with_in_step_rates_matches_run_12() {
         let mib = |x: f64| (x * 1048576.0) as u64;
         let g = layers(80, mib(85.8), mib(378.0));
-        let check = |resident: usize, k: usize, cpu_gbs: f64, bus_gbs: f64, hop_s: f64, measured_ms: f64| {
+        let check = |resident: usize,
+                     k: usize,
+                     cpu_gbs: f64,
+                     bus_gbs: f64,
+                     hop_s: f64,
+                     measured_ms: f64| {
             let c = CpuInput {
                 s_per_byte_1: 1.0 / (cpu_gbs * 1e9),
                 s_per_byte_n: 1.0 / 30.3e9,
@@ -655,15 +652,8 @@ mod tests {
                 bus_bw_beside: Some(bus_gbs * 1e9),
                 force: None,
             };
-            let streamed: Vec<bool> = (0..g.len()).map(|i| i >= resident).collect();
-            let cand: Vec<usize> = (0..g.len())
-                .filter(|&i| streamed[i] && g[i].kind == GroupKind::Ffn)
-                .collect();
-            let mut cpu = vec![false; g.len()];
-            for j in spread(cand.len(), k) {
-                cpu[cand[j]] = true;
-            }
-            let p = simulate(&g, &placement(&streamed, &cpu), (7, 3), 54.2e9, &c, 1);
+            let at = spread_on_cpu(&g, resident, k);
+            let p = simulate(&g, &at, (7, 3), 54.2e9, &c, 1);
             let ratio = measured_ms / (p.step_s() * 1e3);
             eprintln!("resident {resident}, k {k}: predicted {:.1} ms (bus {:.1}, CPU {:.1}, GPU {:.1}, stalls {:.1}), measured {measured_ms} ms, ratio {ratio:.3}", p.step_s() * 1e3, p.bus_s * 1e3, p.cpu_s * 1e3, p.gpu_s * 1e3, p.stall_s * 1e3);
             ratio

@@ -136,7 +136,13 @@ impl MemoryPlan {
 }
 
 fn kv_device_bytes(kv: &KvShape, resident: usize, windows: usize) -> u64 {
-    kv.layer_bytes * (resident as u64 + if resident < kv.n_layer { windows as u64 } else { 0 })
+    kv.layer_bytes
+        * (resident as u64
+            + if resident < kv.n_layer {
+                windows as u64
+            } else {
+                0
+            })
 }
 
 /// Plans GPU, DRAM and KV memory. See the module comment.
@@ -191,7 +197,11 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
         placement,
         kv: KvPlan {
             resident_layers,
-            windows: if resident_layers < kv.n_layer { windows } else { 0 },
+            windows: if resident_layers < kv.n_layer {
+                windows
+            } else {
+                0
+            },
             frames,
         },
         dram,
@@ -337,25 +347,9 @@ impl std::fmt::Display for MemoryPlan {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::{cpu, layers as groups};
     use super::*;
     use proptest::prelude::*;
-
-    fn groups(n_layers: usize, a: u64, f: u64) -> Vec<GroupInfo> {
-        (0..n_layers)
-            .flat_map(|_| {
-                [
-                    GroupInfo {
-                        kind: GroupKind::Attn,
-                        bytes: a,
-                    },
-                    GroupInfo {
-                        kind: GroupKind::Ffn,
-                        bytes: f,
-                    },
-                ]
-            })
-            .collect()
-    }
 
     fn input(n: usize, budgets: Budgets) -> MemoryInput {
         MemoryInput {
@@ -373,20 +367,6 @@ mod tests {
             stream_all: false,
             copy_bw: 100.0,
             cpu: None,
-        }
-    }
-
-    fn cpu(spb: f64) -> CpuInput {
-        CpuInput {
-            s_per_byte_1: spb,
-            s_per_byte_n: spb * 4.0,
-            probe_tokens: 16,
-            host_room: 0,
-            hop_s: 0.0,
-            gpu_s_per_byte: 0.0,
-            gpu_group_s: 0.0,
-            bus_bw_beside: None,
-            force: None,
         }
     }
 
@@ -465,7 +445,10 @@ mod tests {
             },
         ))
         .unwrap_err();
-        assert!(matches!(e, PlanError::DramBudget { minimum: 80, .. }), "{e}");
+        assert!(
+            matches!(e, PlanError::DramBudget { minimum: 80, .. }),
+            "{e}"
+        );
     }
 
     #[test]

@@ -7,6 +7,8 @@ mod hybrid;
 mod memory;
 mod plan;
 mod ring;
+#[cfg(test)]
+mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use hybrid::{

@@ -275,25 +275,9 @@ pub fn auto_kv_layers(
 
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::{cpu as probe, layers as groups};
     use super::*;
     use proptest::prelude::*;
-
-    fn groups(n_layers: usize, a: u64, f: u64) -> Vec<GroupInfo> {
-        (0..n_layers)
-            .flat_map(|_| {
-                [
-                    GroupInfo {
-                        kind: GroupKind::Attn,
-                        bytes: a,
-                    },
-                    GroupInfo {
-                        kind: GroupKind::Ffn,
-                        bytes: f,
-                    },
-                ]
-            })
-            .collect()
-    }
 
     fn input(budget: Option<u64>) -> PlanInput {
         PlanInput {
@@ -356,10 +340,7 @@ mod tests {
     proptest! {
         #[test]
         fn hybrid_plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, spb in 0.001f64..2.0) {
-            let cpu = crate::paging::CpuInput {
-                s_per_byte_1: spb, s_per_byte_n: spb * 4.0, probe_tokens: 16, host_room: u64::MAX,
-                hop_s: 0.0, gpu_s_per_byte: 0.0, gpu_group_s: 0.0, bus_bw_beside: None, force: None,
-            };
+            let cpu = probe(spb);
             let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots: 2, stream_all: false, cpu: Some(cpu) };
             match plan(&inp) {
                 Ok(p) => {

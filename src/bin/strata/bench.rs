@@ -159,6 +159,10 @@ struct StepFigures {
     /// speed as a factor on the probe's time per byte.
     measured_cpu_predicted_ms: f64,
     cpu_factor: f64,
+    /// The same with the bus too at the rate these steps showed, and the
+    /// bus rate the load-time probe read beside the CPU (GB/s; 0: none).
+    rates_predicted_ms: f64,
+    bus_probe_gbs: f64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -287,6 +291,18 @@ fn time_strata(
         .sum::<usize>()
         .max(1);
     let o = Overlap::of(&spans);
+    // the prediction at both rates these steps showed
+    let (mut rates_predicted, mut bus_probe) = (0.0, 0.0);
+    for c in run.iter().flat_map(|b| b.chunks(e.n_batch() as usize)) {
+        let n = c.len() as u32;
+        match e.predict_at_bus(n, o.copy_bw()) {
+            Some((p, probe)) => {
+                rates_predicted += p;
+                bus_probe = probe.unwrap_or(0.0);
+            }
+            None => rates_predicted += e.plan.placement.predicted_step_s(n),
+        }
+    }
     let fig = StepFigures {
         step_ms: secs * 1e3 / steps as f64,
         disk_mib: disk / steps as f64 / (1u64 << 20) as f64,
@@ -310,6 +326,8 @@ fn time_strata(
         predicted_ms: predicted * 1e3 / steps as f64,
         measured_cpu_predicted_ms: cal_predicted * 1e3 / steps as f64,
         cpu_factor: e.cpu_calibration(1).map_or(1.0, |c| c.0),
+        rates_predicted_ms: rates_predicted * 1e3 / steps as f64,
+        bus_probe_gbs: bus_probe / 1e9,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -604,6 +622,10 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                 println!(
                     "{:<43} the CPU ran at {:.2}x its probe's time per byte; at that speed the plan predicts {:.2} ms (measured/predicted {:.2})",
                     "", f.cpu_factor, f.measured_cpu_predicted_ms, f.step_ms / f.measured_cpu_predicted_ms.max(1e-9)
+                );
+                println!(
+                    "{:<43} the bus ran at {:.1} GB/s (probed beside the CPU: {:.1}); at both rates the plan predicts {:.2} ms (measured/predicted {:.2})",
+                    "", f.copy_gbs, f.bus_probe_gbs, f.rates_predicted_ms, f.step_ms / f.rates_predicted_ms.max(1e-9)
                 );
             }
             if f.kv_up_mib > 0.0 {
