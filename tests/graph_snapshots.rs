@@ -77,6 +77,7 @@ fn ffn_sig() -> Vec<(Role, GgmlType)> {
 }
 
 const LIM: Limits = Limits {
+    ffn_rows: 64,
     n_batch: 512,
     n_ctx: 4096,
 };
@@ -87,6 +88,8 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
     let b = match kind {
         "attn" => build_attn(&ctx, &d, &attn_sig(arch), s, LIM),
         "ffn" => build_ffn(&ctx, &d, &ffn_sig(), s, LIM),
+        // a step larger than ffn_rows: the FFN over chunks of rows
+        "ffn_chunked" => build_ffn(&ctx, &d, &ffn_sig(), s, Limits { ffn_rows: 4, ..LIM }),
         _ => build_head(&ctx, &d, GgmlType::Q8_0, s, 0, LIM),
     };
     b.graph
@@ -131,6 +134,7 @@ fn llama_layouts() {
         check(Arch::Llama, "head", label, s);
     }
     check(Arch::Llama, "attn", "prefill_last_layer", LAST);
+    check(Arch::Llama, "ffn_chunked", "prefill", PREFILL);
 }
 
 #[test]

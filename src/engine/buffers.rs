@@ -82,16 +82,41 @@ impl KvStore {
 /// 184 MiB against 200 MiB here, attention 48 MiB against 68 MiB); the
 /// margin covers alignment and allocator fragmentation.
 pub fn activation_estimate(d: &Dims, lim: Limits) -> u64 {
-    let hp = &d.hp;
+    let [attn, ffn, head] = row_bytes(d);
     let b = lim.n_batch as u64;
-    // norm, Q, K, V, attention output (flash attention: no KQ matrix)
-    let attn =
-        4 * b * (2 * hp.n_embd as u64 + 2 * hp.n_embd_q() as u64 + 2 * hp.n_embd_kv() as u64);
-    // norm, gate, up, their product
-    let ffn = 4 * b * (2 * hp.n_embd as u64 + 3 * hp.n_ff as u64);
-    // the head runs over at most HEAD_ROWS rows at a time
-    let head = 4 * (2 * hp.n_embd as u64 + hp.n_vocab as u64) * b.min(HEAD_ROWS as u64);
+    let attn = attn * b;
+    // the FFN runs over at most ffn_rows rows at a time
+    let ffn = ffn * b.min(lim.ffn_rows as u64);
+    // the head over at most HEAD_ROWS
+    let head = head * b.min(HEAD_ROWS as u64);
     attn.max(ffn).max(head) * 5 / 4
+}
+
+/// Activation bytes per row of the attention, FFN and head graphs.
+fn row_bytes(d: &Dims) -> [u64; 3] {
+    let hp = &d.hp;
+    [
+        // norm, Q, K, V, attention output (flash attention: no KQ matrix)
+        4 * (2 * hp.n_embd as u64 + 2 * hp.n_embd_q() as u64 + 2 * hp.n_embd_kv() as u64),
+        // norm, gate, up, their product
+        4 * (2 * hp.n_embd as u64 + 3 * hp.n_ff as u64),
+        4 * (2 * hp.n_embd as u64 + hp.n_vocab as u64),
+    ]
+}
+
+/// Rows the FFN graph computes at once when the GPU budget is tight: as
+/// many as keep its activations within what attention at `n_batch` rows
+/// or the head need anyway (FFN rows cost 3 x n_ff, the most of any
+/// graph; on a 70B-shaped layer 400 KiB against 136 KiB for attention), in
+/// multiples of 32 rows; `n_batch` where it already fits. The reserve then
+/// barely depends on the step size, so the plan for the default steps
+/// keeps about as many groups resident as a decode-sized one.
+pub fn ffn_rows(d: &Dims, n_batch: u32) -> u32 {
+    let [attn, ffn, head] = row_bytes(d);
+    let b = n_batch as u64;
+    let target = (attn * b).max(head * b.min(HEAD_ROWS as u64));
+    let rows = (target / ffn.max(1)) / 32 * 32;
+    rows.clamp(32, b) as u32
 }
 
 /// Host memory the copy stream reads from: pinned (the device's host buffer

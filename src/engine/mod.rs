@@ -98,6 +98,10 @@ pub struct PagingOptions {
     pub stream_all: bool,
     /// Whether the host CPU computes some streamed groups.
     pub hybrid: Hybrid,
+    /// Most rows an FFN graph computes at once; None: all of a step's where
+    /// the model fits the GPU budget whole, else as few as keep the FFN's
+    /// activations within the attention's (see `buffers::ffn_rows`).
+    pub ffn_rows: Option<u32>,
 }
 
 impl Default for PagingOptions {
@@ -106,6 +110,7 @@ impl Default for PagingOptions {
             slots: 3,
             stream_all: false,
             hybrid: Hybrid::Auto,
+            ffn_rows: None,
         }
     }
 }
@@ -279,14 +284,16 @@ impl Engine {
             .checked_mul(256)
             .filter(|&c| c <= 1 << 24)
             .ok_or(EngineError::BadContext(cfg.n_ctx))?;
-        let lim = Limits {
-            n_batch: cfg.n_batch.clamp(1, n_ctx),
-            n_ctx,
-        };
         let dims = Dims {
             arch: spec.arch,
             hp: spec.hp.clone(),
             has_rope_freqs: spec.rope_freqs.is_some(),
+        };
+        let n_batch = cfg.n_batch.clamp(1, n_ctx);
+        let mut lim = Limits {
+            n_batch,
+            n_ctx,
+            ffn_rows: n_batch,
         };
 
         let layouts = store::layouts(&spec, device)?;
@@ -295,6 +302,18 @@ impl Engine {
             + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let persistent_bytes =
             lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
+        // a model that does not fit whole runs its FFN in chunks of rows, so
+        // the activation reserve does not take memory decode could use
+        let whole = layouts.iter().map(|l| l.bytes as u64).sum::<u64>()
+            + head_bytes
+            + persistent_bytes
+            + KvStore::bytes_per_layer(&dims, lim) * dims.hp.n_layer as u64
+            + buffers::activation_estimate(&dims, lim);
+        if let Some(r) = cfg.paging.ffn_rows {
+            lim.ffn_rows = r.clamp(1, n_batch);
+        } else if cfg.paging.stream_all || cfg.budgets.gpu.is_some_and(|b| whole > b) {
+            lim.ffn_rows = buffers::ffn_rows(&dims, n_batch);
+        }
         let n_layer = dims.hp.n_layer as usize;
         let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
         let mut input = MemoryInput {
@@ -354,9 +373,11 @@ impl Engine {
         let host = match &plan.placement.hybrid {
             Some(h) => {
                 let bar = store::progress(h.host_bytes, cfg.progress);
+                let hb = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
                 let hl = Limits {
-                    n_batch: crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch),
+                    n_batch: hb,
                     n_ctx,
+                    ffn_rows: hb,
                 };
                 let hc = host::HostCompute::new(
                     &spec,

@@ -273,17 +273,27 @@ pub fn build_ffn<'c>(
     let w = weights(ctx, d, sig);
     let role = |r| find(sig, &w, r).expect("ffn weight");
     let mut g = ctx.new_graph(super::GRAPH_NODES);
-    let x = rows(ctx, ext.x, s.n_tokens).named("ffn_in");
-    let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
-    let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
-    let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");
-    let act = ctx.swiglu_split(gate, up).named("ffn_swiglu");
-    let down = ctx.mul_mat(role(Role::Down), act).named("ffn_down");
-    let res = ctx.add(down, x).named("l_out");
-    let out = ctx
-        .cpy(res, rows(ctx, ext.x, s.n_tokens).named("x_out"))
-        .named("x_store");
-    g.expand(out);
+    // chunks of at most lim.ffn_rows rows, in order: each reads and writes
+    // only its own rows, and the allocator reuses one chunk's memory for
+    // the next
+    let chunk = lim.ffn_rows.clamp(1, s.n_tokens.max(1));
+    let mut out = None;
+    for r0 in (0..s.n_tokens).step_by(chunk as usize) {
+        let n = chunk.min(s.n_tokens - r0);
+        let x = rows_at(ctx, ext.x, r0, n).named("ffn_in");
+        let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
+        let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
+        let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");
+        let act = ctx.swiglu_split(gate, up).named("ffn_swiglu");
+        let down = ctx.mul_mat(role(Role::Down), act).named("ffn_down");
+        let res = ctx.add(down, x).named("l_out");
+        let o = ctx
+            .cpy(res, rows_at(ctx, ext.x, r0, n).named("x_out"))
+            .named("x_store");
+        g.expand(o);
+        out = Some(o);
+    }
+    let out = out.expect("a step has at least one row");
     Built {
         graph: g,
         ext,

@@ -37,6 +37,11 @@ pub struct Limits {
     pub n_batch: u32,
     /// KV cells per layer.
     pub n_ctx: u32,
+    /// Most rows an FFN graph computes at once: a larger step runs the
+    /// FFN over consecutive chunks of rows inside one graph, so its
+    /// activations (3 x n_ff per row, the largest of any graph) need not
+    /// be reserved for the whole step. `n_batch`: no chunks.
+    pub ffn_rows: u32,
 }
 
 /// What graph builders need to know about the model.

@@ -359,6 +359,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             slots: m.slots,
             stream_all: m.stream_all,
             hybrid: m.hybrid,
+            ffn_rows: None,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,
