@@ -302,18 +302,18 @@ impl Engine {
             + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let persistent_bytes =
             lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
-        // a model that does not fit whole runs its FFN in chunks of rows, so
-        // the activation reserve does not take memory decode could use
-        let whole = layouts.iter().map(|l| l.bytes as u64).sum::<u64>()
-            + head_bytes
-            + persistent_bytes
-            + KvStore::bytes_per_layer(&dims, lim) * dims.hp.n_layer as u64
-            + buffers::activation_estimate(&dims, lim);
-        if let Some(r) = cfg.paging.ffn_rows {
-            lim.ffn_rows = r.clamp(1, n_batch);
-        } else if cfg.paging.stream_all || cfg.budgets.gpu.is_some_and(|b| whole > b) {
-            lim.ffn_rows = buffers::ffn_rows(&dims, n_batch);
-        }
+        // the reserve for whole steps and for FFN chunks (the plan picks)
+        let forced = cfg.paging.ffn_rows.map(|r| r.clamp(1, n_batch));
+        let ffn_rows = forced.unwrap_or_else(|| buffers::ffn_rows(&dims, n_batch));
+        let chunked = buffers::activation_estimate(&dims, Limits { ffn_rows, ..lim });
+        let activations = crate::paging::Activations {
+            whole: match forced {
+                Some(_) => chunked,
+                None => buffers::activation_estimate(&dims, lim),
+            },
+            chunked,
+            ffn_rows,
+        };
         let n_layer = dims.hp.n_layer as usize;
         let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
         let mut input = MemoryInput {
@@ -326,7 +326,8 @@ impl Engine {
                     bytes: l.bytes as u64,
                 })
                 .collect(),
-            fixed_bytes: head_bytes + persistent_bytes + buffers::activation_estimate(&dims, lim),
+            fixed_bytes: head_bytes + persistent_bytes,
+            activations,
             kv: KvShape {
                 n_layer,
                 layer_bytes: KvStore::bytes_per_layer(&dims, lim),
@@ -360,6 +361,7 @@ impl Engine {
                 )
             });
         }
+        lim.ffn_rows = plan.ffn_rows.or(forced).unwrap_or(n_batch);
         let store = WeightStore::load(
             &spec,
             &file,
@@ -494,7 +496,7 @@ impl Engine {
     /// Device bytes the plan reserves for activations: the largest step's
     /// graphs (see [`buffers::activation_estimate`]).
     pub fn activation_reserve(&self) -> u64 {
-        buffers::activation_estimate(&self.dims, self.lim)
+        self.plan.activation_bytes
     }
 
     /// One line on where the weights live.

@@ -43,13 +43,23 @@ pub struct KvShape {
     pub block_bytes: u64,
 }
 
+/// The activation reserve: for steps whose FFN runs over all their rows at
+/// once, and for FFN chunks of `ffn_rows` rows (see `Limits::ffn_rows`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Activations {
+    pub whole: u64,
+    pub chunked: u64,
+    pub ffn_rows: u32,
+}
+
 /// Everything a memory plan depends on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemoryInput {
     pub groups: Vec<GroupInfo>,
-    /// Device bytes needed whatever the placement, the KV cache excluded:
-    /// output head, persistent step inputs, the activation reserve.
+    /// Device bytes needed whatever the placement, the KV cache and the
+    /// activations excluded: output head, persistent step inputs.
     pub fixed_bytes: u64,
+    pub activations: Activations,
     pub kv: KvShape,
     pub budgets: Budgets,
     /// Host memory available now, for the CPU's copies when no DRAM budget
@@ -99,6 +109,12 @@ pub struct MemoryPlan {
     /// Per group kind (attention, FFN): None when that kind's streamed
     /// groups all stay in pinned host memory.
     pub dram: [Option<DramWindowPlan>; 2],
+    /// Device bytes reserved for activations.
+    pub activation_bytes: u64,
+    /// Rows per FFN chunk where the model does not fit the GPU whole and
+    /// chunks need less (the FFN's activations then need not be reserved
+    /// for a whole step); None: whole steps.
+    pub ffn_rows: Option<u32>,
     kv_shape: KvShape,
 }
 
@@ -149,10 +165,25 @@ fn kv_device_bytes(kv: &KvShape, resident: usize, windows: usize) -> u64 {
 pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
     let kv = &inp.kv;
     let windows = inp.slots.max(2);
-    let resident_layers = kv_resident_layers(inp, windows);
+    // a model that fits whole needs no FFN chunks; one that does not
+    // reserves activations for a chunk, so decode gets the difference
+    let act = &inp.activations;
+    let whole = inp.groups.iter().map(|g| g.bytes).sum::<u64>()
+        + inp.fixed_bytes
+        + act.whole
+        + kv.layer_bytes * kv.n_layer as u64;
+    let chunk =
+        (inp.stream_all || inp.budgets.gpu.is_some_and(|b| whole > b)) && act.chunked < act.whole;
+    let (activation_bytes, ffn_rows) = if chunk {
+        (act.chunked, Some(act.ffn_rows))
+    } else {
+        (act.whole, None)
+    };
+    let fixed = inp.fixed_bytes + activation_bytes;
+    let resident_layers = kv_resident_layers(inp, fixed, windows);
     let mut pi = PlanInput {
         groups: inp.groups.clone(),
-        fixed_bytes: inp.fixed_bytes + kv_device_bytes(kv, resident_layers, windows),
+        fixed_bytes: fixed + kv_device_bytes(kv, resident_layers, windows),
         budget: inp.budgets.gpu,
         copy_bw: inp.copy_bw,
         compute_s: 0.0,
@@ -205,6 +236,8 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
             frames,
         },
         dram,
+        activation_bytes,
+        ffn_rows,
         kv_shape: *kv,
     })
 }
@@ -212,7 +245,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
 /// Layers keeping their KV on the device: with a KV budget, as many as it
 /// holds (all of them when windowing would leave fewer layers than
 /// windows); without one, see [`super::auto_kv_layers`].
-fn kv_resident_layers(inp: &MemoryInput, windows: usize) -> usize {
+fn kv_resident_layers(inp: &MemoryInput, fixed: u64, windows: usize) -> usize {
     let kv = &inp.kv;
     match inp.budgets.kv_gpu {
         Some(b) => match ((b / kv.layer_bytes.max(1)) as usize).min(kv.n_layer) {
@@ -221,7 +254,7 @@ fn kv_resident_layers(inp: &MemoryInput, windows: usize) -> usize {
         },
         None => super::auto_kv_layers(
             &inp.groups,
-            inp.fixed_bytes,
+            fixed,
             kv.layer_bytes,
             kv.n_layer,
             windows,
@@ -309,8 +342,12 @@ impl std::fmt::Display for MemoryPlan {
         let n_layer = self.kv_shape.n_layer;
         write!(
             f,
-            "memory: device {:.1} MiB (KV {:.1} MiB: {} of {} layers",
+            "memory: device {:.1} MiB (activations {:.1} MiB{}; KV {:.1} MiB: {} of {} layers",
             mib(self.device_bytes()),
+            mib(self.activation_bytes),
+            self.ffn_rows
+                .map(|r| format!(", FFN in chunks of {r} rows"))
+                .unwrap_or_default(),
             mib(self.kv_device_bytes()),
             self.kv.resident_layers,
             n_layer,
@@ -355,6 +392,11 @@ mod tests {
         MemoryInput {
             groups: groups(n, 10, 30),
             fixed_bytes: 5,
+            activations: Activations {
+                whole: 0,
+                chunked: 0,
+                ffn_rows: 1,
+            },
             kv: KvShape {
                 n_layer: n,
                 layer_bytes: 8,
@@ -384,6 +426,29 @@ mod tests {
         );
         assert_eq!(p.dram, [None, None]);
         assert_eq!(p.device_bytes(), 5 + 32 + 160);
+    }
+
+    #[test]
+    fn ffn_chunks_only_where_the_model_does_not_fit_whole() {
+        let mut inp = input(4, Budgets::default());
+        inp.activations = Activations {
+            whole: 50,
+            chunked: 10,
+            ffn_rows: 32,
+        };
+        // no budget, and a budget that holds everything with whole steps
+        for gpu in [None, Some(5 + 50 + 32 + 160)] {
+            inp.budgets.gpu = gpu;
+            let p = memory_plan(&inp).unwrap();
+            assert_eq!((p.ffn_rows, p.activation_bytes), (None, 50));
+            assert_eq!(p.placement.n_streamed(), 0);
+        }
+        // a byte less: chunks, and the 40 bytes saved keep a group resident
+        inp.budgets.gpu = Some(5 + 50 + 32 + 160 - 1);
+        let p = memory_plan(&inp).unwrap();
+        assert_eq!((p.ffn_rows, p.activation_bytes), (Some(32), 10));
+        assert!(p.device_bytes() < 5 + 50 + 32 + 160);
+        assert_eq!(p.placement.fixed_bytes, 5 + 10 + 32);
     }
 
     #[test]
@@ -492,6 +557,7 @@ mod tests {
         fn plans_keep_every_budget(
             n in 1usize..16, a in 1u64..100, f in 1u64..300, fixed in 0u64..200,
             layer in 1u64..40, blocks in 1usize..8, slots in 2usize..4, hybrid in any::<bool>(),
+            act in 0u64..200,
             (gpu_pct, dram_pct, kv_gpu_pct, kv_dram_pct) in (pct(), pct(), pct(), pct()),
         ) {
             let weights = n as u64 * (a + f);
@@ -507,6 +573,7 @@ mod tests {
             inp.kv.block_bytes = layer.div_ceil(blocks as u64);
             inp.slots = slots;
             inp.cpu = hybrid.then(|| cpu(1e-3));
+            inp.activations = Activations { whole: act, chunked: act / 3, ffn_rows: 8 };
             match memory_plan(&inp) {
                 Ok(p) => {
                     if let Some(g) = gpu { prop_assert!(p.device_bytes() <= g, "device {} > {}", p.device_bytes(), g); }
@@ -515,6 +582,10 @@ mod tests {
                     if let Some(k) = kv_gpu {
                         prop_assert!(p.kv.resident_layers == n || p.kv.resident_layers as u64 * layer <= k);
                     }
+                    // FFN chunks exactly where the model does not fit whole
+                    let whole = weights + fixed + act + kv;
+                    prop_assert_eq!(p.ffn_rows.is_some(), gpu.is_some_and(|g| whole > g) && act / 3 < act);
+                    prop_assert_eq!(p.activation_bytes, if p.ffn_rows.is_some() { act / 3 } else { act });
                     // every group placed exactly once
                     let total: u64 = inp.groups.iter().map(|g| g.bytes).sum();
                     prop_assert_eq!(p.placement.resident_bytes + p.placement.streamed_bytes_per_step, total);

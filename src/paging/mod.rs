@@ -15,7 +15,9 @@ pub use hybrid::{
     plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan,
     MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
-pub use memory::{memory_plan, Budgets, DramWindowPlan, KvPlan, KvShape, MemoryInput, MemoryPlan};
+pub use memory::{
+    memory_plan, Activations, Budgets, DramWindowPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
+};
 pub use plan::{auto_kv_layers, plan, GroupInfo, Plan, PlanError, PlanInput};
 pub use ring::{simulate, Op, SlotRing, SlotState, Violation};
 
