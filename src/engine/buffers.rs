@@ -116,7 +116,8 @@ pub fn ffn_rows(d: &Dims, n_batch: u32) -> u32 {
     let b = n_batch as u64;
     let target = (attn * b).max(head * b.min(HEAD_ROWS as u64));
     let rows = (target / ffn.max(1)) / 32 * 32;
-    rows.clamp(32, b) as u32
+    // (steps of fewer than 32 rows run whole)
+    rows.max(32).min(b) as u32
 }
 
 /// Host memory the copy stream reads from: pinned (the device's host buffer
