@@ -10,6 +10,7 @@
 #   bash tools/device-hybrid.sh sweep    # 12G: CPU groups auto / 61 / 30 (SPLITS=...), T15=1: -t 15
 #   bash tools/device-hybrid.sh big      # pp2048 and 64-sequence decode at 12G
 #   bash tools/device-hybrid.sh ub       # 12G decode: default plan (-ub 512) vs decode-sized (-ub 16) vs -ub 2048
+#   bash tools/device-hybrid.sh ffn      # 12G pp2048: the plan's FFN chunks vs whole steps, interleaved
 #   bash tools/device-hybrid.sh checks   # NMSE vs llama.cpp all-GPU, compute-sanitizer
 #   bash tools/device-hybrid.sh bound    # the CUDA-vs-CPU NMSE bound; 12G without hybrid
 # Several may be named in one call (bash tools/device-hybrid.sh bench sweep).
@@ -58,6 +59,17 @@ ub)
       done
     done
   } 2>&1 | tee "$out/hybrid_ub.txt" ;;
+ffn)
+  {
+    echo "== 12G pp2048: FFN in the plan's chunks against whole steps (--ffn-rows 2048), interleaved"
+    for rep in 1 2; do
+      for rows in plan 2048; do
+        echo "-- round $rep: FFN rows $rows"
+        $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -ub 2048 -n 0 -B 0 -r 2 \
+          $([ $rows = plan ] || echo --ffn-rows $rows) 2>&1 | f | grep -e "^plan:" -e "^memory:" -e "pp2048"
+      done
+    done
+  } 2>&1 | tee "$out/hybrid_ffn.txt" ;;
 bound)
   {
     echo "== the CUDA-vs-CPU bound: strata all resident on the GPU vs llama.cpp (GPU) and vs strata on the CPU"

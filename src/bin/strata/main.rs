@@ -138,6 +138,12 @@ pub struct ModelArgs {
     /// stands in for the host).
     #[arg(long, default_value = "auto", value_parser = parse_hybrid)]
     pub hybrid: Hybrid,
+    /// Most rows an FFN group computes at once (e.g. 2048: whole steps).
+    /// Default: the memory plan cuts steps into chunks only where the model
+    /// does not fit the GPU budget whole, so the activations stay within
+    /// what attention needs.
+    #[arg(long = "ffn-rows", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ffn_rows: Option<u32>,
     /// Keep CPU weights in plain memory instead of the CPU's repacked
     /// layouts (llama.cpp's --no-repack).
     #[arg(long = "no-repack", visible_alias = "nr")]
@@ -359,7 +365,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             slots: m.slots,
             stream_all: m.stream_all,
             hybrid: m.hybrid,
-            ffn_rows: None,
+            ffn_rows: m.ffn_rows,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,
