@@ -275,10 +275,15 @@ pub fn build_ffn<'c>(
     let mut g = ctx.new_graph(super::GRAPH_NODES);
     // chunks of at most lim.ffn_rows rows, in order: each reads and writes
     // only its own rows, and the allocator reuses one chunk's memory for
-    // the next; the step is cut into equal chunks (2048 rows at most 672:
-    // four of 512, not three of 672 and a tail of 32)
+    // the next; the step is cut into chunks of nearly equal size, in
+    // multiples of 32 rows (the GEMM kernels' tile) where the limit allows
+    // (2048 rows at most 672: four of 512, not three of 672 and 32)
     let n_rows = s.n_tokens.max(1);
-    let chunk = n_rows.div_ceil(n_rows.div_ceil(lim.ffn_rows.clamp(1, n_rows)));
+    let most = lim.ffn_rows.clamp(1, n_rows);
+    let chunk = n_rows
+        .div_ceil(n_rows.div_ceil(most))
+        .next_multiple_of(32)
+        .min(most);
     let mut out = None;
     for r0 in (0..s.n_tokens).step_by(chunk as usize) {
         let n = chunk.min(s.n_tokens - r0);
