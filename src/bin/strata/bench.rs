@@ -66,7 +66,8 @@ pub struct BenchArgs {
     /// Print results as JSON lines.
     #[arg(long)]
     pub json: bool,
-    /// Write a Chrome/Perfetto trace of the last generation step(s).
+    /// Write a Chrome/Perfetto trace of the generation test's last
+    /// repetition (of the first test's when there is no generation test).
     #[arg(long)]
     pub trace: Option<PathBuf>,
     #[command(flatten)]
@@ -414,14 +415,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         eprintln!("measured pinned host-to-device copy: {:.1} GB/s", bw / 1e9);
 
         build_tests(&a, n_vocab, &mut tests);
-        for (name, (pre, run)) in &tests {
+        for (i, (name, (pre, run))) in tests.iter().enumerate() {
+            let first_test = i == 0 && !tests.iter().any(|(n, _)| n.starts_with("tg"));
             let mut all = Vec::new();
             let mut fig = None;
             for _ in 0..a.reps.max(1) {
                 let (tps, f, spans) = time_strata(&mut e, pre, run, bw.max(1.0))?;
                 all.push(tps);
                 fig = f;
-                if name.starts_with("tg") {
+                if name.starts_with("tg") || first_test {
                     trace_spans = spans;
                 }
             }

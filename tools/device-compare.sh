@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine: pp2048 and 64-sequence decode at 12G of the 70B-shaped
+# Q4_0 model for HEAD and each older binary in .carry/old/*.xz (from
+# tools/build-old.sh), interleaved over ROUNDS rounds, to find which commit
+# changed a figure. The older binaries run beside HEAD's libraries and CUDA
+# module (the same ggml of the same crate) without its version stamp: older
+# builds compared the stamp with their own source archive's checksum.
+#   ROUNDS=2 TESTS="-p 2048 -B 64" bash tools/device-compare.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source tools/device-70b.sh
+TESTS=${TESTS:--p 2048 -B 64}
+o=/root/old; mkdir -p $o
+cp $bin/lib*.so* $o/; rm -f $o/*.ggml-version
+names=(HEAD)
+for x in .carry/old/*.xz; do
+  [ -f "$x" ] || continue
+  n=$(basename "$x" .xz); xz -dc "$x" > $o/strata-$n; chmod +x $o/strata-$n; names+=("$n")
+done
+{
+  echo "== 12G $TESTS: HEAD and ${names[*]:1}, interleaved"
+  for r in $(seq ${ROUNDS:-2}); do
+    for n in "${names[@]}"; do
+      if [ $n = HEAD ]; then s=$bin/strata; else s=$o/strata-$n; fi
+      # -b was the step before -ub existed
+      ub=$($s bench --help | grep -q ubatch-size && echo "-ub 2048")
+      echo "-- round $r: $n"
+      $s bench -m "$m" --device gpu --gpu-budget 12G $TESTS -b 2048 $ub -n 0 -r 2 2>&1 | f \
+        | grep -e "^plan:" -e "pp[0-9]" -e batched -e rror
+    done
+  done
+} 2>&1 | tee "$out/compare.txt"
