@@ -111,7 +111,7 @@ pub struct MemoryPlan {
     pub dram: [Option<DramWindowPlan>; 2],
     /// Device bytes reserved for activations.
     pub activation_bytes: u64,
-    /// Rows per FFN chunk where the model does not fit the GPU whole and
+    /// Most rows per FFN chunk where the model does not fit the GPU whole and
     /// chunks need less (the FFN's activations then need not be reserved
     /// for a whole step); None: whole steps.
     pub ffn_rows: Option<u32>,
@@ -346,7 +346,7 @@ impl std::fmt::Display for MemoryPlan {
             mib(self.device_bytes()),
             mib(self.activation_bytes),
             self.ffn_rows
-                .map(|r| format!(", FFN in chunks of {r} rows"))
+                .map(|r| format!(", FFN in chunks of at most {r} rows"))
                 .unwrap_or_default(),
             mib(self.kv_device_bytes()),
             self.kv.resident_layers,

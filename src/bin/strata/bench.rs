@@ -415,15 +415,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         eprintln!("measured pinned host-to-device copy: {:.1} GB/s", bw / 1e9);
 
         build_tests(&a, n_vocab, &mut tests);
+        // the generation test's steps, else the first test's
+        let traced = tests
+            .iter()
+            .position(|(n, _)| n.starts_with("tg"))
+            .unwrap_or(0);
         for (i, (name, (pre, run))) in tests.iter().enumerate() {
-            let first_test = i == 0 && !tests.iter().any(|(n, _)| n.starts_with("tg"));
             let mut all = Vec::new();
             let mut fig = None;
             for _ in 0..a.reps.max(1) {
                 let (tps, f, spans) = time_strata(&mut e, pre, run, bw.max(1.0))?;
                 all.push(tps);
                 fig = f;
-                if name.starts_with("tg") || first_test {
+                if i == traced {
                     trace_spans = spans;
                 }
             }
