@@ -5,6 +5,8 @@
 # changed a figure. The older binaries run beside HEAD's libraries and CUDA
 # module (the same ggml of the same crate) without its version stamp: older
 # builds compared the stamp with their own source archive's checksum.
+# HEADS lists HEAD's variants, ';'-separated extra arguments (default: one
+# plain HEAD), e.g. HEADS="--hybrid off;--hybrid off --ffn-rows 2048".
 #   ROUNDS=2 TESTS="-p 2048 -B 64" bash tools/device-compare.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,20 +14,28 @@ source tools/device-70b.sh
 TESTS=${TESTS:--p 2048 -B 64}
 o=/root/old; mkdir -p $o
 cp $bin/lib*.so* $o/; rm -f $o/*.ggml-version
-names=(HEAD)
+IFS=';' read -ra heads <<< "${HEADS:-}"
+[ ${#heads[@]} -gt 0 ] || heads=("")
+names=()
+for i in "${!heads[@]}"; do names+=("HEAD$i"); done
 for x in .carry/old/*.xz; do
   [ -f "$x" ] || continue
   n=$(basename "$x" .xz); xz -dc "$x" > $o/strata-$n; chmod +x $o/strata-$n; names+=("$n")
 done
 {
-  echo "== 12G $TESTS: HEAD and ${names[*]:1}, interleaved"
+  echo "== 12G $TESTS: ${names[*]}, interleaved"
+  for i in "${!heads[@]}"; do echo "HEAD$i: HEAD ${heads[$i]}"; done
   for r in $(seq ${ROUNDS:-2}); do
     for n in "${names[@]}"; do
-      if [ $n = HEAD ]; then s=$bin/strata; else s=$o/strata-$n; fi
+      extra=""
+      case $n in
+        HEAD*) s=$bin/strata; extra=${heads[${n#HEAD}]} ;;
+        *) s=$o/strata-$n ;;
+      esac
       # -b was the step before -ub existed
       ub=$($s bench --help | grep -q ubatch-size && echo "-ub 2048")
       echo "-- round $r: $n"
-      $s bench -m "$m" --device gpu --gpu-budget 12G $TESTS -b 2048 $ub -n 0 -r 2 2>&1 | f \
+      $s bench -m "$m" --device gpu --gpu-budget 12G $TESTS -b 2048 $ub -n 0 -r 2 $extra 2>&1 | f \
         | grep -e "^plan:" -e "pp[0-9]" -e batched -e rror
     done
   done
