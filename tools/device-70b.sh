@@ -3,7 +3,7 @@
 # written by strata-convert synth (both kept under /root while the machine
 # stays warm). Sets out, bin, v, m and the log filter f.
 out=${OUT:-device-out}; mkdir -p "$out"
-bin=.carry/bin; v=.carry/models/vocab-smollm2.gguf
+source tools/device-bin.sh; v=.carry/models/vocab-smollm2.gguf
 mkdir -p /root/m /root/cuda
 # the vocabulary model may travel xz-compressed (with a CUDA module in
 # .carry/cuda the carry is close to its 64 MiB)

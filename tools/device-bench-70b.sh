@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?strata|llama}
 out=${OUT:-device-out}; mkdir -p "$out"
-bin=.carry/bin
+source tools/device-bin.sh
 m=/root/m/llama3-70b-q4_0.gguf
 mkdir -p /root/m
 [ -f $bin/libggml-cuda.so ] || bash tools/device-restore-module.sh | tee "$out/module.txt"

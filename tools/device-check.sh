@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-out}; mkdir -p "$out"
-bin=.carry/bin
+source tools/device-bin.sh
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv

@@ -17,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-out}; mkdir -p "$out"
-bin=.carry/bin; v=.carry/models/vocab-smollm2.gguf
+source tools/device-bin.sh; v=.carry/models/vocab-smollm2.gguf
 mkdir -p /root/m
 [ -f $bin/libggml-cuda.so ] || bash tools/device-restore-module.sh | tee "$out/module.txt"
 f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }

@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-out}; mkdir -p "$out"
-bin=.carry/bin
+source tools/device-bin.sh
 mkdir -p /root/m
 [ -f $bin/libggml-cuda.so ] || bash tools/device-restore-module.sh | tee "$out/module.txt"
 f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }

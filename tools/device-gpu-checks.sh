@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?model}; small=${2:-$1}
 out=${OUT:-device-out}; mkdir -p "$out"
-bin=.carry/bin
+source tools/device-bin.sh
 fail=0
 [ -f $bin/libggml-cuda.so ] || bash tools/build-cuda-module.sh "$bin" 90 2>&1 | tail -3 | tee "$out/build.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/machine.txt"

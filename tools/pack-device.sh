@@ -5,6 +5,9 @@
 # module per x86 server generation, a cached CUDA module if .carry-cache/ holds one (saves the 4-minute
 # build), Debian's fio in .carry/fio/ (run it as .carry/fio/run-fio) if
 # tools/fetch-fio.sh put it in .carry-cache/fio/, and the files given.
+# XZ_BIN=1 packs .carry/bin into .carry/bin.tar.xz (18 MB down to about 5,
+# room for tools/build-old.sh binaries); the device scripts unpack it
+# (tools/device-bin.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .carry && mkdir -p .carry/bin .carry/models .carry/cuda
@@ -25,4 +28,7 @@ else
   echo "no fio in .carry-cache/fio (bash tools/fetch-fio.sh): the device scripts skip fio" >&2
 fi
 for m in "$@"; do cp "$m" .carry/models/; done
+if [ "${XZ_BIN:-0}" = 1 ]; then
+  tar -cJf .carry/bin.tar.xz -C .carry bin && rm -rf .carry/bin
+fi
 du -sh .carry
