@@ -139,9 +139,9 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto", value_parser = parse_hybrid)]
     pub hybrid: Hybrid,
     /// Most rows an FFN group computes at once (e.g. 2048: whole steps).
-    /// Default: the memory plan cuts steps into chunks only where the model
-    /// does not fit the GPU budget whole, so the activations stay within
-    /// what attention needs.
+    /// Default: the memory plan cuts steps of more than 1024 rows into
+    /// chunks of at least 1024, only where the model does not fit the GPU
+    /// budget whole, so the activations stay within what attention needs.
     #[arg(long = "ffn-rows", value_parser = clap::value_parser!(u32).range(1..))]
     pub ffn_rows: Option<u32>,
     /// Keep CPU weights in plain memory instead of the CPU's repacked
