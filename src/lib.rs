@@ -19,6 +19,8 @@
 
 pub use strata_ffi as sys;
 
+pub mod dtype;
+
 #[cfg(feature = "convert")]
 pub mod convert;
 pub mod engine;

@@ -16,10 +16,8 @@ use super::{
     check_layout, ConvertError, Result, KEY_ALIGNMENT, KEY_GROUP_OFFSETS, KEY_GROUP_SIZES,
     KEY_LAYOUT, LAYOUT_NAME, STRATA_ALIGNMENT,
 };
-use crate::gguf::{
-    Array, GgmlType, GgufFile, GgufWriter, TensorDataFn, TensorInfo, Value,
-    KEY_ALIGNMENT as GENERAL_ALIGNMENT,
-};
+use crate::gguf::{Array, GgufFile, GgufWriter, TensorDataFn, TensorInfo, Value, KEY_ALIGNMENT as GENERAL_ALIGNMENT};
+use crate::dtype::GgmlType;
 use crate::model::ModelSpec;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs::{self, File, OpenOptions};

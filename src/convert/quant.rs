@@ -11,7 +11,7 @@
 //! `ggml_quantize_chunk` on its own slice.
 
 use super::{ConvertError, Result};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 
 /// Types `--type` accepts: what ggml quantizes without an importance
 /// matrix and strata's kernels accept.

@@ -13,7 +13,8 @@ use super::output::{
 };
 use super::quant;
 use super::{ConvertError, Result};
-use crate::gguf::{GgmlType, GgufFile, TensorInfo, Value};
+use crate::gguf::{GgufFile, TensorInfo, Value};
+use crate::dtype::GgmlType;
 use memmap2::Mmap;
 use std::path::Path;
 use std::sync::Arc;

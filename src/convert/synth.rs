@@ -21,7 +21,8 @@
 use super::output::{pipelined, write_model, OutTensor, OutputModel, TensorFill, WriteSummary};
 use super::quant;
 use super::{ConvertError, Result};
-use crate::gguf::{GgmlType, Value};
+use crate::gguf::Value;
+use crate::dtype::GgmlType;
 use crate::model::Arch;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;

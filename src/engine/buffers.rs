@@ -3,7 +3,7 @@
 
 use super::EngineError;
 use crate::ggml::{Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 use crate::graph::{Dims, Externals, Limits, HEAD_ROWS};
 
 /// x, pos, mask, kv_idx, out_ids (in `Externals::all` order).

@@ -56,7 +56,7 @@ impl CpuWeights {
         let n: usize = sets.iter().map(|s| s.len()).sum();
         let ctx = Context::new(n + 1, 0)?;
         // buffer type of each weight: 0 plain, 1 + i extra i
-        let mut memo: HashMap<(crate::gguf::GgmlType, Vec<i64>), usize> = HashMap::new();
+        let mut memo: HashMap<(crate::dtype::GgmlType, Vec<i64>), usize> = HashMap::new();
         let mut placed = Vec::with_capacity(n);
         let mut sizes = vec![0usize; extras.len() + 1];
         for &w in sets.iter().flat_map(|s| s.iter()) {

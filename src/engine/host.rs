@@ -174,7 +174,7 @@ impl HostCompute {
 fn with_matmul_probe<R>(
     backend: &Backend,
     buft: BufferType,
-    ty: crate::gguf::GgmlType,
+    ty: crate::dtype::GgmlType,
     ne: [i64; 2],
     bytes: u64,
     n_tokens: u32,
@@ -197,7 +197,7 @@ fn with_matmul_probe<R>(
         w.set_bytes(&zeros, 0)?;
         ws.push(w);
     }
-    let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[ne[0], n_tokens as i64]);
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], n_tokens as i64]);
     let xbuf = Buffer::alloc(backend.device().buffer_type(), x.nbytes(), BufferUsage::Any)?;
     xbuf.place(x, 0)?;
     x.set_f32(&vec![0.5f32; (ne[0] * n_tokens as i64) as usize])?;
@@ -221,7 +221,7 @@ fn with_matmul_probe<R>(
 pub fn measure_matmul(
     backend: &Backend,
     buft: BufferType,
-    ty: crate::gguf::GgmlType,
+    ty: crate::dtype::GgmlType,
     ne: [i64; 2],
     bytes: u64,
     n_tokens: u32,
@@ -254,7 +254,7 @@ pub fn measure_matmul(
 pub fn measure_bus_beside_cpu(
     cpu: &Backend,
     buft: BufferType,
-    ty: crate::gguf::GgmlType,
+    ty: crate::dtype::GgmlType,
     ne: [i64; 2],
     bytes: u64,
     device: Device,
@@ -313,7 +313,7 @@ impl BusLoad {
         let host = Buffer::alloc(host_buft, CHUNK, BufferUsage::Any)?;
         let dev = Buffer::alloc(device.buffer_type(), CHUNK, BufferUsage::Any)?;
         let ctx = Context::new(2, 0)?;
-        let t = ctx.new_tensor(crate::gguf::GgmlType::I8, &[CHUNK as i64]);
+        let t = ctx.new_tensor(crate::dtype::GgmlType::I8, &[CHUNK as i64]);
         dev.place(t, 0)?;
         let copy = device.init_backend()?;
         // SAFETY: the host buffer holds CHUNK bytes, nothing writes it, and
@@ -341,7 +341,7 @@ impl Drop for BusLoad {
 
 /// The extra (repacked) CPU buffer type that takes weights of `ty`/`ne`,
 /// or plain CPU memory.
-pub fn cpu_weight_buft(cpu: Device, ty: crate::gguf::GgmlType, ne: [i64; 2]) -> BufferType {
+pub fn cpu_weight_buft(cpu: Device, ty: crate::dtype::GgmlType, ne: [i64; 2]) -> BufferType {
     cpu.extra_buffer_types()
         .into_iter()
         .find(|&b| cpu.supports_weight(b, ty, &ne))
@@ -353,7 +353,7 @@ pub fn cpu_weight_buft(cpu: Device, ty: crate::gguf::GgmlType, ne: [i64; 2]) -> 
 /// small graph on them, drain the stream, download the rows. The best of 20.
 pub fn measure_hop(device: Device, backend: &Backend, n_embd: i64) -> Result<f64, EngineError> {
     let ctx = Context::new(8, 8)?;
-    let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[n_embd]);
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[n_embd]);
     let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
     buf.place(x, 0)?;
     let mut g = ctx.new_graph(8);
@@ -382,7 +382,7 @@ pub fn measure_group_overhead(
     n_embd: i64,
 ) -> Result<f64, EngineError> {
     let ctx = Context::new(32, 32)?;
-    let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[n_embd]);
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[n_embd]);
     let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
     buf.place(x, 0)?;
     x.set_f32(&vec![1.0f32; n_embd as usize])?;

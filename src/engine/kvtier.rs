@@ -16,7 +16,7 @@
 
 use super::EngineError;
 use crate::ggml::{Backend, Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 use crate::kv::spill::{EntryDesc, KvFile, KvShape, Quota, SpillDir};
 use crate::kv::tier::{Action, TierTable};
 use crate::kv::KvCells;

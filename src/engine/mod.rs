@@ -1303,7 +1303,7 @@ pub fn measure_h2d(device: Device, bytes: usize, reps: usize) -> Result<f64, Eng
     let host = Buffer::alloc(host_buft, bytes, BufferUsage::Any)?;
     let dev = Buffer::alloc(device.buffer_type(), bytes, BufferUsage::Any)?;
     let ctx = Context::new(2, 0)?;
-    let t = ctx.new_tensor(crate::gguf::GgmlType::I8, &[bytes as i64]);
+    let t = ctx.new_tensor(crate::dtype::GgmlType::I8, &[bytes as i64]);
     dev.place(t, 0)?;
     // SAFETY: the host buffer holds `bytes` bytes and outlives the copies,
     // which complete before `copy.synchronize()` returns.

@@ -284,7 +284,7 @@ impl WeightStore {
                 .unwrap_or(0);
             // COMPUTE usage: padding past rows stays zeroed / harmless
             let slot =
-                [TensorSpec::new(crate::gguf::GgmlType::I8, &[slot_bytes as i64]).named("slot")];
+                [TensorSpec::new(crate::dtype::GgmlType::I8, &[slot_bytes as i64]).named("slot")];
             let slots = (0..n_slots)
                 .map(|_| TensorArena::new(buft, BufferUsage::Compute, &slot))
                 .collect::<Result<Vec<_>, _>>()?;

@@ -8,7 +8,7 @@
 //! pointer pattern itself.
 
 use super::{Buffer, BufferType, BufferUsage, Context, GgmlError, Result, Tensor};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 use crate::sys;
 use std::ptr::NonNull;
 

@@ -263,12 +263,12 @@ impl Device {
     /// this device computes `mul_mat(weight, f32 activations)`: the test
     /// llama.cpp makes before putting a weight into an extra buffer type
     /// (a dummy op whose weight sits in an empty buffer of that type).
-    pub fn supports_weight(&self, buft: BufferType, ty: crate::gguf::GgmlType, ne: &[i64]) -> bool {
+    pub fn supports_weight(&self, buft: BufferType, ty: crate::dtype::GgmlType, ne: &[i64]) -> bool {
         let Ok(ctx) = super::Context::new(4, 0) else {
             return false;
         };
         let w = ctx.new_tensor(ty, ne);
-        let x = ctx.new_tensor(crate::gguf::GgmlType::F32, &[ne[0], 512]);
+        let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], 512]);
         let op = ctx.mul_mat(w, x);
         // SAFETY: a zero-sized buffer of `buft` only serves as the weight's
         // buffer tag for the query; it is freed below and the tensors are

@@ -5,7 +5,7 @@
 //! Shapes are in ggml order: `ne[0]` is the contiguous dimension.
 
 use super::{GgmlError, Result};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 use crate::sys;
 use std::ffi::CString;
 use std::marker::PhantomData;

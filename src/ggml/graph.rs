@@ -2,7 +2,7 @@
 //! used by the layout tests.
 
 use super::{cstr_to_string, Context, GgmlError, Result, Tensor};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 use crate::sys;
 use std::marker::PhantomData;
 use std::ptr::NonNull;

@@ -26,7 +26,7 @@ pub use backend::{
 pub use context::{Context, RopeParams, Tensor};
 pub use graph::{Graph, GraphAllocator, NodeInfo};
 
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 
 /// Errors from the ggml layer. Each names the operation that failed.
 #[derive(Debug, thiserror::Error)]

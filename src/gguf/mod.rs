@@ -23,7 +23,8 @@ mod read;
 mod types;
 mod write;
 
-pub use types::{Array, GgmlType, TensorInfo, Value};
+pub use crate::dtype::GgmlType;
+pub use types::{Array, TensorInfo, Value};
 pub use write::{GgufWriter, TensorDataFn};
 
 use std::collections::HashMap;

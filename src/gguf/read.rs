@@ -9,7 +9,8 @@
 //! overlap) run after all descriptors are read, because the data offset
 //! depends on where the header ends.
 
-use super::types::{value_type as vt, Array, GgmlType, TensorInfo, Value};
+use super::types::{value_type as vt, Array, TensorInfo, Value};
+use crate::dtype::GgmlType;
 use super::{GgufError, GgufFile, DEFAULT_ALIGNMENT, KEY_ALIGNMENT, MAX_TENSOR_NAME};
 use std::collections::HashMap;
 use std::fs::File;

@@ -9,7 +9,8 @@
 //! writer owns `general.alignment`: it is written (last) when the alignment
 //! is not the default 32, and any value set by hand is dropped.
 
-use super::types::{Array, GgmlType, Value};
+use super::types::{Array, Value};
+use crate::dtype::GgmlType;
 use super::{GgufError, DEFAULT_ALIGNMENT, KEY_ALIGNMENT, MAX_TENSOR_NAME};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};

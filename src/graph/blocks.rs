@@ -2,7 +2,7 @@
 
 use super::{Dims, Limits, StepShape};
 use crate::ggml::{Context, Graph, RopeParams, Tensor, TensorSpec};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 use crate::model::Role;
 
 /// Persistent tensors a group graph reads or writes, as placeholders in the

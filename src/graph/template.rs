@@ -2,7 +2,7 @@
 
 use super::{build_attn, build_ffn, build_head, Dims, Limits, StepShape};
 use crate::ggml::{Context, Graph, Result, Tensor};
-use crate::gguf::GgmlType;
+use crate::dtype::GgmlType;
 use crate::model::{GroupId, GroupKind, Role};
 use std::ptr::NonNull;
 

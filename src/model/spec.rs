@@ -2,7 +2,8 @@
 //! architecture's expectations.
 
 use super::{Arch, ModelError};
-use crate::gguf::{GgmlType, GgufFile, TensorInfo};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::dtype::GgmlType;
 
 /// Hyperparameters read from `{arch}.*` metadata (llama.cpp key names).
 #[derive(Clone, Debug, PartialEq)]

@@ -26,7 +26,8 @@ use super::output::{
     pipelined, to_io, write_model, OutTensor, OutputModel, TensorFill, WriteSummary,
 };
 use super::{quant, synth::llama3_rope_factors, ConvertError, Result};
-use crate::gguf::{GgmlType, Value};
+use crate::gguf::Value;
+use crate::dtype::GgmlType;
 use safetensors::{Checkpoint, Dtype, StTensor};
 use std::path::Path;
 use std::sync::Arc;

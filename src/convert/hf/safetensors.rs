@@ -36,11 +36,11 @@ impl Dtype {
             Dtype::F16 | Dtype::BF16 => 2,
         }
     }
-    pub fn ggml(self) -> crate::gguf::GgmlType {
+    pub fn ggml(self) -> crate::dtype::GgmlType {
         match self {
-            Dtype::F32 => crate::gguf::GgmlType::F32,
-            Dtype::F16 => crate::gguf::GgmlType::F16,
-            Dtype::BF16 => crate::gguf::GgmlType::BF16,
+            Dtype::F32 => crate::dtype::GgmlType::F32,
+            Dtype::F16 => crate::dtype::GgmlType::F16,
+            Dtype::BF16 => crate::dtype::GgmlType::BF16,
         }
     }
 }
