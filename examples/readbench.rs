@@ -5,7 +5,7 @@
 //!     [--in-flight 0] [--buffered] [--passes 1]
 //!
 //! Prints one line per pass and, last, `GBPS <best>` for scripts
-//! (tools/fio-compare.sh). Decimal GB (1e9 bytes), like fio.
+//! (tools/bench/fio-compare.sh). Decimal GB (1e9 bytes), like fio.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;

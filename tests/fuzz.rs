@@ -16,7 +16,7 @@
 //! sessions on a 2-core machine; checkpoints run half of it, each
 //! case being a whole conversion); STRATA_FUZZ_SEED the
 //! first seed; STRATA_FUZZ_VERBOSE=1 prints each refused case with its
-//! error; tools/fuzz.sh runs it for an hour.
+//! error; tools/dev/fuzz.sh runs it for an hour.
 //!
 //! Regression cases for the failures found by hand (a duplicated token, a
 //! vocabulary shorter than token_embd, a block count that disagrees with

@@ -5,6 +5,8 @@
 # names another source). Used on a GPU machine without Rust, and by
 # `cargo build --features cuda` (ffi/build.rs), so both build it alike.
 #   tools/build-cuda-module.sh DEST_DIR [CUDA_ARCHS]     (default archs: 90)
+# STRATA_CUDA_BUILD: the build directory, kept between calls (default
+# /root/strata-cuda-build).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:?usage: build-cuda-module.sh DEST_DIR [CUDA_ARCHS]}

@@ -7,6 +7,7 @@
 # `tools/demo.sh`, then (with `test` or `both`) `tools/test.sh`, each timed.
 # Needs root (mount, chroot). Times and logs go to DIR/results/.
 #   tools/fresh-root.sh [DIR] [demo|test|both]      (default /tmp/strata-fresh, demo)
+# SUITE (default bookworm) and MIRROR pick the Debian release and mirror.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root=${1:-/tmp/strata-fresh}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the clients the server tests talk to strata serve with (the
 # `openai` package, pinned in tests/serve/requirements.txt) into a venv at
-# ~/.cache/strata/venv-serve. Safe to run repeatedly.
+# ~/.cache/strata/venv-serve. Safe to run repeatedly; prints the venv's python.
+#   tools/serve-clients.sh            (STRATA_SERVE_VENV: another venv directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${STRATA_SERVE_VENV:-$HOME/.cache/strata/venv-serve}"

@@ -6,6 +6,7 @@
 # python3 with pip and venv (test models from PyPI, the server tests'
 # clients), then a Rust toolchain if there is none. Safe to run repeatedly;
 # tools/demo.sh and tools/test.sh source it.
+#   tools/setup.sh            install what is missing (or: source tools/setup.sh)
 #   tools/setup.sh --check    print the missing Debian packages, install nothing
 set -euo pipefail
 

@@ -2,6 +2,7 @@
 # The test command (README, CI): install what is needed, fetch the test
 # models, check the vendored source, run every test. Tests needing a model
 # fail rather than skip here (STRATA_REQUIRE_MODELS=1).
+#   tools/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without Rust needs into .carry/ (ignored by git,
 # carried to the device): the stripped binaries (strata, strata-convert,
-# readbench for tools/fio-compare.sh), their shared libraries, a CPU backend
-# module per x86 server generation, a cached CUDA module if .carry-cache/ holds one (saves the 4-minute
-# build), Debian's fio in .carry/fio/ (run it as .carry/fio/run-fio) if
-# tools/fetch-fio.sh put it in .carry-cache/fio/, and the files given.
-# XZ_BIN=1 packs .carry/bin into .carry/bin.tar.xz (18 MB down to about 5,
-# room for tools/build-old.sh binaries); the device scripts unpack it
-# (tools/device-bin.sh).
+# readbench for tools/bench/fio-compare.sh), their shared libraries, a CPU
+# backend module per x86 server generation, a cached CUDA module if
+# .carry-cache/ holds one (its xz parts and stamp, as the device runs return
+# them in $OUT/cuda/; saves the 4-minute build), Debian's fio in .carry/fio/
+# (run it as .carry/fio/run-fio) if tools/device/fetch-fio.sh put it in
+# .carry-cache/fio/, and the files given (into .carry/models/). Runs cargo.
+#   tools/device/pack.sh [FILE...]          e.g. tools/device/pack.sh /tmp/vocab-smollm2.gguf
+#   XZ_BIN=1 tools/device/pack.sh FILE...   .carry/bin packed as .carry/bin.tar.xz (18 MB down to
+#                                           about 5, room for tools/device/build-old.sh binaries in
+#                                           .carry/old/); tools/device/lib.sh unpacks it on the device
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 rm -rf .carry && mkdir -p .carry/bin .carry/models .carry/cuda
 # the CPU modules of the server generations (x64, haswell, skylakex, icelake,
 # zen4, sapphirerapids): ggml loads the best one the CPU supports
@@ -25,7 +28,7 @@ done
 if [ -x .carry-cache/fio/bin/fio ]; then
   cp -r .carry-cache/fio .carry/fio
 else
-  echo "no fio in .carry-cache/fio (bash tools/fetch-fio.sh): the device scripts skip fio" >&2
+  echo "no fio in .carry-cache/fio (tools/device/fetch-fio.sh): the device scripts skip fio" >&2
 fi
 for m in "$@"; do cp "$m" .carry/models/; done
 if [ "${XZ_BIN:-0}" = 1 ]; then

@@ -3,9 +3,9 @@
 # seeds (default 2000) per input kind (half for checkpoints), a fresh window each round, until
 # SECONDS (default 3600) have passed. Stops at the first failing case and
 # prints it (the seed reproduces it: STRATA_FUZZ_SEED=N STRATA_FUZZ_CASES=1).
-#   tools/fuzz.sh [SECONDS]
+#   [CASES=2000] [SEED=1000000] tools/dev/fuzz.sh [SECONDS]     (builds tests/fuzz.rs with cargo)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH="$HOME/.cargo/bin:$PATH"
 secs=${1:-3600}; cases=${CASES:-2000}; seed=${SEED:-1000000}
 # one build, copied with its libraries and backend modules: later builds in

@@ -4,7 +4,7 @@ machines without network): N clients each stream one text completion of
 random prompt tokens at the same time, and the aggregate decode rate and
 the time to first token are measured from the chunks' arrival times.
 
-  tools/serve-bench.py --url http://127.0.0.1:8080 --clients 64 \
+  tools/bench/serve-bench.py --url http://127.0.0.1:8080 --clients 64 \
       --prompt-tokens 16 --max-tokens 32 --vocab 49152 [--json out.json]
 
 Aggregate decode rate: tokens that arrived while every client was past its

@@ -4,7 +4,7 @@ one lane per stream (copy, compute; the draft model and the host CPU
 computing layer groups (hybrid decode) when the trace has them), one box
 per operation.
 
-    tools/trace-to-svg.py TRACE.json OUT.svg [--steps N] [--skip K]
+    tools/bench/trace-to-svg.py TRACE.json OUT.svg [--steps N] [--skip K]
 
 --skip K drops the first K steps (warm-up); --steps N keeps N steps after
 that (a step starts at an "attn 0" computation). Standard library only."""

@@ -2,11 +2,12 @@
 # Builds the strata binary of each commit given (in a worktree under
 # /tmp/strata-old, its own target directory) and keeps it stripped and
 # xz-compressed in .carry-cache/old/COMMIT.xz (about 1 MB each), for
-# tools/device-compare.sh to time side by side with HEAD on the device.
-# Copy the ones a run needs into .carry/old/ after tools/pack-device.sh.
-#   tools/build-old.sh a4334b6 992a138 ...
+# tools/device/compare.sh to time side by side with HEAD on the device.
+# Copy the ones a run needs into .carry/old/ after tools/device/pack.sh
+# (XZ_BIN=1 leaves room for them). Runs cargo.
+#   tools/device/build-old.sh a4334b6 992a138 ...
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$PWD; wt=/tmp/strata-old
 mkdir -p .carry-cache/old
 [ -d $wt ] || git worktree add -f --detach $wt HEAD >/dev/null

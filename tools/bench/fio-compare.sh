@@ -4,17 +4,17 @@
 # ROUNDS times (each side first in turn); prints the best and median of
 # each and reader/fio (target >= 0.90, issue 6).
 #
-#   tools/fio-compare.sh FILE            # QD=8 BS=1M ROUNDS=3 WORKERS=1
-#   QD=32 BS=4M tools/fio-compare.sh FILE
-#   FIO_IOMEM=shmhuge tools/fio-compare.sh FILE   # fio on huge pages too
+#   tools/bench/fio-compare.sh FILE            # QD=8 BS=1M ROUNDS=3 WORKERS=1
+#   QD=32 BS=4M tools/bench/fio-compare.sh FILE
+#   FIO_IOMEM=shmhuge tools/bench/fio-compare.sh FILE   # fio on huge pages too
 #
 # Needs fio (apt-get install -y fio; FIO=path uses another one, e.g. the
-# carried .carry/fio/run-fio from tools/fetch-fio.sh) and jq or python3 (to
+# carried .carry/fio/run-fio from tools/device/fetch-fio.sh) and jq or python3 (to
 # read fio's JSON). READBENCH=path uses a readbench binary built elsewhere
 # instead of building examples/readbench.rs here.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-FILE=${1:?usage: tools/fio-compare.sh FILE}
+cd "$(dirname "$0")/../.."
+FILE=${1:?usage: tools/bench/fio-compare.sh FILE}
 QD=${QD:-8}
 BS=${BS:-1M}
 ROUNDS=${ROUNDS:-3}

@@ -3,32 +3,33 @@
 # streamed through a DRAM window on CUDA, then the 70B-shaped model at a 12 GB
 # GPU budget and an 18 GB DRAM budget (about half the model), beside O_DIRECT
 # sequential reads of the same file in the same run, right before the bench:
-# dd, Debian's fio (carried in .carry/fio by tools/fetch-fio.sh and
-# tools/pack-device.sh; fio and apt are not on the machine) at the DRAM
-# window's queue depth and read size, and tools/fio-compare.sh (fio against
-# the storage reader, .carry/bin/readbench, each reading the whole file).
+# dd, Debian's fio (carried in .carry/fio by tools/device/fetch-fio.sh and
+# tools/device/pack.sh; fio and apt are not on the machine) at the DRAM
+# window's queue depth and read size, and tools/bench/fio-compare.sh (fio
+# against the storage reader, .carry/bin/readbench, each reading the whole
+# file).
+#   tools/device/fetch-fio.sh; tools/device/pack.sh VOCAB.gguf   (here), then on the device:
+#   bash tools/device/dram.sh
 #
 # The window's reads (src/engine/window.rs, DramWindow::new): one Reader with
 # 2 io_uring workers and 16 reads in flight in all (8 per ring,
 # src/storage/uring.rs), each read at most ReaderConfig::default().chunk_size
-# = 1 MiB (src/storage/mod.rs); a window per group kind (two readers). WIN_QD, WIN_WORKERS, WIN_CHUNK override;
-# COMPARE_ROUNDS (default 1; 0 skips) sets fio-compare.sh's rounds, each of
-# which reads the whole ~38 GB file twice.
+# = 1 MiB (src/storage/config.rs); a window per group kind (two readers).
+# WIN_QD, WIN_WORKERS, WIN_CHUNK override; COMPARE_ROUNDS (default 1; 0
+# skips) sets fio-compare.sh's rounds, each of which reads the whole ~38 GB
+# file twice. Results under $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${OUT:-device-out}; mkdir -p "$out"
-source tools/device-bin.sh; v=.carry/models/vocab-smollm2.gguf
-mkdir -p /root/m
-[ -f $bin/libggml-cuda.so ] || bash tools/device-restore-module.sh | tee "$out/module.txt"
-f() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
-s8=/root/m/llama3-8b-8.gguf
-[ -f $s8 ] || $bin/strata-convert synth --preset llama3-8b --type q4_0 --layers 8 --vocab-from $v $s8 >/dev/null
+cd "$(dirname "$0")/../.."
+source tools/device/lib.sh
+dev_machine
+dev_module_start
+s8=$(dev_synth llama3-8b 8)
+dev_module_wait || exit 1
 {
   echo "== llama3-8b (8 layers), every group streamed, DRAM window of 600M"
-  $bin/strata check -m $s8 --device gpu --with-cpu -n 16 -c 512 --stream-all --dram-budget 600M 2>&1 | f
+  $bin/strata check -m $s8 --device gpu --with-cpu -n 16 -c 512 --stream-all --dram-budget 600M 2>&1 | quiet
 } | tee "$out/check_dram.txt"
-m=/root/m/llama3-70b-q4_0.gguf
-[ -f "$m" ] || $bin/strata-convert synth --preset llama3-70b --type q4_0 --vocab-from $v "$m" | tail -1 | tee "$out/synth.txt"
+m=$(dev_synth llama3-70b)
 WIN_QD=${WIN_QD:-16}; WIN_WORKERS=${WIN_WORKERS:-2}; WIN_CHUNK=${WIN_CHUNK:-1M}
 COMPARE_ROUNDS=${COMPARE_ROUNDS:-1}
 FIO=.carry/fio/run-fio; FIO_ENGINE=io_uring
@@ -75,15 +76,15 @@ fio_seq() {
       echo "(no hugetlb pages: fio with iomem=shmhuge skipped)"
     fi
     if [ "$COMPARE_ROUNDS" -gt 0 ] && [ -x $bin/readbench ]; then
-      echo "== tools/fio-compare.sh: fio ($FIO_ENGINE, iomem=$iomem) vs the storage reader (readbench), whole file, qd $WIN_QD, chunk $WIN_CHUNK, $WIN_WORKERS workers"
+      echo "== tools/bench/fio-compare.sh: fio ($FIO_ENGINE, iomem=$iomem) vs the storage reader (readbench), whole file, qd $WIN_QD, chunk $WIN_CHUNK, $WIN_WORKERS workers"
       FIO=$FIO ENGINE=$FIO_ENGINE FIO_IOMEM=$iomem READBENCH=$bin/readbench QD=$WIN_QD \
         BS=$WIN_CHUNK WORKERS=$WIN_WORKERS ROUNDS=$COMPARE_ROUNDS \
-        bash tools/fio-compare.sh "$m" 2>&1 | tee "$out/fio_compare.txt"
+        bash tools/bench/fio-compare.sh "$m" 2>&1 | tee "$out/fio_compare.txt"
     fi
     [ "$hp" -ge 64 ] || echo "$hp" >/proc/sys/vm/nr_hugepages 2>/dev/null
   else
-    echo "(no $FIO: run tools/fetch-fio.sh before tools/pack-device.sh; fio skipped)"
+    echo "(no $FIO: run tools/device/fetch-fio.sh before tools/device/pack.sh; fio skipped)"
   fi
   echo "== strata 12G GPU budget, 18G DRAM budget"
-  $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --dram-budget 18G -b 64 -c 1536 -p 64 -n 4 -B 8 --batch-steps 1 -r 1 2>&1 | f
+  $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --dram-budget 18G -b 64 -c 1536 -p 64 -n 4 -B 8 --batch-steps 1 -r 1 2>&1 | quiet
 } | tee "$out/bench_dram.txt"

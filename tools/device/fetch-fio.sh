@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches Debian's fio for a GPU machine without network or apt, into
-# .carry-cache/fio/ (ignored by git; tools/pack-device.sh copies it into
-# .carry/fio/):
+# .carry-cache/fio/ (ignored by git; tools/device/pack.sh copies it into
+# .carry/fio/, tools/device/dram.sh runs it):
+#   tools/device/fetch-fio.sh            (FORCE=1 refetches)
 #
 #   bin/fio      fio from the Debian package (apt-get download + dpkg-deb -x)
 #   lib/         libaio.so.1 and libnuma.so.1 from their Debian packages, and
@@ -23,7 +24,7 @@
 # Idempotent: does nothing when the cache is complete (FORCE=1 refetches).
 # Needs apt-get, dpkg-deb, readelf, strip and a C compiler (cc).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 dest=.carry-cache/fio
 # Libraries that fio needs and that are small enough to carry for real.
 real_pkgs=(libaio1 libnuma1)
@@ -115,7 +116,7 @@ done < <(cat "$work/stubs/list" 2>/dev/null)
 
 cat >"$work/out/run-fio" <<'EOF'
 #!/bin/sh
-# Runs the carried fio with its carried libraries (see tools/fetch-fio.sh).
+# Runs the carried fio with its carried libraries (see tools/device/fetch-fio.sh).
 d=$(cd "$(dirname "$0")" && pwd)
 LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/fio" "$@"
 EOF

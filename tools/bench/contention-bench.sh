@@ -3,9 +3,9 @@
 # loop), strata beside llama.cpp (its decoder through libllama, default
 # settings) at the same thread counts, in the same minutes; then the same
 # without the competitor. Medians of `strata bench` (tg32, 3 repetitions).
-#   tools/contention-bench.sh [MODEL]    (default Qwen2.5-Coder-1.5B Q4_K_M)
+#   tools/bench/contention-bench.sh [MODEL]    (default Qwen2.5-Coder-1.5B Q4_K_M; needs target/release/strata)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 m=${1:-$HOME/.cache/strata/models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf}
 b=target/release/strata
 run() {  # label, then bench flags

@@ -1,0 +1,144 @@
+# The steps every device run shares, sourced (not run) by tools/device/*.sh
+# on the GPU machine, which has no Rust, no network and no apt: the carried
+# binaries, the CUDA module, the synthetic models, the machine's description
+# and the log filter. Sourcing sets $out and $bin (unpacking
+# .carry/bin.tar.xz where `XZ_BIN=1 tools/device/pack.sh` packed it) and
+# runs nothing else.
+#   cd "$(dirname "$0")/../.." && source tools/device/lib.sh
+#   dev_70b                       # machine.txt, CUDA module, 70B-shaped model in $m
+#   s8=$(dev_synth llama3-8b 8)   # a synthetic model, cut to 8 layers
+#   ... 2>&1 | quiet | tee "$out/X.txt"
+# Env: OUT (results; default ./device-out), VOCAB (the vocabulary GGUF of
+# the synthetic models; default .carry/models/vocab-smollm2.gguf or its
+# .xz), CUDA_ARCHS (when the module is built; default 90). What outlives a
+# call while the machine stays warm: /root/m (models), /root/cuda (module).
+
+out=${OUT:-device-out}; mkdir -p "$out"
+bin=.carry/bin
+[ -d $bin ] || tar -xJf .carry/bin.tar.xz -C .carry
+mkdir -p /root/m /root/cuda
+
+# quiet: drops ggml's backend-loading lines from a log on stdin.
+quiet() { grep -v -e "^load_backend" -e "^ggml_cuda_init" -e "^  Device 0"; }
+
+# dev_machine: the GPU, CPU, disk and memory into $out/machine.txt.
+dev_machine() {
+  {
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max,clocks.max.sm \
+      --format=csv,noheader
+    lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|Flags" | cut -c1-200
+    df -h /root | tail -1
+    free -g | head -2
+  } > "$out/machine.txt" 2>&1
+  head -2 "$out/machine.txt"
+}
+
+# dev_vocab: prints the path of the vocabulary GGUF the synthetic models take
+# their tokenizer from (the carried one may travel xz-compressed: with a
+# CUDA module in .carry/cuda the carry is close to its 64 MiB).
+dev_vocab() {
+  local v=${VOCAB:-.carry/models/vocab-smollm2.gguf}
+  if [ -f "$v" ]; then echo "$v"; return; fi
+  xz -dc "$v.xz" > /root/m/.vocab.tmp && mv /root/m/.vocab.tmp /root/m/vocab.gguf
+  echo /root/m/vocab.gguf
+}
+
+# dev_synth PRESET [LAYERS]: prints the path of the Q4_0 model `strata-convert
+# synth --preset PRESET` makes (cut to LAYERS layers), in /root/m, writing it
+# only where this machine lacks it (the 70B one takes 30-70 s; its last log
+# line goes to $out/synth.txt). The written file's dirty pages are flushed
+# before anything is timed (hybrid run 14: the CPU read 64.5 GB/s during
+# the writeback, 90 a minute later).
+dev_synth() {
+  local preset=$1 layers=${2:-} p
+  if [ -n "$layers" ]; then p=/root/m/$preset-$layers.gguf; else p=/root/m/$preset-q4_0.gguf; fi
+  if [ ! -f "$p" ]; then
+    $bin/strata-convert synth --preset "$preset" --type q4_0 ${layers:+--layers "$layers"} \
+      --vocab-from "$(dev_vocab)" "$p" 2>&1 | tail -1 >> "$out/synth.txt"
+    sync
+  fi
+  echo "$p"
+}
+
+# dev_module_ok DIR: whether DIR holds a CUDA module whose version stamp
+# names this checkout's vendor/ archive (strata refuses any other).
+dev_module_ok() {
+  [ -f "$1/libggml-cuda.so" ] &&
+    [ "$(sed -n 2p "$1/libggml-cuda.so.ggml-version" 2>/dev/null)" = "$(cat vendor/llama.cpp.tar.xz.sha256)" ]
+}
+
+# dev_module_get: makes /root/cuda hold the CUDA module: kept from an earlier
+# call on this machine, else restored from the xz parts tools/device/pack.sh
+# carried in .carry/cuda, else built from vendor/ by
+# tools/build-cuda-module.sh (about 4 minutes on 16 cores). Records which in
+# /root/cuda/origin (restored or built).
+dev_module_get() {
+  local t0
+  if dev_module_ok /root/cuda; then
+    echo "CUDA module: the one in /root/cuda ($(cat /root/cuda/origin 2>/dev/null), $(paste -sd' ' /root/cuda/libggml-cuda.so.ggml-version))"
+    return 0
+  fi
+  if ls .carry/cuda/libggml-cuda.so.xz.part-* >/dev/null 2>&1; then
+    cat .carry/cuda/libggml-cuda.so.xz.part-* | xz -d > /root/cuda/libggml-cuda.so
+    cp .carry/cuda/libggml-cuda.so.ggml-version /root/cuda/
+    if dev_module_ok /root/cuda; then
+      echo restored > /root/cuda/origin
+      echo "restored libggml-cuda.so from .carry/cuda ($(paste -sd' ' /root/cuda/libggml-cuda.so.ggml-version))"
+      return 0
+    fi
+    echo "the module in .carry/cuda was built from another vendor/ archive: building"
+  fi
+  t0=$(date +%s)
+  bash tools/build-cuda-module.sh /root/cuda "${CUDA_ARCHS:-90}" || return 1
+  echo built > /root/cuda/origin
+  echo "module build: $(( $(date +%s) - t0 )) s"
+}
+
+# dev_module: dev_module_get (logged to $out/module.txt), then the module
+# beside the binaries.
+dev_module() {
+  dev_module_get 2>&1 | tee -a "$out/module.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || return 1
+  cp /root/cuda/libggml-cuda.so /root/cuda/libggml-cuda.so.ggml-version $bin/
+}
+
+# dev_module_start, dev_module_wait: the same, in the background (the
+# models are written meanwhile).
+dev_module_start() {
+  dev_module_get >> "$out/module.txt" 2>&1 &
+  DEV_MODULE_PID=$!
+}
+dev_module_wait() {
+  wait "$DEV_MODULE_PID"; local rc=$?
+  tail -2 "$out/module.txt"
+  [ $rc = 0 ] || return 1
+  cp /root/cuda/libggml-cuda.so /root/cuda/libggml-cuda.so.ggml-version $bin/
+}
+
+# dev_keep_module [DIR]: a module built here as xz parts of 8 MiB (a device
+# call returns files up to a size) and its stamp under DIR (default
+# $out/cuda), to be copied into .carry-cache/ so that tools/device/pack.sh
+# carries it; nothing when the module came with the carry.
+dev_keep_module() {
+  local dir=${1:-$out/cuda}
+  [ "$(cat /root/cuda/origin 2>/dev/null)" = restored ] && return 0
+  mkdir -p "$dir"
+  xz -T0 -6 -c /root/cuda/libggml-cuda.so | split -b 8M - "$dir/libggml-cuda.so.xz.part-"
+  cp /root/cuda/libggml-cuda.so.ggml-version "$dir/"
+}
+
+# dev_70b: the start of a run on the Llama-3-70B-shaped Q4_0 model (80
+# layers, about 39 GB): machine.txt, the CUDA module fetched while the model
+# is written; sets m to the model's path.
+dev_70b() {
+  dev_machine
+  dev_module_start
+  m=$(dev_synth llama3-70b)
+  dev_module_wait
+}
+
+# dev_sanitizer: prints the path of compute-sanitizer (nothing if missing).
+dev_sanitizer() {
+  command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null
+}
