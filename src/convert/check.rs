@@ -8,10 +8,15 @@
 //! file). Only such extents may be read as one piece: the engine should call
 //! [`read_group_extents`], which returns them only when all of this holds.
 
-use super::{
-    ConvertError, Extent, Result, KEY_ALIGNMENT, KEY_GROUP_OFFSETS, KEY_GROUP_SIZES, KEY_LAYOUT,
-    LAYOUT_NAME, STRATA_ALIGNMENT,
-};
+use super::error::ConvertError;
+use super::error::Result;
+use super::layout::Extent;
+use super::layout::KEY_ALIGNMENT;
+use super::layout::KEY_GROUP_OFFSETS;
+use super::layout::KEY_GROUP_SIZES;
+use super::layout::KEY_LAYOUT;
+use super::layout::LAYOUT_NAME;
+use super::layout::STRATA_ALIGNMENT;
 use crate::gguf::{Array, GgufFile, Value};
 use crate::model::{GroupKind, ModelSpec};
 use std::collections::HashMap;

@@ -3,7 +3,8 @@
 //! per-group extents, and whether the file is strata-aligned, with the
 //! command that fixes it when it is not.
 
-use super::{check_layout, Result};
+use super::check::check_layout;
+use super::error::Result;
 use crate::gguf::{Array, Value};
 use crate::model::ModelSpec;
 use std::fmt::Write as _;
@@ -68,7 +69,7 @@ fn mib(b: u64) -> String {
 /// The report for the GGUF file at `path`; fails only if it is not a valid
 /// GGUF. (A GGUF strata cannot run is reported, not refused.)
 pub fn inspect(path: &Path) -> Result<String> {
-    let f = super::open_gguf(path)?;
+    let f = super::input::open_gguf(path)?;
     let mut o = String::new();
     let _ = writeln!(o, "file: {}", path.display());
     let _ = writeln!(
@@ -133,7 +134,10 @@ pub fn inspect(path: &Path) -> Result<String> {
     for (i, g) in r.groups.iter().enumerate() {
         let ext = r.declared.as_ref().and_then(|d| d.get(i));
         let ext = ext.map_or("-".to_string(), |e| format!("[{}, +{})", e.offset, e.size));
-        let state = match (g.contiguous, g.offset % super::STRATA_ALIGNMENT == 0) {
+        let state = match (
+            g.contiguous,
+            g.offset % super::layout::STRATA_ALIGNMENT == 0,
+        ) {
             (true, true) => "contiguous, aligned",
             (true, false) => "contiguous, unaligned",
             (false, _) => "scattered",
@@ -153,7 +157,7 @@ pub fn inspect(path: &Path) -> Result<String> {
         let _ = writeln!(
             o,
             "\nstrata-aligned: yes (layout {}, one read per group)",
-            super::LAYOUT_NAME
+            super::layout::LAYOUT_NAME
         );
     } else {
         let _ = writeln!(o, "\nstrata-aligned: no");

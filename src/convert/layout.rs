@@ -14,8 +14,20 @@
 //!   starting on the alignment, its size a multiple of it; extents are
 //!   disjoint and in groups order (2*layer + kind).
 
-use super::{ConvertError, Result};
+use super::error::ConvertError;
+use super::error::Result;
 use crate::model::{GroupKind, Role};
+
+/// Value of `strata.layout` for the layout this module writes.
+pub const LAYOUT_NAME: &str = "layer-groups-v1";
+/// Alignment of every tensor and extent (O_DIRECT block).
+pub const STRATA_ALIGNMENT: u64 = 4096;
+pub const KEY_LAYOUT: &str = "strata.layout";
+pub const KEY_ALIGNMENT: &str = "strata.alignment";
+/// Absolute file offset of each group extent, groups order.
+pub const KEY_GROUP_OFFSETS: &str = "strata.group_offsets";
+/// Byte size of each group extent (a multiple of the alignment).
+pub const KEY_GROUP_SIZES: &str = "strata.group_sizes";
 
 /// Where a tensor belongs. The derived order is the write order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

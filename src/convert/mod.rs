@@ -26,7 +26,9 @@
 
 pub mod cancel;
 mod check;
+mod error;
 pub mod hf;
+mod input;
 mod inspect;
 pub mod layout;
 mod output;
@@ -35,126 +37,12 @@ mod relayout;
 pub mod synth;
 
 pub use check::{check_layout, read_group_extents, GroupReport, LayoutReport};
+pub use error::{ConvertError, Result};
+pub use input::default_threads;
 pub use inspect::inspect;
-pub use layout::{Extent, Layout, Slot};
+pub use layout::{
+    Extent, Layout, Slot, KEY_ALIGNMENT, KEY_GROUP_OFFSETS, KEY_GROUP_SIZES, KEY_LAYOUT,
+    LAYOUT_NAME, STRATA_ALIGNMENT,
+};
 pub use output::{write_model, OutTensor, OutputModel, TensorFill, WriteSummary};
 pub use relayout::{convert_gguf, GgufOptions};
-
-use std::path::PathBuf;
-
-/// Value of `strata.layout` for the layout this module writes.
-pub const LAYOUT_NAME: &str = "layer-groups-v1";
-/// Alignment of every tensor and extent (O_DIRECT block).
-pub const STRATA_ALIGNMENT: u64 = 4096;
-pub const KEY_LAYOUT: &str = "strata.layout";
-pub const KEY_ALIGNMENT: &str = "strata.alignment";
-/// Absolute file offset of each group extent, groups order.
-pub const KEY_GROUP_OFFSETS: &str = "strata.group_offsets";
-/// Byte size of each group extent (a multiple of the alignment).
-pub const KEY_GROUP_SIZES: &str = "strata.group_sizes";
-
-/// Everything that can go wrong in a conversion, each naming what is wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum ConvertError {
-    // The causes are part of the message, not `source()`, so an error
-    // chain (anyhow) does not print them twice.
-    #[error("{}: {err}", path.display())]
-    Io { path: PathBuf, err: std::io::Error },
-    #[error("{}: {err}", path.display())]
-    BadGguf {
-        path: PathBuf,
-        err: crate::gguf::GgufError,
-    },
-    #[error("{}: {err}", path.display())]
-    BadModel {
-        path: PathBuf,
-        err: crate::model::ModelError,
-    },
-    #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
-    #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
-    #[error(transparent)]
-    Ggml(#[from] crate::ggml::GgmlError),
-    #[error("{}: {problem}", file.display())]
-    Safetensors { file: PathBuf, problem: String },
-    #[error("{}: {problem}", file.display())]
-    Json { file: PathBuf, problem: String },
-    #[error("config.json: {0}")]
-    Config(String),
-    #[error("tensor '{tensor}' has shape {found:?}, but config.json implies {expected:?}")]
-    ShapeMismatch {
-        tensor: String,
-        found: Vec<u64>,
-        expected: Vec<u64>,
-    },
-    #[error("tensor '{tensor}' has dtype {dtype}, which the converter cannot read (supported: F32, F16, BF16)")]
-    UnsupportedDtype { tensor: String, dtype: String },
-    #[error("checkpoint is missing tensor '{0}'")]
-    MissingTensor(String),
-    #[error("checkpoint has tensor '{0}', which this architecture does not use")]
-    UnexpectedTensor(String),
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
-    #[error("unknown output type '{0}' (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl)")]
-    UnknownType(String),
-    #[error("cannot convert tensor '{tensor}' to {ty}: {reason}")]
-    Quantize {
-        tensor: String,
-        ty: String,
-        reason: String,
-    },
-    #[error("tensor '{tensor}' is already quantized ({from}); requantizing it to {to} loses quality twice: convert from an f16/bf16/f32 file, or pass --allow-requantize")]
-    Requantize {
-        tensor: String,
-        from: String,
-        to: String,
-    },
-    #[error("layout: {0}")]
-    Layout(String),
-    #[error("unsupported: {0}")]
-    Unsupported(String),
-    #[error("not enough free space in {}: need {need} bytes, {have} available", dir.display())]
-    NoSpace { dir: PathBuf, need: u64, have: u64 },
-    #[error("interrupted; the partial output was removed")]
-    Cancelled,
-    #[error("written file failed verification, removed: {0}")]
-    Verify(String),
-}
-
-impl ConvertError {
-    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ConvertError {
-        let path = path.into();
-        move |err| ConvertError::Io { path, err }
-    }
-}
-
-/// Opens and validates a GGUF input, naming the file in any error.
-pub(crate) fn open_gguf(path: &std::path::Path) -> Result<crate::gguf::GgufFile> {
-    crate::gguf::GgufFile::open(path).map_err(|err| match err {
-        // already names the file
-        crate::gguf::GgufError::Io { .. } => ConvertError::Gguf(err),
-        err => ConvertError::BadGguf {
-            path: path.to_path_buf(),
-            err,
-        },
-    })
-}
-
-/// The model description of an input, naming the file in any error.
-pub(crate) fn model_spec(
-    path: &std::path::Path,
-    f: &crate::gguf::GgufFile,
-) -> Result<crate::model::ModelSpec> {
-    crate::model::ModelSpec::from_gguf(f).map_err(|err| ConvertError::BadModel {
-        path: path.to_path_buf(),
-        err,
-    })
-}
-
-pub type Result<T> = std::result::Result<T, ConvertError>;
-
-/// Worker threads to use by default: every core.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get())
-}

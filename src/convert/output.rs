@@ -11,13 +11,21 @@
 //! reader accepts, under any name.
 
 use super::cancel::is_cancelled;
+use super::check::check_layout;
+use super::error::ConvertError;
+use super::error::Result;
+use super::layout::KEY_ALIGNMENT;
+use super::layout::KEY_GROUP_OFFSETS;
+use super::layout::KEY_GROUP_SIZES;
+use super::layout::KEY_LAYOUT;
+use super::layout::LAYOUT_NAME;
+use super::layout::STRATA_ALIGNMENT;
 use super::layout::{plan, Extent, Slot};
-use super::{
-    check_layout, ConvertError, Result, KEY_ALIGNMENT, KEY_GROUP_OFFSETS, KEY_GROUP_SIZES,
-    KEY_LAYOUT, LAYOUT_NAME, STRATA_ALIGNMENT,
-};
-use crate::gguf::{Array, GgufFile, GgufWriter, TensorDataFn, TensorInfo, Value, KEY_ALIGNMENT as GENERAL_ALIGNMENT};
 use crate::dtype::GgmlType;
+use crate::gguf::{
+    Array, GgufFile, GgufWriter, TensorDataFn, TensorInfo, Value,
+    KEY_ALIGNMENT as GENERAL_ALIGNMENT,
+};
 use crate::model::ModelSpec;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs::{self, File, OpenOptions};

@@ -10,7 +10,8 @@
 //! rows are split over threads, each calling ggml's `to_float` and
 //! `ggml_quantize_chunk` on its own slice.
 
-use super::{ConvertError, Result};
+use super::error::ConvertError;
+use super::error::Result;
 use crate::dtype::GgmlType;
 
 /// Types `--type` accepts: what ggml quantizes without an importance

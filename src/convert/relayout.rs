@@ -8,13 +8,14 @@
 //! f32 and ggml's quantizer to the new type, in row chunks spread over
 //! threads while the previous chunk is written.
 
+use super::error::ConvertError;
+use super::error::Result;
 use super::output::{
     pipelined, to_io, write_model, OutTensor, OutputModel, TensorFill, WriteSummary,
 };
 use super::quant;
-use super::{ConvertError, Result};
-use crate::gguf::{GgufFile, TensorInfo, Value};
 use crate::dtype::GgmlType;
+use crate::gguf::{GgufFile, TensorInfo, Value};
 use memmap2::Mmap;
 use std::path::Path;
 use std::sync::Arc;
@@ -102,8 +103,8 @@ fn metadata(f: &GgufFile, target: Option<GgmlType>) -> Vec<(String, Value)> {
 
 /// Converts `input` to a strata-aligned `output`.
 pub fn convert_gguf(input: &Path, output: &Path, opts: &GgufOptions) -> Result<WriteSummary> {
-    let f = super::open_gguf(input)?;
-    let spec = super::model_spec(input, &f)?;
+    let f = super::input::open_gguf(input)?;
+    let spec = super::input::model_spec(input, &f)?;
     let map = map_file(input)?;
     if (map.len() as u64) < f.file_size {
         return Err(ConvertError::Io {

@@ -18,11 +18,12 @@
 //! The tokenizer (every `tokenizer.*` key) is copied from `--vocab-from`
 //! and the vocabulary size follows it, so text generation runs end to end.
 
+use super::error::ConvertError;
+use super::error::Result;
 use super::output::{pipelined, write_model, OutTensor, OutputModel, TensorFill, WriteSummary};
 use super::quant;
-use super::{ConvertError, Result};
-use crate::gguf::Value;
 use crate::dtype::GgmlType;
+use crate::gguf::Value;
 use crate::model::Arch;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -254,7 +255,7 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
             "--layers {n_layer} (1 to 4096)"
         )));
     }
-    let vocab = super::open_gguf(&opts.vocab_from)?;
+    let vocab = super::input::open_gguf(&opts.vocab_from)?;
     let n_vocab = (vocab.get_str_array("tokenizer.ggml.tokens"))
         .map_err(|err| ConvertError::BadGguf {
             path: opts.vocab_from.clone(),

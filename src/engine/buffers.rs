@@ -1,9 +1,9 @@
 //! Persistent device tensors: the residual stream and step inputs that
 //! every group graph views, and the per-layer K/V cache tensors.
 
-use super::EngineError;
-use crate::ggml::{Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
+use super::error::EngineError;
 use crate::dtype::GgmlType;
+use crate::ggml::{Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
 use crate::graph::{Dims, Externals, Limits, HEAD_ROWS};
 
 /// x, pos, mask, kv_idx, out_ids (in `Externals::all` order).

@@ -4,8 +4,8 @@
 //! rows for the SIMD kernels), everything else in plain CPU memory.
 //! Repacking is both llama.cpp's CPU speed and its CPU numerics.
 
-use super::store::ModelFile;
-use super::EngineError;
+use super::error::EngineError;
+use super::model_file::ModelFile;
 use crate::ggml::{Buffer, BufferType, BufferUsage, Context, Device};
 use crate::graph::Binding;
 use crate::model::WeightSpec;

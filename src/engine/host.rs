@@ -10,8 +10,8 @@
 
 use super::buffers::{self, Persistent};
 use super::cpuweights::CpuWeights;
-use super::store::ModelFile;
-use super::EngineError;
+use super::error::EngineError;
+use super::model_file::ModelFile;
 use crate::ggml::{
     Backend, Buffer, BufferType, BufferUsage, Context, Device, GraphAllocator, Tensor,
 };

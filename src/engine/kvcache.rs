@@ -10,8 +10,8 @@
 //! before calling (`Engine::truncate_seq` and friends).
 
 use super::buffers::KvStore;
+use super::error::EngineError;
 use super::kvtier::KvTier;
-use super::EngineError;
 use crate::graph::Binding;
 use crate::kv::{KvCells, KvError};
 

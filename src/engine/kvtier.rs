@@ -14,9 +14,9 @@
 //! that block of every windowed layer) in a private directory; see
 //! [`crate::kv::spill`] for the format.
 
-use super::EngineError;
-use crate::ggml::{Backend, Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
+use super::error::EngineError;
 use crate::dtype::GgmlType;
+use crate::ggml::{Backend, Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
 use crate::kv::spill::{EntryDesc, KvFile, KvShape, Quota, SpillDir};
 use crate::kv::tier::{Action, TierTable};
 use crate::kv::KvCells;

@@ -15,6 +15,7 @@ mod error;
 pub mod host;
 mod kvcache;
 pub mod kvtier;
+mod model_file;
 mod pager;
 mod session;
 mod store;
@@ -23,8 +24,9 @@ mod window;
 
 pub use error::EngineError;
 pub use kvcache::KvCache;
+pub use model_file::ModelFile;
 pub use pager::PagerStats;
-pub use store::{GroupLayout, Location, ModelFile, WeightStore};
+pub use store::{GroupLayout, Location, WeightStore};
 
 use crate::ggml::{self, Backend, Device, GgmlError, GraphAllocator};
 use crate::gguf::GgufFile;
@@ -32,10 +34,11 @@ use crate::graph::{BindId, Binding, Dims, Limits, StepShape, Template, TemplateK
 use crate::kv::KvCells;
 use crate::model::{GroupId, GroupKind, ModelSpec};
 pub use crate::paging::Budgets;
+use crate::paging::Ring;
 use crate::paging::{GroupInfo, KvShape, MemoryInput, MemoryPlan, Plan};
 use buffers::{KvStore, Persistent};
 use kvtier::{KvStats, KvTier, KvTierConfig};
-use pager::{Pager, Ring};
+use pager::Pager;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;

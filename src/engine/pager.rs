@@ -6,13 +6,13 @@
 //! queue run when the compute side waits for a slot, which is what an
 //! asynchronous copy engine looks like to the computation.
 
+use super::error::EngineError;
 use super::kvtier::KvTier;
 use super::store::WeightStore;
 use super::timeline::{Recorder, Stream};
-use super::EngineError;
 use crate::ggml::{Backend, Device, Event};
 use crate::model::{GroupId, GroupKind};
-use crate::paging::{Op, Plan, SlotRing};
+use crate::paging::{Op, Plan, Ring, SlotRing};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -36,34 +36,6 @@ enum Streams {
     Sync {
         pending: VecDeque<(Ring, usize, GroupId)>,
     },
-}
-
-/// The slot rings the copy stream fills: attention weights, FFN weights,
-/// and the KV windows of windowed layers (see `kvtier`). `ring as usize`
-/// indexes the per-ring arrays.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ring {
-    Attn = 0,
-    Ffn = 1,
-    Kv = 2,
-}
-
-impl Ring {
-    /// The weight ring a group of `kind` streams through.
-    pub fn of(kind: GroupKind) -> Ring {
-        match kind {
-            GroupKind::Attn => Ring::Attn,
-            GroupKind::Ffn => Ring::Ffn,
-        }
-    }
-    /// How the trace names this ring's slots (a0, f1, w2).
-    fn label(self) -> &'static str {
-        match self {
-            Ring::Attn => "a",
-            Ring::Ffn => "f",
-            Ring::Kv => "w",
-        }
-    }
 }
 
 pub struct Pager {

@@ -4,7 +4,8 @@
 //! in cell order; the extra payload holds their positions, then the
 //! caller's bytes (tokens, sampler state).
 
-use super::{Engine, EngineError};
+use super::error::EngineError;
+use super::Engine;
 use crate::kv::spill::{self, EntryDesc, KvFile, KvShape, SpillError};
 use std::path::Path;
 

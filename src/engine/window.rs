@@ -14,7 +14,7 @@
 //! staging buffers (the file layout differs from the slot layout) and are
 //! placed into a host slot when the pager asks for the group.
 
-use super::EngineError;
+use super::error::EngineError;
 use crate::model::WeightSpec;
 use crate::storage::{
     AlignedBuf, AlignedWindow, ExtentReader, ReadRequest, ReadTicket, Reader, ReaderConfig,

@@ -7,7 +7,13 @@
 //! is pointed at), so no caller writes the context + buffer + offset + raw
 //! pointer pattern itself.
 
-use super::{Buffer, BufferType, BufferUsage, Context, GgmlError, Result, Tensor};
+use super::buffer::Buffer;
+use super::buffer::BufferType;
+use super::buffer::BufferUsage;
+use super::context::Context;
+use super::context::Tensor;
+use super::error::GgmlError;
+use super::error::Result;
 use crate::dtype::GgmlType;
 use crate::sys;
 use std::ptr::NonNull;

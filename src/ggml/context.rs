@@ -4,7 +4,8 @@
 //! borrows it. Tensor data lives in backend buffers, never in the context.
 //! Shapes are in ggml order: `ne[0]` is the contiguous dimension.
 
-use super::{GgmlError, Result};
+use super::error::GgmlError;
+use super::error::Result;
 use crate::dtype::GgmlType;
 use crate::sys;
 use std::ffi::CString;
@@ -248,7 +249,7 @@ impl<'ctx> Tensor<'ctx> {
     }
     pub fn name(&self) -> String {
         // SAFETY: name is a NUL-terminated fixed array inside the header.
-        unsafe { super::cstr_to_string(self.header().name.as_ptr()) }
+        unsafe { super::rows::cstr_to_string(self.header().name.as_ptr()) }
     }
     /// Names the tensor (truncated to ggml's 63 bytes).
     pub fn named(self, name: &str) -> Self {

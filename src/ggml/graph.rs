@@ -1,7 +1,11 @@
 //! Compute graphs, their activation allocator, and the printable snapshot
 //! used by the layout tests.
 
-use super::{cstr_to_string, Context, GgmlError, Result, Tensor};
+use super::context::Context;
+use super::context::Tensor;
+use super::error::GgmlError;
+use super::error::Result;
+use super::rows::cstr_to_string;
 use crate::dtype::GgmlType;
 use crate::sys;
 use std::marker::PhantomData;
@@ -118,7 +122,7 @@ pub struct GraphAllocator {
 unsafe impl Send for GraphAllocator {}
 
 impl GraphAllocator {
-    pub fn new(buft: super::BufferType) -> Result<GraphAllocator> {
+    pub fn new(buft: super::buffer::BufferType) -> Result<GraphAllocator> {
         // SAFETY: buft is a live buffer type.
         let p = unsafe { sys::ggml_gallocr_new(buft.raw()) };
         NonNull::new(p)

@@ -9,9 +9,13 @@
 //! overlap) run after all descriptors are read, because the data offset
 //! depends on where the header ends.
 
+use super::file::GgufError;
+use super::file::GgufFile;
+use super::file::DEFAULT_ALIGNMENT;
+use super::file::KEY_ALIGNMENT;
+use super::file::MAX_TENSOR_NAME;
 use super::types::{value_type as vt, Array, TensorInfo, Value};
 use crate::dtype::GgmlType;
-use super::{GgufError, GgufFile, DEFAULT_ALIGNMENT, KEY_ALIGNMENT, MAX_TENSOR_NAME};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read};

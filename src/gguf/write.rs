@@ -9,9 +9,12 @@
 //! writer owns `general.alignment`: it is written (last) when the alignment
 //! is not the default 32, and any value set by hand is dropped.
 
+use super::file::GgufError;
+use super::file::DEFAULT_ALIGNMENT;
+use super::file::KEY_ALIGNMENT;
+use super::file::MAX_TENSOR_NAME;
 use super::types::{Array, Value};
 use crate::dtype::GgmlType;
-use super::{GgufError, DEFAULT_ALIGNMENT, KEY_ALIGNMENT, MAX_TENSOR_NAME};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};

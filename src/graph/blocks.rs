@@ -1,8 +1,10 @@
 //! The blocks of a Llama-family layer: attention group, FFN group, head.
 
-use super::{Dims, Limits, StepShape};
-use crate::ggml::{Context, Graph, RopeParams, Tensor, TensorSpec};
+use super::shape::Dims;
+use super::shape::Limits;
+use super::shape::StepShape;
 use crate::dtype::GgmlType;
+use crate::ggml::{Context, Graph, RopeParams, Tensor, TensorSpec};
 use crate::model::Role;
 
 /// Persistent tensors a group graph reads or writes, as placeholders in the
@@ -163,7 +165,7 @@ pub fn build_attn<'c>(
     let v_cache = ctx
         .new_tensor(GgmlType::F16, &[n_embd_kv, lim.n_ctx as i64])
         .named("cache_v");
-    let mut g = ctx.new_graph(super::GRAPH_NODES);
+    let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
 
     let x = rows(ctx, ext.x, s.n_tokens).named("inp");
     let pos = ctx.view_1d(ext.pos, n, 0).named("pos");
@@ -272,7 +274,7 @@ pub fn build_ffn<'c>(
     let ext = Externals::new(ctx, d, lim);
     let w = weights(ctx, d, sig);
     let role = |r| find(sig, &w, r).expect("ffn weight");
-    let mut g = ctx.new_graph(super::GRAPH_NODES);
+    let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
     // chunks of at most lim.ffn_rows rows, in order: each reads and writes
     // only its own rows, and the allocator reuses one chunk's memory for
     // the next; the step is cut into chunks of nearly equal size, in
@@ -327,7 +329,7 @@ pub fn build_head<'c>(
         .new_tensor(GgmlType::F32, &[e])
         .named("output_norm.weight");
     let out_w = ctx.new_tensor(out_ty, &[e, v]).named("output.weight");
-    let mut g = ctx.new_graph(super::GRAPH_NODES);
+    let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
     let x = rows_at(ctx, ext.x, row0, s.n_tokens).named("head_in");
     let cur = rms_norm(ctx, x, norm_w, d.hp.rms_eps, "result_norm");
     let logits = ctx.mul_mat(out_w, cur).named("result_output").as_output();

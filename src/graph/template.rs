@@ -1,8 +1,13 @@
 //! A built graph that owns its context: the reusable unit the engine caches.
 
-use super::{build_attn, build_ffn, build_head, Dims, Limits, StepShape};
-use crate::ggml::{Context, Graph, Result, Tensor};
+use super::blocks::build_attn;
+use super::blocks::build_ffn;
+use super::blocks::build_head;
+use super::shape::Dims;
+use super::shape::Limits;
+use super::shape::StepShape;
 use crate::dtype::GgmlType;
+use crate::ggml::{Context, Graph, Result, Tensor};
 use crate::model::{GroupId, GroupKind, Role};
 use std::ptr::NonNull;
 
@@ -82,7 +87,7 @@ fn nn(t: Tensor<'_>) -> NonNull<crate::sys::ggml_tensor> {
 
 impl Template {
     pub fn build(key: &TemplateKey, d: &Dims, lim: Limits) -> Result<Template> {
-        let ctx = Context::new(super::GRAPH_NODES + 64, super::GRAPH_NODES)?;
+        let ctx = Context::new(super::shape::GRAPH_NODES + 64, super::shape::GRAPH_NODES)?;
         let (graph, ext, weights, kv, out) = {
             let b = match key {
                 TemplateKey::Group {

@@ -2,7 +2,9 @@
 //! reference that parity tests, `strata check` and `strata bench
 //! --llama-ngl` compare strata against. Built with the `reference` feature.
 
-use super::{fill, LlamaError, LlamaModel};
+use super::fill;
+use super::model::LlamaError;
+use super::model::LlamaModel;
 use crate::sys;
 use std::ptr::NonNull;
 

@@ -1,6 +1,6 @@
 //! The supported architectures and what differs between them.
 
-use super::ModelError;
+use super::error::ModelError;
 
 /// An architecture as named by `general.architecture`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,9 +1,10 @@
 //! Hyperparameters and the per-group tensor table, validated against the
 //! architecture's expectations.
 
-use super::{Arch, ModelError};
-use crate::gguf::{GgufFile, TensorInfo};
+use super::arch::Arch;
+use super::error::ModelError;
 use crate::dtype::GgmlType;
+use crate::gguf::{GgufFile, TensorInfo};
 
 /// Hyperparameters read from `{arch}.*` metadata (llama.cpp key names).
 #[derive(Clone, Debug, PartialEq)]
@@ -380,7 +381,7 @@ impl ModelSpec {
         let arch = Arch::from_name(f.get_str("general.architecture")?)?;
         let mut hp = Hparams::from_gguf(f, arch)?;
         let name = f.get_str_opt("general.name")?.unwrap_or("").to_string();
-        super::validate_vocab(f)?;
+        super::vocab::validate_vocab(f)?;
         // a block_count below the layers present would silently drop them
         for t in &f.tensors {
             let layer = t

@@ -4,7 +4,7 @@
 //! vocabulary shorter than the embedding table lets a sampled id reach a
 //! lookup that throws a C++ exception Rust cannot catch. Plain Rust.
 
-use super::ModelError;
+use super::error::ModelError;
 use crate::gguf::{GgufFile, Value};
 use std::collections::HashMap;
 

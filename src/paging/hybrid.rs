@@ -18,7 +18,7 @@
 //! one set of host copies: moving resident weights costs, re-choosing which
 //! of them the CPU computes costs nothing.
 
-use super::GroupInfo;
+use super::groups::GroupInfo;
 use crate::model::GroupKind;
 
 /// The most tokens a step may have for the CPU to take part (the host's
@@ -208,7 +208,7 @@ pub fn simulate(
 /// holds one FFN group's CPU time of uploads, half again for slack, plus the
 /// two any ring needs (at least `base`, at most 16).
 pub fn attn_slots(groups: &[GroupInfo], copy_bw: f64, c: &CpuInput, base: usize) -> usize {
-    let max = |k| super::plan::max_bytes(groups, k);
+    let max = |k| super::groups::max_bytes(groups, k);
     let (attn, ffn) = (max(GroupKind::Attn), max(GroupKind::Ffn));
     if attn == 0 {
         return base;

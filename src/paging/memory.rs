@@ -12,7 +12,12 @@
 //! and predicts the step time. Plain Rust: the engine measures the rates,
 //! calls [`memory_plan`] and carries out what it returns.
 
-use super::{plan, CpuInput, GroupInfo, Plan, PlanError, PlanInput};
+use super::groups::GroupInfo;
+use super::hybrid::CpuInput;
+use super::plan;
+use super::plan::Plan;
+use super::plan::PlanError;
+use super::plan::PlanInput;
 use crate::model::GroupKind;
 
 /// What strata may use of each memory; None: the default of each.
@@ -244,7 +249,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
 
 /// Layers keeping their KV on the device: with a KV budget, as many as it
 /// holds (all of them when windowing would leave fewer layers than
-/// windows); without one, see [`super::auto_kv_layers`].
+/// windows); without one, see [`super::plan::auto_kv_layers`].
 fn kv_resident_layers(inp: &MemoryInput, fixed: u64, windows: usize) -> usize {
     let kv = &inp.kv;
     match inp.budgets.kv_gpu {
@@ -252,7 +257,7 @@ fn kv_resident_layers(inp: &MemoryInput, fixed: u64, windows: usize) -> usize {
             k if k + windows >= kv.n_layer && k > 0 => kv.n_layer,
             k => k,
         },
-        None => super::auto_kv_layers(
+        None => super::plan::auto_kv_layers(
             &inp.groups,
             fixed,
             kv.layer_bytes,

@@ -3,6 +3,7 @@
 //! compute. Plain Rust (no FFI); the engine executes what these decide.
 
 mod budget;
+mod groups;
 mod hybrid;
 mod memory;
 mod plan;
@@ -11,6 +12,7 @@ mod ring;
 mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
+pub use groups::GroupInfo;
 pub use hybrid::{
     plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan,
     MAX_TOKENS as HYBRID_MAX_TOKENS,
@@ -18,8 +20,8 @@ pub use hybrid::{
 pub use memory::{
     memory_plan, Activations, Budgets, DramWindowPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
 };
-pub use plan::{auto_kv_layers, plan, GroupInfo, Plan, PlanError, PlanInput};
-pub use ring::{simulate, Op, SlotRing, SlotState, Violation};
+pub use plan::{auto_kv_layers, plan, Plan, PlanError, PlanInput};
+pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
 
 /// Parses a size like "12G", "512M", "1.5GiB", "4096" (bytes). K/M/G/T are
 /// binary multiples (KiB, MiB, ...), as GPU memory is reported.

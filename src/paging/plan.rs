@@ -5,15 +5,9 @@
 //! with enough slots and prefetch the copies hide under compute or the
 //! compute hides under the copies, never less than that.
 
+use super::groups::max_bytes;
+use super::groups::GroupInfo;
 use crate::model::GroupKind;
-
-/// What the planner knows about one layer group.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GroupInfo {
-    pub kind: GroupKind,
-    /// Bytes the group occupies in a slot (device alloc sizes, padded).
-    pub bytes: u64,
-}
 
 /// Inputs of a placement decision.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,7 +28,7 @@ pub struct PlanInput {
     pub stream_all: bool,
     /// The host CPU as a compute tier for streamed groups (hybrid decode);
     /// None: the bus carries every streamed group.
-    pub cpu: Option<super::CpuInput>,
+    pub cpu: Option<super::hybrid::CpuInput>,
 }
 
 /// A placement.
@@ -52,7 +46,7 @@ pub struct Plan {
     pub predicted_copy_s: f64,
     pub predicted_compute_s: f64,
     /// Streamed groups the CPU computes at small steps, if that pays.
-    pub hybrid: Option<super::HybridPlan>,
+    pub hybrid: Option<super::hybrid::HybridPlan>,
 }
 
 impl Plan {
@@ -94,16 +88,6 @@ pub enum PlanError {
     DramBudget { budget: u64, minimum: u64 },
     #[error("KV DRAM budget {budget} bytes is below the minimum of {minimum} bytes (one block of every windowed layer); raise --kv-dram")]
     KvDramBudget { budget: u64, minimum: u64 },
-}
-
-/// The largest group of `kind` (0 when there is none).
-pub(super) fn max_bytes(groups: &[GroupInfo], kind: GroupKind) -> u64 {
-    groups
-        .iter()
-        .filter(|g| g.kind == kind)
-        .map(|g| g.bytes)
-        .max()
-        .unwrap_or(0)
 }
 
 /// Chooses the placement. Groups are kept resident from the first layer on
@@ -179,7 +163,7 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
     let streams: Vec<bool> = resident.iter().map(|r| !r).collect();
     let hybrid = inp.cpu.as_ref().filter(|_| hybrid).and_then(|c| {
         let slots = (attn_slots, slots);
-        super::plan_hybrid(&inp.groups, &streams, slots, inp.copy_bw, c)
+        super::hybrid::plan_hybrid(&inp.groups, &streams, slots, inp.copy_bw, c)
     });
     Ok(Plan {
         hybrid,

@@ -18,6 +18,36 @@
 //! after the computation that reads it finished. `simulate` checks both for
 //! any interleaving of the two streams, and that no interleaving deadlocks.
 
+use crate::model::GroupKind;
+
+/// The slot rings the copy stream fills: attention weights, FFN weights,
+/// and the KV windows of windowed layers (see `kvtier`). `ring as usize`
+/// indexes the per-ring arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ring {
+    Attn = 0,
+    Ffn = 1,
+    Kv = 2,
+}
+
+impl Ring {
+    /// The weight ring a group of `kind` streams through.
+    pub fn of(kind: GroupKind) -> Ring {
+        match kind {
+            GroupKind::Attn => Ring::Attn,
+            GroupKind::Ffn => Ring::Ffn,
+        }
+    }
+    /// How the trace names this ring's slots (a0, f1, w2).
+    pub fn label(self) -> &'static str {
+        match self {
+            Ring::Attn => "a",
+            Ring::Ffn => "f",
+            Ring::Kv => "w",
+        }
+    }
+}
+
 /// Host-side state of a slot (what has been enqueued, not what completed:
 /// completion is enforced on the device by the event waits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Inputs the paging tests share.
 
-use super::{CpuInput, GroupInfo};
+use super::groups::GroupInfo;
+use super::hybrid::CpuInput;
 use crate::model::GroupKind;
 
 /// `n` layers of an attention group of `attn` bytes and an FFN group of

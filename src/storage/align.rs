@@ -5,7 +5,7 @@
 //! we meet. [`AlignedWindow::covering`] maps any byte range to the smallest
 //! aligned window holding it and says where the wanted bytes start inside.
 
-use super::StorageError;
+use super::error::StorageError;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 

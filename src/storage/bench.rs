@@ -1,11 +1,15 @@
 //! Sequential read throughput of a [`Reader`], the way the pager reads:
 //! extents of a fixed size into slots of one registered region, a few
-//! extents in flight. `examples/readbench.rs` and `tools/fio-compare.sh`
+//! extents in flight. `examples/readbench.rs` and `tools/bench/fio-compare.sh`
 //! drive it; `strata bench` may call [`sequential_read`] directly.
 
-use super::{
-    AlignedBuf, ExtentReader, ReadRequest, Reader, ReaderConfig, RegisteredRegion, StorageError,
-};
+use super::align::AlignedBuf;
+use super::config::ReadRequest;
+use super::config::ReaderConfig;
+use super::config::RegisteredRegion;
+use super::error::StorageError;
+use super::reader::ExtentReader;
+use super::reader::Reader;
 use std::collections::VecDeque;
 use std::path::Path;
 use std::time::Instant;
@@ -17,14 +21,14 @@ pub struct BenchReport {
     pub seconds: f64,
     /// Decimal GB/s (1e9 bytes), as fio prints.
     pub gb_per_s: f64,
-    pub backend: super::IoBackend,
+    pub backend: super::config::IoBackend,
     pub direct: bool,
     pub queue_depth: usize,
     pub chunk_size: usize,
     pub workers: usize,
     /// Extents kept submitted.
     pub extents_in_flight: usize,
-    pub stats: super::ReaderStats,
+    pub stats: super::config::ReaderStats,
 }
 
 /// Reads all of `path` front to back in extents of `extent` bytes, keeping
@@ -37,7 +41,7 @@ pub fn sequential_read(
     extent: usize,
     extents_in_flight: usize,
 ) -> Result<BenchReport, StorageError> {
-    let extent = extent.max(1).next_multiple_of(super::DIRECT_ALIGN);
+    let extent = extent.max(1).next_multiple_of(super::align::DIRECT_ALIGN);
     let chunk = cfg.chunk_size.max(1);
     let auto = (2 * cfg.queue_depth.max(1) * chunk).div_ceil(extent) + 1;
     let slots = match extents_in_flight {

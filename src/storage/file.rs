@@ -6,7 +6,8 @@
 //! was written or truncated in place) and the path (gone, or now another
 //! inode) against it.
 
-use super::{FaultPlan, StorageError};
+use super::error::StorageError;
+use super::fault::FaultPlan;
 use std::fs::{File, Metadata, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -145,7 +146,7 @@ impl OpenFile {
 /// Reads the first aligned block with O_DIRECT: some file systems accept
 /// the flag at open and fail the reads with EINVAL.
 fn probe_direct(f: &File) -> bool {
-    let Ok(mut buf) = super::AlignedBuf::new(super::DIRECT_ALIGN) else {
+    let Ok(mut buf) = super::align::AlignedBuf::new(super::align::DIRECT_ALIGN) else {
         return false;
     };
     loop {

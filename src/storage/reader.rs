@@ -1,13 +1,18 @@
 //! The [`Reader`]: opens the file, starts the workers, validates requests
 //! and splits their windows into chunks for the shared queue.
 
+use super::align::AlignedBuf;
+use super::align::AlignedWindow;
+use super::align::DIRECT_ALIGN;
+use super::config::IoBackend;
+use super::config::ReadRequest;
+use super::config::ReaderConfig;
+use super::config::ReaderStats;
+use super::error::StorageError;
 use super::file::OpenFile;
 use super::shared::{Chunk, Shared};
 use super::ticket::ReadState;
-use super::{
-    AlignedBuf, AlignedWindow, IoBackend, ReadRequest, ReadTicket, ReaderConfig, ReaderStats,
-    StorageError, DIRECT_ALIGN,
-};
+use super::ticket::ReadTicket;
 use crossbeam_utils::sync::Parker;
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -3,9 +3,11 @@
 //! both backends recover from faults alike.
 
 use super::align::align_down;
+use super::config::ReaderConfig;
+use super::config::ReaderStats;
+use super::error::StorageError;
 use super::file::OpenFile;
 use super::ticket::ReadState;
-use super::{ReaderConfig, ReaderStats, StorageError};
 use crossbeam_deque::{Injector, Steal};
 use crossbeam_utils::sync::Unparker;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

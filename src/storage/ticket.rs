@@ -7,7 +7,8 @@
 //! touch it earlier, and a ticket dropped early blocks until the in-flight
 //! chunks are reaped.
 
-use super::{AlignedBuf, StorageError};
+use super::align::AlignedBuf;
+use super::error::StorageError;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

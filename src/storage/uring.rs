@@ -6,9 +6,10 @@
 //! of its table holds the chunk whose SQE carries user_data `i`, so a chunk
 //! (and its buffer) stays reachable until its CQE is reaped.
 
+use super::config::ReaderConfig;
+use super::error::StorageError;
 use super::file::OpenFile;
 use super::shared::{Chunk, Shared, Step};
-use super::{ReaderConfig, StorageError};
 use crossbeam_utils::sync::Parker;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::VecDeque;

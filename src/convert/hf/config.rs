@@ -2,7 +2,8 @@
 //! checkpoint, and the GGUF metadata they become (key names and defaults as
 //! in llama.cpp's convert_hf_to_gguf.py, `TextModel.set_gguf_parameters`).
 
-use super::super::{ConvertError, Result};
+use super::super::error::ConvertError;
+use super::super::error::Result;
 use crate::gguf::Value;
 use crate::model::Arch;
 use serde_json::Value as Json;

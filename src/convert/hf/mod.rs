@@ -22,12 +22,15 @@ mod tokenizer;
 pub use config::{HfConfig, RopeScaling};
 pub use tokenizer::detect_pre;
 
+use super::error::ConvertError;
+use super::error::Result;
 use super::output::{
     pipelined, to_io, write_model, OutTensor, OutputModel, TensorFill, WriteSummary,
 };
-use super::{quant, synth::llama3_rope_factors, ConvertError, Result};
-use crate::gguf::Value;
+use super::quant;
+use super::synth::llama3_rope_factors;
 use crate::dtype::GgmlType;
+use crate::gguf::Value;
 use safetensors::{Checkpoint, Dtype, StTensor};
 use std::path::Path;
 use std::sync::Arc;

@@ -11,7 +11,8 @@
 //! file names in the model directory, each tensor it lists must be in the
 //! named shard, and no tensor may appear in two shards.
 
-use super::super::{ConvertError, Result};
+use super::super::error::ConvertError;
+use super::super::error::Result;
 use half::{bf16, f16};
 use memmap2::Mmap;
 use serde_json::Value as Json;

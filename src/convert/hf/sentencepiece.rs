@@ -11,7 +11,8 @@
 //! read, by a minimal wire-format reader that skips every other field and
 //! fails with the byte offset on anything malformed.
 
-use super::super::{ConvertError, Result};
+use super::super::error::ConvertError;
+use super::super::error::Result;
 use serde_json::Value as Json;
 use std::path::Path;
 

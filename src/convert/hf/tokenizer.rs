@@ -17,7 +17,8 @@
 //!   template from chat_template.jinja or tokenizer_config.json (string or
 //!   named list).
 
-use super::super::{ConvertError, Result};
+use super::super::error::ConvertError;
+use super::super::error::Result;
 use crate::gguf::{Array, Value};
 use serde_json::Value as Json;
 use std::collections::HashMap;

@@ -2,10 +2,23 @@
 //! reader can trust the bytes (header CRC before header fields, table CRC
 //! before entry sizes, entry CRC before entry data).
 
-use super::{
-    corrupt, data_crc_start, get_u32, invalid, io_err, kv_len, layout, BadHeader, EntryDesc,
-    Header, KvShape, Layout, SpillError, ENTRY_LEN, MAX_ENTRIES, MAX_EXTRA, PAGE,
-};
+use super::format::corrupt;
+use super::format::data_crc_start;
+use super::format::get_u32;
+use super::format::invalid;
+use super::format::io_err;
+use super::format::kv_len;
+use super::format::layout;
+use super::format::BadHeader;
+use super::format::EntryDesc;
+use super::format::Header;
+use super::format::KvShape;
+use super::format::Layout;
+use super::format::SpillError;
+use super::format::ENTRY_LEN;
+use super::format::MAX_ENTRIES;
+use super::format::MAX_EXTRA;
+use super::format::PAGE;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;
@@ -351,8 +364,9 @@ fn check_shape(path: &Path, got: KvShape, expect: KvShape) -> Result<(), SpillEr
 
 #[cfg(test)]
 mod tests {
+    use super::super::format::{page_crc, put_u32, Entry, VERSION};
     use super::super::tests::{data, refs, sample, SHAPE};
-    use super::super::{page_crc, plan, put_u32, write_file, write_image, Entry, VERSION};
+    use super::super::write::{plan, write_file, write_image};
     use super::*;
     use std::fs;
 

@@ -1,0 +1,41 @@
+//! The shapes graphs are built for: a step's tokens and KV cells, the
+//! limits persistent tensors are sized for, and the model's dimensions.
+
+use crate::model::{Arch, Hparams};
+
+/// The shape of one step: how many tokens, how many KV cells the attention
+/// reads, and how many rows go on past the last layer's attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StepShape {
+    pub n_tokens: u32,
+    pub n_kv: u32,
+    /// Rows kept after the last layer's attention (== n_tokens when all).
+    pub n_out: u32,
+    /// Whether this attention group is the last layer's (selects rows).
+    pub last_layer: bool,
+}
+
+/// The sizes persistent tensors are allocated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Most tokens in one step.
+    pub n_batch: u32,
+    /// KV cells per layer.
+    pub n_ctx: u32,
+    /// Most rows an FFN graph computes at once: a larger step runs the
+    /// FFN over consecutive chunks of rows inside one graph, so its
+    /// activations (3 x n_ff per row, the largest of any graph) need not
+    /// be reserved for the whole step. `n_batch`: no chunks.
+    pub ffn_rows: u32,
+}
+
+/// What graph builders need to know about the model.
+#[derive(Clone, Debug)]
+pub struct Dims {
+    pub arch: Arch,
+    pub hp: Hparams,
+    pub has_rope_freqs: bool,
+}
+
+/// Nodes a group graph may hold at most (llama.cpp uses far fewer per layer).
+pub const GRAPH_NODES: usize = 256;

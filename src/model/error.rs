@@ -1,0 +1,36 @@
+//! What can be wrong with a model file's contents.
+
+use crate::gguf::GgufError;
+
+/// Errors that name what is wrong with a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2)")]
+    UnknownArch(String),
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    BadShape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("tensor '{name}' has type {ty}, which strata cannot use there")]
+    BadType { name: String, ty: String },
+    #[error("hyperparameter {key} = {value} is invalid: {why}")]
+    BadHparam {
+        key: String,
+        value: String,
+        why: &'static str,
+    },
+    #[error("unsupported feature: {0}")]
+    Unsupported(String),
+    #[error("vocabulary: {0}")]
+    BadVocab(String),
+    #[error("{key} = {n_layer}, but the file has tensor '{tensor}' of a layer beyond it")]
+    ExtraLayer {
+        key: String,
+        n_layer: u32,
+        tensor: String,
+    },
+}
