@@ -50,7 +50,7 @@ pub fn step_costs(
     let depth = depth.max(1);
     e.clear();
     // the context: the bench's pseudo-random prompt of `depth` tokens
-    let (_, prompt) = super::bench::workloads("pp", depth, n_vocab, 0);
+    let (_, prompt) = super::workloads::workloads("pp", depth, n_vocab, 0);
     e.decode(&prompt[0]).context("filling the context")?;
     let context: Vec<u32> = prompt[0].iter().map(|t| t.token).collect();
     let mut model = match spec {

@@ -18,6 +18,7 @@ mod bench_spec;
 mod check;
 mod serve;
 mod spec;
+mod workloads;
 
 #[derive(Parser)]
 #[command(
