@@ -14,6 +14,7 @@ use super::error::EngineError;
 use super::kvtier::KvTier;
 use crate::graph::Binding;
 use crate::kv::{KvCells, KvError};
+use crate::model::ModelSpec;
 
 pub struct KvCache {
     cells: KvCells,
@@ -169,4 +170,16 @@ impl KvCache {
             t.release_empty(&self.cells);
         }
     }
+}
+/// Identifies the model a KV spill or session file belongs to: its
+/// architecture, shapes and the first bytes of its token embeddings.
+pub fn kv_fingerprint(spec: &ModelSpec) -> u64 {
+    // FNV-1a: stable across builds, so a session file outlives the binary
+    let text = format!(
+        "{:?}|{:?}|{:?}|{}",
+        spec.arch, spec.hp, spec.tok_embd.ty, spec.tok_embd.size
+    );
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }

@@ -5,7 +5,7 @@
 //! caller's bytes (tokens, sampler state).
 
 use super::error::EngineError;
-use super::Engine;
+use super::state::Engine;
 use crate::kv::spill::{self, EntryDesc, KvFile, KvShape, SpillError};
 use std::path::Path;
 
@@ -29,7 +29,7 @@ impl Engine {
     /// session files.
     pub fn session_shape(&self) -> KvShape {
         KvShape {
-            fingerprint: super::kv_fingerprint(&self.spec),
+            fingerprint: super::kvcache::kv_fingerprint(&self.spec),
             row_bytes: self.spec.hp.n_embd_kv() * 2,
             block_size: CHUNK as u32,
         }

@@ -1,0 +1,200 @@
+//! How an engine is configured: the device, budgets, paging and KV tier
+//! options, and the CPU threads. Plain data and the defaults the binaries
+//! start from; [`Engine::load`](super::Engine::load) carries them out.
+
+use crate::ggml::Device;
+use crate::paging::Budgets;
+
+/// Whether the host CPU computes some streamed groups (hybrid decode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hybrid {
+    /// When the plan predicts it pays (a GPU streaming weights).
+    Auto,
+    Off,
+    /// Exactly this many groups at every step size the CPU takes part in,
+    /// whatever the prediction; on the CPU device too, where a second CPU
+    /// backend stands in for the host (tests, benchmarks).
+    Force(usize),
+}
+
+/// Which device computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Cpu,
+    /// The first GPU; an error if none is loaded.
+    Gpu,
+    /// The GPU if present, else the CPU.
+    Auto,
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_threads: usize,
+    /// CPU thread pool polling level, 0-100 (llama.cpp's --poll).
+    pub poll: u32,
+    pub device: DeviceChoice,
+    pub progress: bool,
+    /// What strata may use of GPU and host memory, for weights and KV
+    /// (the memory plan decides the rest; see [`crate::paging::memory_plan`]).
+    pub budgets: Budgets,
+    /// How layer groups may be placed.
+    pub paging: PagingOptions,
+    /// The KV tier of layers whose KV is windowed.
+    pub kv_tier: KvTierOptions,
+    /// CPU weights in the CPU's repacked buffer types (llama.cpp's
+    /// default; its --no-repack turns it off).
+    pub repack: bool,
+    /// Batch-invariant numerics on the CPU: ggml's reference kernels and
+    /// plain weights, so a sequence's logits do not depend on what it is
+    /// batched with (slower; the server's --batch-invariant).
+    pub batch_invariant: bool,
+    /// Debug switches for tests.
+    pub faults: Faults,
+}
+
+/// How layer groups may be placed.
+#[derive(Clone, Debug)]
+pub struct PagingOptions {
+    /// Slots per group kind when streaming (>= 2).
+    pub slots: usize,
+    /// Stream every layer group whatever the budget (tests, benchmarks).
+    pub stream_all: bool,
+    /// Whether the host CPU computes some streamed groups.
+    pub hybrid: Hybrid,
+    /// Most rows an FFN graph computes at once; None: all of a step's where
+    /// the model fits the GPU budget whole, else as few as keep the FFN's
+    /// activations within the attention's (see `buffers::ffn_rows`).
+    pub ffn_rows: Option<u32>,
+}
+
+impl Default for PagingOptions {
+    fn default() -> Self {
+        PagingOptions {
+            slots: 3,
+            stream_all: false,
+            hybrid: Hybrid::Auto,
+            ffn_rows: None,
+        }
+    }
+}
+
+/// The KV tier of windowed layers.
+#[derive(Clone, Debug)]
+pub struct KvTierOptions {
+    /// Cells per KV block (the unit moved between tiers).
+    pub block: usize,
+    /// Where KV spill files go (a private directory is made inside).
+    pub spill_dir: Option<std::path::PathBuf>,
+    /// Most bytes the KV spill files may take.
+    pub spill_max: Option<u64>,
+}
+
+impl Default for KvTierOptions {
+    fn default() -> Self {
+        KvTierOptions {
+            block: 256,
+            spill_dir: None,
+            spill_max: None,
+        }
+    }
+}
+
+/// Debug switches for tests.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Fill each slot with NaN once its reader finished, so a read before
+    /// its next upload completed shows as NaN logits.
+    pub poison_slots: bool,
+    /// Computations do not wait for their upload (a deliberate bug).
+    pub skip_load_wait: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            n_ctx: 4096,
+            n_batch: 512,
+            n_threads: default_threads(),
+            poll: 50,
+            device: DeviceChoice::Auto,
+            progress: false,
+            budgets: Budgets::default(),
+            paging: PagingOptions::default(),
+            kv_tier: KvTierOptions::default(),
+            repack: true,
+            batch_invariant: false,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// CPU threads by default: the physical cores (as llama.cpp: a second
+/// hyperthread per core adds little to matrix work and contends for the
+/// core), within the CPUs this process may run on.
+pub fn default_threads() -> usize {
+    let allowed = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let physical = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| physical_cores(&s));
+    physical.map_or(allowed, |p| p.min(allowed)).max(1)
+}
+
+/// Distinct (physical id, core id) pairs in /proc/cpuinfo; None when the
+/// file does not say (some virtual machines and architectures).
+fn physical_cores(cpuinfo: &str) -> Option<usize> {
+    let mut cores = std::collections::HashSet::new();
+    for block in cpuinfo.split("\n\n") {
+        let field = |name: &str| {
+            block.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == name).then(|| v.trim().to_string())
+            })
+        };
+        if let (Some(p), Some(c)) = (field("physical id"), field("core id")) {
+            cores.insert((p, c));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
+/// Threads of the host's CPU backend in hybrid decode: beside a GPU, all
+/// cores but one, which the thread driving the GPU and its copies needs (on
+/// the 16-core H100 machine, 16 threads decoded at 2.91 t/s and 15 at 3.98:
+/// a pool thread sharing its core with the driver stalls every group).
+pub(super) fn host_threads(device: Device, n_threads: usize) -> usize {
+    if device.is_cpu() {
+        return n_threads;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    n_threads.min(cores.saturating_sub(1)).max(1)
+}
+
+#[cfg(test)]
+mod default_threads_tests {
+    use super::*;
+
+    #[test]
+    fn physical_cores_count_core_ids_not_hyperthreads() {
+        let cpu =
+            |p: u32, c: u32| format!("processor\t: x\nphysical id\t: {p}\ncore id\t\t: {c}\n");
+        // two sockets, two cores each, two threads per core
+        let info: Vec<String> = [
+            (0, 0),
+            (0, 0),
+            (0, 1),
+            (0, 1),
+            (1, 0),
+            (1, 0),
+            (1, 1),
+            (1, 1),
+        ]
+        .iter()
+        .map(|&(p, c)| cpu(p, c))
+        .collect();
+        assert_eq!(physical_cores(&info.join("\n")), Some(4));
+        assert_eq!(physical_cores("processor\t: 0\nmodel name\t: x\n"), None);
+        assert!(default_threads() >= 1);
+    }
+}

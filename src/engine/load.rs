@@ -1,0 +1,291 @@
+//! Building an engine: open the file, pick the device and budgets, measure
+//! the machine, ask the memory plan where everything goes, and allocate
+//! what it decided. Knows no architecture by name: the model's groups come
+//! from [`ModelSpec`].
+
+use super::batch::StepStats;
+use super::buffers;
+use super::buffers::KvStore;
+use super::buffers::Persistent;
+use super::config::host_threads;
+use super::config::DeviceChoice;
+use super::config::EngineConfig;
+use super::error::EngineError;
+use super::host;
+use super::kvcache::kv_fingerprint;
+use super::kvcache::KvCache;
+use super::kvtier::KvTier;
+use super::kvtier::KvTierConfig;
+use super::model_file::ModelFile;
+use super::pager::Pager;
+use super::probe;
+use super::state::Engine;
+use super::store;
+use super::store::WeightStore;
+use super::templates::TemplateCache;
+use super::timeline;
+use crate::ggml;
+use crate::ggml::GgmlError;
+use crate::gguf::GgufFile;
+use crate::graph::Dims;
+use crate::graph::Limits;
+use crate::kv::KvCells;
+use crate::model::ModelSpec;
+use crate::paging::Budgets;
+use crate::paging::GroupInfo;
+use crate::paging::KvShape;
+use crate::paging::MemoryInput;
+use std::path::Path;
+
+impl Engine {
+    pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
+        let gguf = GgufFile::open(path)?;
+        let spec = ModelSpec::from_gguf(&gguf)?;
+        let file = ModelFile::open(path)?;
+        let device = match cfg.device {
+            DeviceChoice::Cpu => ggml::cpu_device()?,
+            DeviceChoice::Gpu => ggml::gpu_device()?.ok_or(GgmlError::NoDevice("GPU"))?,
+            DeviceChoice::Auto => match ggml::gpu_device()? {
+                Some(d) => d,
+                None => ggml::cpu_device()?,
+            },
+        };
+        // budgets not given: what the machine has free, less a margin
+        let mut budgets = Vec::new();
+        let auto_gpu = (cfg.budgets.gpu.is_none() && !device.is_cpu()).then(|| {
+            let (free, total) = device.memory();
+            let b = crate::paging::auto_gpu_budget(free as u64, total as u64);
+            budgets.push(format!(
+                "GPU budget {} (free {} less a margin)",
+                gib(b),
+                gib(free as u64)
+            ));
+            b
+        });
+        let auto_dram = match cfg.budgets.dram {
+            Some(_) => None,
+            None => crate::paging::mem_available().map(|avail| {
+                let b = crate::paging::auto_dram_budget(avail);
+                budgets.push(format!(
+                    "DRAM budget {} (available {} less a margin)",
+                    gib(b),
+                    gib(avail)
+                ));
+                b
+            }),
+        };
+        let cfg = &EngineConfig {
+            // batch invariance needs the plain layout: repacked kernels
+            // pick gemv or gemm by batch size
+            repack: cfg.repack && !cfg.batch_invariant,
+            budgets: Budgets {
+                gpu: cfg.budgets.gpu.or(auto_gpu),
+                dram: cfg.budgets.dram.or(auto_dram),
+                ..cfg.budgets
+            },
+            ..cfg.clone()
+        };
+        let mut backend = device.init_backend()?;
+        backend.set_n_threads(cfg.n_threads);
+        backend.attach_cpu_threadpool(cfg.n_threads, cfg.poll)?;
+        if cfg.batch_invariant && !backend.set_use_ref(true) {
+            return Err(EngineError::Unsupported(
+                "batch-invariant numerics need the CPU device (GPU kernels depend on the batch size)",
+            ));
+        }
+        // KV cells in multiples of 256, as llama.cpp pads them: attention
+        // reads n_kv cells padded to 256 (see KvCells::n_kv)
+        let n_ctx = cfg
+            .n_ctx
+            .max(1)
+            .div_ceil(256)
+            .checked_mul(256)
+            .filter(|&c| c <= 1 << 24)
+            .ok_or(EngineError::BadContext(cfg.n_ctx))?;
+        let dims = Dims {
+            arch: spec.arch,
+            hp: spec.hp.clone(),
+            has_rope_freqs: spec.rope_freqs.is_some(),
+        };
+        let n_batch = cfg.n_batch.clamp(1, n_ctx);
+        let mut lim = Limits {
+            n_batch,
+            n_ctx,
+            ffn_rows: n_batch,
+        };
+
+        let layouts = store::layouts(&spec, device)?;
+        let head_bytes = spec.output.size
+            + spec.output_norm.size
+            + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
+        let persistent_bytes =
+            lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
+        // the reserve for whole steps and for FFN chunks (the plan picks)
+        let forced = cfg.paging.ffn_rows.map(|r| r.clamp(1, n_batch));
+        let ffn_rows = forced.unwrap_or_else(|| buffers::ffn_rows(&dims, n_batch));
+        let chunked = buffers::activation_estimate(&dims, Limits { ffn_rows, ..lim });
+        let activations = crate::paging::Activations {
+            whole: match forced {
+                Some(_) => chunked,
+                None => buffers::activation_estimate(&dims, lim),
+            },
+            chunked,
+            ffn_rows,
+        };
+        let n_layer = dims.hp.n_layer as usize;
+        let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
+        let mut input = MemoryInput {
+            groups: spec
+                .groups
+                .iter()
+                .zip(&layouts)
+                .map(|(g, l)| GroupInfo {
+                    kind: g.kind,
+                    bytes: l.bytes as u64,
+                })
+                .collect(),
+            fixed_bytes: head_bytes + persistent_bytes,
+            activations,
+            kv: KvShape {
+                n_layer,
+                layer_bytes: KvStore::bytes_per_layer(&dims, lim),
+                n_blocks: (n_ctx as usize).div_ceil(kv_block),
+                block_bytes: (2 * kv_block * dims.hp.n_embd_kv() as usize * 2) as u64,
+            },
+            budgets: cfg.budgets,
+            host_available: crate::paging::mem_available().unwrap_or(0),
+            slots: cfg.paging.slots,
+            stream_all: cfg.paging.stream_all,
+            // measured: a quick pinned copy on a second stream (GPU)
+            copy_bw: if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
+                10e9
+            } else {
+                probe::measure_h2d(device, 64 << 20, 4)?
+            },
+            cpu: None,
+        };
+        let mut plan = crate::paging::memory_plan(&input)?;
+        let mut cpu_cal = None;
+        if let Some(c) =
+            probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
+        {
+            input.cpu = Some(c.clone());
+            plan = crate::paging::memory_plan(&input)?;
+            cpu_cal = plan.placement.hybrid.is_some().then(|| {
+                crate::paging::CpuCalibration::new(
+                    c,
+                    input.groups.clone(),
+                    plan.placement.resident.iter().map(|r| !r).collect(),
+                    plan.placement.slots,
+                    input.copy_bw,
+                )
+            });
+        }
+        lim.ffn_rows = plan.ffn_rows.or(forced).unwrap_or(n_batch);
+        let store = WeightStore::load(
+            &spec,
+            &file,
+            path,
+            device,
+            &plan,
+            layouts,
+            cfg.repack,
+            cfg.progress,
+        )?;
+        let host = match &plan.placement.hybrid {
+            Some(h) => {
+                let bar = store::progress(h.host_bytes, cfg.progress);
+                let hb = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
+                let hl = Limits {
+                    n_batch: hb,
+                    n_ctx,
+                    ffn_rows: hb,
+                };
+                let hc = host::HostCompute::new(
+                    &spec,
+                    &dims,
+                    hl,
+                    &h.host,
+                    &file,
+                    host_threads(device, cfg.n_threads),
+                    cfg.poll,
+                    cfg.repack,
+                    &bar,
+                )?;
+                bar.finish_and_clear();
+                Some(hc)
+            }
+            None => None,
+        };
+        let n_kv_resident = plan.kv.resident_layers;
+        let tier = if n_kv_resident < n_layer {
+            Some(KvTier::new(
+                device,
+                (n_kv_resident as u32..n_layer as u32).collect(),
+                n_layer,
+                dims.hp.n_embd_kv() as usize,
+                n_ctx as usize,
+                plan.kv.windows,
+                kv_fingerprint(&spec),
+                &KvTierConfig {
+                    block: kv_block,
+                    frames: plan.kv.frames,
+                    spill_parent: cfg
+                        .kv_tier
+                        .spill_dir
+                        .clone()
+                        .unwrap_or_else(std::env::temp_dir),
+                    spill_max: cfg.kv_tier.spill_max,
+                },
+            )?)
+        } else {
+            None
+        };
+        let rec = timeline::Recorder::default();
+        let pager = Pager::new(
+            device,
+            &plan.placement,
+            cfg.faults.poison_slots,
+            cfg.faults.skip_load_wait,
+            tier.is_some(),
+            plan.kv.windows,
+            rec.clone(),
+        )?;
+        let persistent = Persistent::alloc(&dims, lim, device)?;
+        // what every graph's externals are bound to
+        let mut ext = persistent.bindings.clone();
+        ext.extend(store.rope_freqs);
+        let mut kv = KvCache::new(
+            KvCells::new(n_ctx as usize),
+            KvStore::alloc(&dims, lim, device, n_kv_resident)?,
+            tier,
+        );
+        // batch invariance: each sequence's cells in position order
+        kv.set_ordered(cfg.batch_invariant);
+        let templates = TemplateCache::new(dims.clone(), lim, ext, device);
+        Ok(Engine {
+            spec,
+            plan,
+            lim,
+            device,
+            templates,
+            pager,
+            host,
+            backend,
+            store,
+            persistent,
+            kv,
+            file,
+            embd: Vec::new(),
+            mask: Vec::new(),
+            last_step: StepStats::default(),
+            rec,
+            auto_budgets: budgets,
+            cpu_cal,
+        })
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}

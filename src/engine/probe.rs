@@ -1,0 +1,363 @@
+//! Measurements taken at load: the host-to-device copy rate and, when
+//! hybrid decode may pay, the host CPU's and the device's speed per byte,
+//! the hop between them and the bus's rate beside the CPU.
+
+use super::config::host_threads;
+use super::config::EngineConfig;
+use super::config::Hybrid;
+use super::error::EngineError;
+use super::host;
+use crate::ggml;
+use crate::ggml::Device;
+use crate::ggml::{Backend, Buffer, BufferType, BufferUsage, Context, GraphAllocator};
+use crate::model::GroupKind;
+use crate::model::ModelSpec;
+use crate::paging::Plan;
+use std::time::Instant;
+
+/// What the planner needs to know about the host CPU, measured, when the
+/// plan streams FFN groups the CPU could compute instead (see
+/// `paging::hybrid`); None when hybrid decode is off or cannot apply.
+pub(super) fn cpu_input(
+    spec: &ModelSpec,
+    plan: &Plan,
+    copy_bw: f64,
+    device: Device,
+    backend: &Backend,
+    cfg: &EngineConfig,
+) -> Result<Option<crate::paging::CpuInput>, EngineError> {
+    let force = match cfg.paging.hybrid {
+        Hybrid::Off => return Ok(None),
+        Hybrid::Auto if device.is_cpu() => return Ok(None),
+        Hybrid::Auto => None,
+        Hybrid::Force(n) => Some(n),
+    };
+    let cand: Vec<usize> = (0..spec.groups.len())
+        .filter(|&i| !plan.resident[i] && spec.groups[i].kind == GroupKind::Ffn)
+        .collect();
+    let Some(&first) = cand.first() else {
+        return Ok(None);
+    };
+    // a representative matrix: the group's largest
+    let w = spec.groups[first]
+        .weights
+        .iter()
+        .max_by_key(|w| w.size)
+        .expect("an FFN group has weights");
+    let ne = [w.ne[0], w.ne[1]];
+    // more than a server's last-level cache (up to 320 MB): a probe that
+    // fits partly in it reads faster and meets less contention than the
+    // model's weights will
+    let probe_bytes = (2u64 << 30).min(cand.iter().map(|&i| spec.groups[i].bytes()).sum());
+    let cpu = ggml::cpu_device()?;
+    let mut cb = cpu.init_backend()?;
+    let threads = host_threads(device, cfg.n_threads);
+    cb.set_n_threads(threads);
+    cb.attach_cpu_threadpool(threads, cfg.poll)?;
+    let buft = if cfg.repack {
+        host::cpu_weight_buft(cpu, w.ty, ne)
+    } else {
+        cpu.buffer_type()
+    };
+    const PROBE_TOKENS: u32 = 16;
+    // measured while the bus uploads: DMA and CPU share the host's memory
+    // bandwidth in a hybrid step (on the H100 machine the CPU read 93 GB/s
+    // alone, 67 GB/s beside the copies)
+    let bus = Some((device, copy_bw));
+    let s1 = measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1, bus)?;
+    let sn = measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS, bus)?;
+    let gpu = measure_matmul(
+        backend,
+        device.buffer_type(),
+        w.ty,
+        ne,
+        probe_bytes,
+        1,
+        None,
+    )?;
+    let bus_beside = measure_bus_beside_cpu(&cb, buft, w.ty, ne, probe_bytes, device, copy_bw)?;
+    let hop = measure_hop(device, backend, spec.hp.n_embd as i64)?;
+    let per_group = measure_group_overhead(device, backend, spec.hp.n_embd as i64)?;
+    let c = crate::paging::CpuInput {
+        s_per_byte_1: s1,
+        s_per_byte_n: sn,
+        probe_tokens: PROBE_TOKENS,
+        // the memory plan decides the room
+        host_room: 0,
+        hop_s: hop,
+        gpu_s_per_byte: gpu,
+        gpu_group_s: per_group,
+        bus_bw_beside: bus_beside,
+        force,
+    };
+    tracing::info!(
+        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
+        1e-9 / s1,
+        1e-9 / sn,
+        1e-9 / gpu,
+        per_group * 1e6,
+        hop * 1e6,
+        copy_bw / 1e9,
+        bus_beside.unwrap_or(copy_bw) / 1e9,
+    );
+    Ok(Some(c))
+}
+
+/// Measures host-to-device copy bandwidth (bytes/s) from pinned memory on a
+/// separate backend instance, as the pager copies. On the CPU it measures a
+/// plain memory copy.
+pub fn measure_h2d(device: Device, bytes: usize, reps: usize) -> Result<f64, EngineError> {
+    use crate::ggml::{Buffer, BufferUsage, Context};
+    let host_buft = match device.host_buffer_type() {
+        Some(h) if !device.is_cpu() => h,
+        _ => device.buffer_type(),
+    };
+    let host = Buffer::alloc(host_buft, bytes, BufferUsage::Any)?;
+    let dev = Buffer::alloc(device.buffer_type(), bytes, BufferUsage::Any)?;
+    let ctx = Context::new(2, 0)?;
+    let t = ctx.new_tensor(crate::dtype::GgmlType::I8, &[bytes as i64]);
+    dev.place(t, 0)?;
+    // SAFETY: the host buffer holds `bytes` bytes and outlives the copies,
+    // which complete before `copy.synchronize()` returns.
+    let src = unsafe { std::slice::from_raw_parts_mut(host.base(), bytes) };
+    src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    let copy = device.init_backend()?;
+    // SAFETY: as above.
+    unsafe { copy.tensor_set_async(t, src, 0) };
+    copy.synchronize();
+    let start = Instant::now();
+    for _ in 0..reps {
+        // SAFETY: as above.
+        unsafe { copy.tensor_set_async(t, src, 0) };
+    }
+    copy.synchronize();
+    Ok((bytes * reps) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Calls `f` with a graph of matrix-vector products over about `bytes` of
+/// weights of type `ty` and shape `ne` (several matrices, so caches do not
+/// hold them) placed in `buft`, `n_tokens` columns each, on `backend`: `f`
+/// gets a function computing the graph once and the bytes one run reads.
+fn with_matmul_probe<R>(
+    backend: &Backend,
+    buft: BufferType,
+    ty: crate::dtype::GgmlType,
+    ne: [i64; 2],
+    bytes: u64,
+    n_tokens: u32,
+    f: impl FnOnce(&mut dyn FnMut() -> Result<(), EngineError>, usize) -> Result<R, EngineError>,
+) -> Result<R, EngineError> {
+    let ctx = Context::new(512, 512)?;
+    let probe = ctx.new_tensor(ty, &ne);
+    let each = probe.nbytes().max(1);
+    let count = (bytes as usize / each).clamp(1, 200);
+    let a = buft.alignment();
+    let stride = buft.alloc_size(probe).div_ceil(a) * a;
+    let wbuf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
+    wbuf.clear(0);
+    let zeros = vec![0u8; each];
+    let mut ws = Vec::with_capacity(count);
+    for i in 0..count {
+        let w = ctx.new_tensor(ty, &ne);
+        wbuf.place(w, i * stride)?;
+        // whole-tensor writes: a repacked buffer repacks them
+        w.set_bytes(&zeros, 0)?;
+        ws.push(w);
+    }
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], n_tokens as i64]);
+    let xbuf = Buffer::alloc(backend.device().buffer_type(), x.nbytes(), BufferUsage::Any)?;
+    xbuf.place(x, 0)?;
+    x.set_f32(&vec![0.5f32; (ne[0] * n_tokens as i64) as usize])?;
+    let mut g = ctx.new_graph(512);
+    for &w in &ws {
+        g.expand(ctx.mul_mat(w, x));
+    }
+    let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
+    alloc.alloc(&g)?;
+    let mut run = || backend.compute(&g).map_err(EngineError::from);
+    // warm-up
+    run()?;
+    f(&mut run, each * count)
+}
+
+/// Seconds per weight byte of a step of `n_tokens` tokens on `backend`
+/// over about `bytes` of weights of type `ty` and shape `ne` placed in
+/// `buft` (a repacked CPU layout, the device's memory). The best of three
+/// timed runs after a warm-up; with `bus` (a device and its copy rate),
+/// while that device's bus uploads (see [`BusLoad`]).
+pub fn measure_matmul(
+    backend: &Backend,
+    buft: BufferType,
+    ty: crate::dtype::GgmlType,
+    ne: [i64; 2],
+    bytes: u64,
+    n_tokens: u32,
+    bus: Option<(Device, f64)>,
+) -> Result<f64, EngineError> {
+    with_matmul_probe(backend, buft, ty, ne, bytes, n_tokens, |run, read| {
+        // uploads for longer than the timed runs take
+        let _load = match bus {
+            Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
+            None => None,
+        };
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            run()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(best / read as f64)
+    })
+}
+
+/// The host-to-device copy rate (bytes/s) of `device` while the CPU
+/// computes one-token products on `cpu` over weights as in
+/// [`measure_matmul`]: the copies and the CPU share the host's memory
+/// bandwidth in a hybrid step, and the bus is the slower for it (H100 run
+/// 12: 49.7 GB/s in hybrid steps, 54.2 streaming alone). About 0.3 s of
+/// 256 MiB copies on their own thread, the CPU computing until they are
+/// done. None on the CPU device.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_bus_beside_cpu(
+    cpu: &Backend,
+    buft: BufferType,
+    ty: crate::dtype::GgmlType,
+    ne: [i64; 2],
+    bytes: u64,
+    device: Device,
+    copy_bw: f64,
+) -> Result<Option<f64>, EngineError> {
+    if device.is_cpu() {
+        return Ok(None);
+    }
+    const CHUNK: usize = 256 << 20;
+    let reps = ((0.3 * copy_bw) / CHUNK as f64).ceil().clamp(2.0, 32.0) as usize;
+    with_matmul_probe(cpu, buft, ty, ne, bytes, 1, |run, _| {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let copies = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let r = measure_h2d(device, CHUNK, reps);
+                done.store(true, std::sync::atomic::Ordering::Release);
+                r
+            })
+        };
+        let mut computed = Ok(());
+        while computed.is_ok() && !done.load(std::sync::atomic::Ordering::Acquire) {
+            computed = run();
+        }
+        let bw = copies
+            .join()
+            .map_err(|_| EngineError::Unsupported("the bus probe's thread panicked"))??;
+        computed?;
+        Ok(Some(bw))
+    })
+}
+
+/// Uploads keeping the bus busy for a while: a copy stream of a device
+/// uploading from pinned host memory, so a CPU measurement meanwhile sees
+/// the host memory bandwidth the copies take, as in a hybrid step.
+pub struct BusLoad {
+    // field order is drop order: the stream drains before the buffers go
+    copy: Backend,
+    _ctx: Context,
+    _dev: Buffer,
+    _host: Buffer,
+}
+
+impl BusLoad {
+    /// About `seconds` of uploads at `copy_bw` bytes/s; None on the CPU
+    /// device (nothing to load the bus with).
+    pub fn start(
+        device: Device,
+        copy_bw: f64,
+        seconds: f64,
+    ) -> Result<Option<BusLoad>, EngineError> {
+        let Some(host_buft) = device.host_buffer_type().filter(|_| !device.is_cpu()) else {
+            return Ok(None);
+        };
+        const CHUNK: usize = 256 << 20;
+        let host = Buffer::alloc(host_buft, CHUNK, BufferUsage::Any)?;
+        let dev = Buffer::alloc(device.buffer_type(), CHUNK, BufferUsage::Any)?;
+        let ctx = Context::new(2, 0)?;
+        let t = ctx.new_tensor(crate::dtype::GgmlType::I8, &[CHUNK as i64]);
+        dev.place(t, 0)?;
+        let copy = device.init_backend()?;
+        // SAFETY: the host buffer holds CHUNK bytes, nothing writes it, and
+        // it outlives the copies: BusLoad drains the stream before freeing.
+        let src = unsafe { std::slice::from_raw_parts(host.base(), CHUNK) };
+        let n = ((seconds * copy_bw) / CHUNK as f64).ceil().clamp(1.0, 64.0) as usize;
+        for _ in 0..n {
+            // SAFETY: as above; the device tensor is only a copy target.
+            unsafe { copy.tensor_set_async(t, src, 0) };
+        }
+        Ok(Some(BusLoad {
+            copy,
+            _ctx: ctx,
+            _dev: dev,
+            _host: host,
+        }))
+    }
+}
+
+impl Drop for BusLoad {
+    fn drop(&mut self) {
+        self.copy.synchronize();
+    }
+}
+
+/// Seconds one residual hop of one token costs on `device`, the way a
+/// hybrid step pays it around each CPU group: upload the rows, launch a
+/// small graph on them, drain the stream, download the rows. The best of 20.
+pub fn measure_hop(device: Device, backend: &Backend, n_embd: i64) -> Result<f64, EngineError> {
+    let ctx = Context::new(8, 8)?;
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[n_embd]);
+    let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
+    buf.place(x, 0)?;
+    let mut g = ctx.new_graph(8);
+    g.expand(ctx.cpy(ctx.rms_norm(x, 1e-5), x));
+    let mut alloc = GraphAllocator::new(device.buffer_type())?;
+    alloc.alloc(&g)?;
+    let mut v = vec![0f32; n_embd as usize];
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        x.set_f32(&v)?;
+        backend.compute_async(&g)?;
+        backend.synchronize();
+        x.get_f32(&mut v)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Seconds a small group graph costs on `backend` beyond its weight reads:
+/// a chain of 12 tiny kernels (a group launches about that many at decode)
+/// launched and drained, the best of 20.
+pub fn measure_group_overhead(
+    device: Device,
+    backend: &Backend,
+    n_embd: i64,
+) -> Result<f64, EngineError> {
+    let ctx = Context::new(32, 32)?;
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[n_embd]);
+    let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
+    buf.place(x, 0)?;
+    x.set_f32(&vec![1.0f32; n_embd as usize])?;
+    let mut g = ctx.new_graph(32);
+    let mut cur = x;
+    for _ in 0..12 {
+        cur = ctx.rms_norm(cur, 1e-5);
+    }
+    g.expand(cur);
+    let mut alloc = GraphAllocator::new(device.buffer_type())?;
+    alloc.alloc(&g)?;
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        backend.compute_async(&g)?;
+        backend.synchronize();
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}

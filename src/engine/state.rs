@@ -1,0 +1,244 @@
+//! The [`Engine`] value: what it owns (in drop order), and what callers ask
+//! of it between steps: sizes, the placement summary, the timeline and the
+//! KV cache's sequences. Building one is `load.rs`, running a step
+//! `step.rs`.
+
+use super::batch::StepStats;
+use super::buffers::Persistent;
+use super::error::EngineError;
+use super::host;
+use super::kvcache::KvCache;
+use super::kvtier::KvTier;
+use super::model_file::ModelFile;
+use super::pager::Pager;
+use super::probe::measure_h2d;
+use super::store::WeightStore;
+use super::templates::TemplateCache;
+use super::timeline;
+use crate::ggml::Backend;
+use crate::ggml::Device;
+use crate::graph::Limits;
+use crate::model::ModelSpec;
+use crate::paging::MemoryPlan;
+use std::time::Instant;
+
+pub struct Engine {
+    pub spec: ModelSpec,
+    /// Where the weights, the KV cache and the CPU's copies live.
+    pub plan: MemoryPlan,
+    pub(super) lim: Limits,
+    pub(super) device: Device,
+    // field order is drop order: graphs before the buffers they point into
+    /// Group and head graphs, and the activation buffer they share.
+    pub(super) templates: TemplateCache,
+    pub(super) pager: Pager,
+    pub(super) host: Option<host::HostCompute>,
+    pub(super) backend: Backend,
+    pub(super) store: WeightStore,
+    pub(super) persistent: Persistent,
+    /// Cells, resident KV tensors and the tier of windowed layers.
+    pub(super) kv: KvCache,
+    pub(super) file: ModelFile,
+    pub(super) embd: Vec<f32>,
+    pub(super) mask: Vec<u16>,
+    pub last_step: StepStats,
+    /// The timeline switch, shared with the pager.
+    pub(super) rec: timeline::Recorder,
+    /// The budgets chosen because none was given, described.
+    pub auto_budgets: Vec<String>,
+    /// The host CPU's speed in hybrid steps against its probe's.
+    pub(super) cpu_cal: Option<crate::paging::CpuCalibration>,
+}
+
+impl Engine {
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn n_ctx(&self) -> u32 {
+        self.lim.n_ctx
+    }
+    pub fn n_batch(&self) -> u32 {
+        self.lim.n_batch
+    }
+    pub fn n_vocab(&self) -> u32 {
+        self.spec.hp.n_vocab
+    }
+    pub fn store(&self) -> &WeightStore {
+        &self.store
+    }
+    pub fn weight_bytes(&self) -> u64 {
+        self.store.resident_bytes + self.store.pinned_bytes
+    }
+    /// Device bytes of the KV cache and the persistent tensors.
+    pub fn fixed_device_bytes(&self) -> u64 {
+        self.kv.resident_bytes() + self.persistent.bytes
+    }
+
+    /// Device bytes this engine holds or will allocate: resident weights,
+    /// KV, persistent tensors and the activation estimate the plan uses
+    /// (what a resident draft model takes from the target's GPU budget).
+    pub fn device_footprint(&self) -> u64 {
+        self.store.resident_bytes + self.fixed_device_bytes() + self.activation_reserve()
+    }
+
+    /// Device bytes the plan reserves for activations: the largest step's
+    /// graphs (see [`buffers::activation_estimate`]).
+    pub fn activation_reserve(&self) -> u64 {
+        self.plan.activation_bytes
+    }
+
+    /// One line on where the weights live.
+    pub fn placement_summary(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let kv = match self.kv.tier() {
+            None => String::new(),
+            Some(t) => format!(
+                "; KV of {} layers on the device, {} windowed ({} windows, {} frames of {} cells in {:.1} MiB of {} host memory)",
+                self.kv.resident_layers(),
+                t.layers.len(),
+                t.windows(),
+                t.frames(),
+                t.block(),
+                mib(t.host_bytes()),
+                if t.host_pinned { "pinned" } else { "PAGEABLE" }
+            ),
+        };
+        if self.plan.placement.n_streamed() == 0 {
+            return format!(
+                "{:.1} MiB of weights resident{kv}",
+                mib(self.store.resident_bytes)
+            );
+        }
+        format!(
+            "{:.1} MiB resident, {} of {} groups streamed through {}+{} slots from {:.1} MiB of {} host memory",
+            mib(self.store.resident_bytes),
+            self.plan.placement.n_streamed(),
+            self.plan.placement.resident.len(),
+            self.plan.placement.slots.0,
+            self.plan.placement.slots.1,
+            mib(self.store.pinned_bytes),
+            if self.device.is_cpu() {
+                "plain"
+            } else if self.store.pinned_is_pinned {
+                "pinned"
+            } else {
+                "PAGEABLE"
+            }
+        ) + &kv
+    }
+
+    /// Lets this engine's CPU threads sleep until its next step, so another
+    /// engine (a draft model) gets the cores. See [`Backend::park_threads`].
+    pub fn park_threads(&self) {
+        self.backend.park_threads();
+        if let Some(h) = &self.host {
+            h.park_threads();
+        }
+    }
+
+    /// Starts recording a timeline of copies and computations.
+    pub fn start_timeline(&mut self) {
+        self.rec.start(self.device);
+    }
+    /// Adds a host-timed span (e.g. the draft model's turn) to the timeline
+    /// being recorded, if any.
+    pub fn record_host_span(
+        &self,
+        stream: timeline::Stream,
+        name: &str,
+        start: Instant,
+        end: Instant,
+    ) {
+        self.rec.host_span(stream, || name.to_string(), start, end);
+    }
+    /// Stops recording and returns the spans recorded.
+    pub fn finish_timeline(&mut self) -> Vec<timeline::Span> {
+        self.pager_sync();
+        self.rec.finish()
+    }
+
+    /// The KV cache: its cells, resident layers and tier.
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+    /// Frees the KV cells of a sequence, in every tier.
+    pub fn clear_seq(&mut self, seq: u32) {
+        // frames may be the target of copies still in flight
+        self.pager_sync();
+        self.kv.remove_seq(seq);
+    }
+    /// Frees every KV cell, in every tier.
+    pub fn clear(&mut self) {
+        self.pager_sync();
+        self.kv.clear();
+    }
+    /// Frees KV cells of sequence `seq` at positions >= `from`, in every
+    /// tier (rejected drafts, a shortened history).
+    pub fn truncate_seq(&mut self, seq: u32, from: i32) {
+        self.pager_sync();
+        self.kv.truncate(seq, from);
+    }
+    /// Shares the cells of `src` at positions `[p0, p1)` with `dst`, which
+    /// must hold no cells yet: a cached prefix, reused without recomputing
+    /// or copying it.
+    pub fn copy_seq(&mut self, src: u32, dst: u32, p0: i32, p1: i32) -> Result<(), EngineError> {
+        Ok(self.kv.copy_seq(src, dst, p0, p1)?)
+    }
+    /// Drains the compute and copy streams.
+    pub(super) fn pager_sync(&self) {
+        self.backend.synchronize();
+        self.pager.synchronize();
+    }
+
+    /// Benchmark aid: sequence `seq` holds positions 0..n afterwards, as if
+    /// a prompt of n tokens had been run, without computing anything. The
+    /// cached rows are whatever the memory held (finite: caches start
+    /// zeroed), so only timings after it mean anything.
+    pub fn fill_synthetic(&mut self, seq: u32, n: u32) -> Result<(), EngineError> {
+        if n > self.lim.n_ctx {
+            return Err(EngineError::BadPos {
+                seq,
+                pos: n as i32 - 1,
+                n_ctx: self.lim.n_ctx,
+            });
+        }
+        self.pager_sync();
+        let before = self.kv.snapshot();
+        let sp: Vec<(u32, i32)> = (0..n as i32).map(|p| (seq, p)).collect();
+        let cells = self.kv.place(&sp)?;
+        if let Err(e) = self.kv.prepare(&before, &cells, 1 << seq) {
+            self.kv.restore(before);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The tiered KV cache of windowed layers, if any layer is windowed.
+    pub fn kv_tier(&self) -> Option<&KvTier> {
+        self.kv.tier()
+    }
+    /// Layers whose KV stays on the device.
+    pub fn kv_resident_layers(&self) -> usize {
+        self.kv.resident_layers()
+    }
+
+    /// Device bytes the activation buffer holds now (it grows to the
+    /// largest graph run so far; the plan reserves
+    /// [`MemoryPlan::activation_bytes`] for it).
+    pub fn activation_bytes(&self) -> u64 {
+        self.templates.activation_bytes()
+    }
+
+    /// Host-to-device copy bandwidth of this engine's device (bytes/s).
+    pub fn measure_h2d(&self, bytes: usize, reps: usize) -> Result<f64, EngineError> {
+        measure_h2d(self.device, bytes, reps)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // copies and computations still queued read or write buffers that
+        // the fields below free
+        self.pager_sync();
+    }
+}

@@ -1,0 +1,448 @@
+//! The forward step: tokens in, logits out, one group graph at a time.
+//!
+//! A step embeds its tokens on the host (ggml's own dequantizer, identical to
+//! `get_rows`) into the persistent residual stream, then for every layer
+//! runs the attention template bound to that layer's weights and KV cache,
+//! then the FFN template, and finally the output head on the rows that want
+//! logits. Groups the placement keeps resident are bound in place; streamed
+//! groups are bound to the slot the pager filled (see `pager`); groups the
+//! host CPU computes (hybrid decode) run on its copy of the weights.
+
+use super::batch::BatchToken;
+use super::batch::StepStats;
+use super::buffers;
+use super::error::EngineError;
+use super::host;
+use super::state::Engine;
+use super::store::Location;
+use super::timeline;
+use crate::ggml;
+use crate::graph::BindId;
+use crate::graph::StepShape;
+use crate::graph::TemplateKey;
+use crate::graph::HEAD_ROWS;
+use crate::kv::KvCells;
+use crate::model::GroupId;
+use crate::model::GroupKind;
+use crate::paging::Ring;
+use std::time::Instant;
+
+impl Engine {
+    /// Runs `tokens` (split into steps of at most n_batch) and returns the
+    /// logits of each token with `logits == true`, in order, n_vocab each.
+    /// On error the KV cache holds what it held before the call.
+    pub fn decode(&mut self, tokens: &[BatchToken]) -> Result<Vec<f32>, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyBatch);
+        }
+        let mut out = Vec::new();
+        let before = (tokens.len() > self.lim.n_batch as usize).then(|| self.kv.snapshot());
+        for chunk in tokens.chunks(self.lim.n_batch as usize) {
+            if let Err(e) = self.step(chunk, &mut out) {
+                // all or nothing: earlier steps' cells are given back too
+                if let Some(b) = before {
+                    self.pager_sync();
+                    self.kv.restore(b);
+                }
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    fn validate(&self, toks: &[BatchToken]) -> Result<(), EngineError> {
+        let n_vocab = self.spec.hp.n_vocab;
+        for t in toks {
+            if t.token >= n_vocab {
+                return Err(EngineError::BadToken {
+                    token: t.token,
+                    n_vocab,
+                });
+            }
+            if t.pos < 0 || t.pos as u32 >= self.lim.n_ctx {
+                return Err(EngineError::BadPos {
+                    seq: t.seq,
+                    pos: t.pos,
+                    n_ctx: self.lim.n_ctx,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One forward step. On any error the step's cells are given back and
+    /// the pager forgets the step, so the cache holds what it held before.
+    fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.validate(toks)?;
+        // inputs and the KV tier's host frames are written below: nothing
+        // may be in flight
+        self.pager_sync();
+        let before = self.kv.snapshot();
+        let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
+        let cells = self.kv.place(&sp)?;
+        let out_len = out.len();
+        let r = self.run_step(toks, &cells, &before, out);
+        if r.is_err() {
+            self.pager_sync();
+            self.pager.abort_step(self.kv.tier_mut());
+            // the step's cells given back, and the frames of blocks that
+            // are empty again
+            self.kv.restore(before);
+            out.truncate(out_len);
+        }
+        r
+    }
+
+    fn run_step(
+        &mut self,
+        toks: &[BatchToken],
+        cells: &[u32],
+        before: &KvCells,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let start = Instant::now();
+        let disk0 = self.store.disk_bytes_read();
+        let n = toks.len() as u32;
+        let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
+        let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
+        self.kv.prepare(before, cells, mask)?;
+        let n_kv = self.kv.cells().n_kv() as u32;
+        let out_ids: Vec<i32> = toks
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.logits)
+            .map(|(i, _)| i as i32)
+            .collect();
+        let n_out = out_ids.len() as u32;
+
+        // inputs: synchronous writes (both streams drained in `step`)
+        self.embed(toks)?;
+        let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
+        self.persistent.tensor(buffers::POS).set_i32(&pos)?;
+        self.kv.fill_mask(&sp, n_kv as usize, &mut self.mask);
+        self.persistent
+            .tensor(buffers::MASK)
+            .set_bytes(bytemuck::cast_slice(&self.mask), 0)?;
+        let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
+        self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
+        if n_out > 0 {
+            self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
+        }
+
+        // the groups of this step, in order, with their shapes
+        let n_layer = self.spec.hp.n_layer;
+        let mut order: Vec<(u32, GroupKind, StepShape)> = Vec::with_capacity(2 * n_layer as usize);
+        for l in 0..n_layer {
+            let last = l + 1 == n_layer;
+            if last && n_out == 0 {
+                // nothing wanted: the last attention still writes its KV
+                // rows, the last FFN is not needed
+                order.push((
+                    l,
+                    GroupKind::Attn,
+                    StepShape {
+                        n_tokens: n,
+                        n_kv,
+                        n_out: n,
+                        last_layer: false,
+                    },
+                ));
+                break;
+            }
+            let rows = if last { n_out } else { n };
+            order.push((
+                l,
+                GroupKind::Attn,
+                StepShape {
+                    n_tokens: n,
+                    n_kv,
+                    n_out: rows,
+                    last_layer: last,
+                },
+            ));
+            order.push((
+                l,
+                GroupKind::Ffn,
+                StepShape {
+                    n_tokens: rows,
+                    n_kv: 0,
+                    n_out: rows,
+                    last_layer: false,
+                },
+            ));
+        }
+        // hybrid decode: the groups the CPU computes at this step size
+        let on_cpu = match (&self.host, &self.plan.placement.hybrid) {
+            (Some(_), Some(h)) => h.cpu_groups(n),
+            _ => vec![false; self.spec.groups.len()],
+        };
+        if let Some(h) = self.host.as_mut() {
+            h.stats = host::HostStats::default();
+        }
+        let gis: Vec<GroupId> = order
+            .iter()
+            .map(|(l, k, _)| GroupId::new(*l, *k))
+            .filter(|gi| !on_cpu[gi.index()])
+            .collect();
+        let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
+        self.templates
+            .evict(&shapes, 4 * self.spec.groups.len() + 16, &self.backend);
+        self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
+        self.pager
+            .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
+        // rows of the residual stream on the host, while they are there
+        let mut x_host: Option<u32> = None;
+        // after the step's last CPU group its pool sleeps: spinning, it
+        // would take the cores the thread driving the GPU and the driver's
+        // own threads need (the H100 traces showed that thread losing a
+        // 4 ms scheduler tick in most steps)
+        let last_cpu = order
+            .iter()
+            .rposition(|(l, k, _)| on_cpu[GroupId::new(*l, *k).index()]);
+        for (i, (l, kind, shape)) in order.into_iter().enumerate() {
+            if on_cpu[GroupId::new(l, kind).index()] {
+                self.run_host_group(l, kind, shape, &mut x_host)?;
+                if Some(i) == last_cpu && !self.device.is_cpu() {
+                    if let Some(h) = self.host.as_ref() {
+                        h.park_threads();
+                    }
+                }
+            } else {
+                self.residual_to_device(&mut x_host)?;
+                self.run_group(l, kind, shape)?;
+            }
+        }
+        self.residual_to_device(&mut x_host)?;
+        self.pager.end_step(self.kv.tier_mut())?;
+        if n_out > 0 {
+            self.run_head(n_out, out)?;
+        }
+        self.backend.synchronize();
+        self.last_step = StepStats {
+            n_tokens: toks.len(),
+            seconds: start.elapsed().as_secs_f64(),
+            pager: self.pager.stats,
+            disk_bytes: self.store.disk_bytes_read() - disk0,
+            kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
+            host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
+        };
+        self.calibrate_cpu(n);
+        Ok(())
+    }
+
+    /// Hybrid decode: the factor on the probe's CPU time per byte that the
+    /// steps so far showed, and the step of `n` tokens predicted with the
+    /// CPU at that speed (the plan's own prediction uses the probe's).
+    pub fn cpu_calibration(&self, n: u32) -> Option<(f64, f64)> {
+        let (c, plan) = (self.cpu_cal.as_ref()?, self.plan.placement.hybrid.as_ref()?);
+        (1..=crate::paging::HYBRID_MAX_TOKENS)
+            .contains(&n)
+            .then(|| (c.seen, c.predict(plan, n)))
+    }
+
+    /// Hybrid decode: the step of `n` tokens predicted with the CPU at the
+    /// speed the steps showed and the bus at `bus_bw` bytes/s (as a run
+    /// measured it), and the bus rate the load-time probe read beside the
+    /// CPU. None where the CPU takes no part.
+    pub fn predict_at_bus(&self, n: u32, bus_bw: f64) -> Option<(f64, Option<f64>)> {
+        let (c, plan) = (self.cpu_cal.as_ref()?, self.plan.placement.hybrid.as_ref()?);
+        (1..=crate::paging::HYBRID_MAX_TOKENS)
+            .contains(&n)
+            .then(|| {
+                (
+                    c.predict_at(plan, n, c.seen, Some(bus_bw)),
+                    c.probe.bus_bw_beside,
+                )
+            })
+    }
+
+    /// Tracks the host CPU's speed in hybrid steps against its probe's.
+    fn calibrate_cpu(&mut self, n: u32) {
+        let h = self.last_step.host;
+        if let Some(cal) = self.cpu_cal.as_mut() {
+            if h.groups > 0 {
+                cal.observe(n, h.bytes, h.compute.as_secs_f64());
+            }
+        }
+    }
+
+    /// Host-side embedding of the step's tokens into x[:, :n].
+    fn embed(&mut self, toks: &[BatchToken]) -> Result<(), EngineError> {
+        let e = self.spec.hp.n_embd as usize;
+        let w = &self.spec.tok_embd;
+        let row = ggml::row_size(w.ty, e as i64);
+        self.embd.resize(e * toks.len(), 0.0);
+        let bytes = self.file.bytes(w);
+        for (i, t) in toks.iter().enumerate() {
+            let r = &bytes[t.token as usize * row..(t.token as usize + 1) * row];
+            ggml::dequantize_row(w.ty, r, &mut self.embd[i * e..(i + 1) * e])?;
+        }
+        self.persistent
+            .tensor(buffers::X)
+            .set_bytes(bytemuck::cast_slice(&self.embd), 0)?;
+        Ok(())
+    }
+
+    /// A group's id and the key of its template for a step shape.
+    fn group_key(&self, layer: u32, kind: GroupKind, shape: StepShape) -> (GroupId, TemplateKey) {
+        let gi = GroupId::new(layer, kind);
+        let key = TemplateKey::Group {
+            kind,
+            sig: self.spec.groups[gi.index()].signature(),
+            shape,
+            instance: gi.index() as u32,
+        };
+        (gi, key)
+    }
+
+    fn run_group(
+        &mut self,
+        layer: u32,
+        kind: GroupKind,
+        shape: StepShape,
+    ) -> Result<(), EngineError> {
+        let (gi, key) = self.group_key(layer, kind, shape);
+        self.templates.get(&key)?;
+        // KV: resident on the device, or a window the pager fills
+        let windowed = kind == GroupKind::Attn && self.kv.is_windowed(layer);
+        let mut id = BindId::resident(gi);
+        let kv = if windowed {
+            let w = self.pager.before_compute(
+                gi,
+                Ring::Kv,
+                &self.store,
+                &self.backend,
+                self.kv.tier_mut(),
+            )?;
+            id.kv_window = Some(w);
+            Some(self.kv.bindings(layer, Some(w)))
+        } else if kind == GroupKind::Attn {
+            Some(self.kv.bindings(layer, None))
+        } else {
+            None
+        };
+        let streamed = match self.store.groups[gi.index()] {
+            Location::Resident(ref b) => {
+                let b = b.clone();
+                let t = self.templates.get(&key)?;
+                t.bind(id, &b, kv);
+                None
+            }
+            Location::Streamed { ring, .. } => {
+                let slot = self.pager.before_compute(
+                    gi,
+                    ring,
+                    &self.store,
+                    &self.backend,
+                    self.kv.tier_mut(),
+                )?;
+                let b = self.store.slot_bindings(gi, ring, slot);
+                let t = self.templates.get(&key)?;
+                id.weight_slot = Some(slot);
+                t.bind(id, &b, kv);
+                Some(ring)
+            }
+        };
+        // bound before allocating so the allocator sees weights as external
+        let t = self.templates.allocated(&key, &self.backend)?;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("{} {layer}", kind.name()),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        if let Some(ring) = streamed {
+            self.pager
+                .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
+        }
+        if windowed {
+            self.pager.after_compute(
+                gi,
+                Ring::Kv,
+                &self.store,
+                &self.backend,
+                self.kv.tier_mut(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Computes a group on the host CPU (hybrid decode), bringing the
+    /// residual rows down first if they are on the device.
+    fn run_host_group(
+        &mut self,
+        layer: u32,
+        kind: GroupKind,
+        shape: StepShape,
+        x_host: &mut Option<u32>,
+    ) -> Result<(), EngineError> {
+        let (gi, key) = self.group_key(layer, kind, shape);
+        let host = self.host.as_mut().expect("hybrid plan has a host");
+        if x_host.is_none() {
+            // the device's groups so far wrote the residual
+            self.backend.synchronize();
+            host.download(self.persistent.tensor(buffers::X), shape.n_tokens)?;
+        }
+        *x_host = Some(shape.n_tokens);
+        // a CPU standing in for the device: its pool would spin on the
+        // cores the host's pool computes on (and the other way round)
+        let shared_cores = self.device.is_cpu();
+        if shared_cores {
+            self.backend.park_threads();
+        }
+        let t0 = Instant::now();
+        host.compute(gi, &key)?;
+        if shared_cores {
+            host.park_threads();
+        }
+        self.rec.host_span(
+            timeline::Stream::Cpu,
+            || format!("{} {layer}", kind.name()),
+            t0,
+            Instant::now(),
+        );
+        Ok(())
+    }
+
+    /// Sends the residual rows the host computed back to the device.
+    fn residual_to_device(&mut self, x_host: &mut Option<u32>) -> Result<(), EngineError> {
+        if let (Some(rows), Some(host)) = (x_host.take(), self.host.as_mut()) {
+            host.upload(self.persistent.tensor(buffers::X), rows)?;
+        }
+        Ok(())
+    }
+
+    /// Logits of the first `n_rows` rows of the residual stream, at most
+    /// [`HEAD_ROWS`] rows per graph so the logits never need more
+    /// activation memory than the plan reserved.
+    fn run_head(&mut self, n_rows: u32, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let n_vocab = self.spec.hp.n_vocab as usize;
+        let start = out.len();
+        out.resize(start + n_rows as usize * n_vocab, 0.0);
+        for row0 in (0..n_rows).step_by(HEAD_ROWS as usize) {
+            let rows = HEAD_ROWS.min(n_rows - row0);
+            let key = TemplateKey::Head {
+                out_ty: self.spec.output.ty,
+                n_rows: rows,
+                row0,
+            };
+            let head = self.store.head.clone();
+            self.templates.get(&key)?.bind(BindId::head(), &head, None);
+            let t = self.templates.allocated(&key, &self.backend)?;
+            let rec = self.rec.scope(
+                timeline::Stream::Compute,
+                &self.backend,
+                || "head".into(),
+                0,
+            );
+            self.backend.compute_async(&t.graph())?;
+            drop(rec);
+            self.backend.synchronize();
+            let o = start + row0 as usize * n_vocab;
+            t.out().get_f32(&mut out[o..o + rows as usize * n_vocab])?;
+        }
+        Ok(())
+    }
+}
