@@ -17,6 +17,9 @@
 //! `llama::Reference`, [`parity`], `strata check`, `bench --llama-ngl`).
 //! Without them the library is the runtime alone.
 
+// every unsafe block says why it is safe (CI runs clippy)
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub use strata_ffi as sys;
 
 pub mod dtype;

@@ -151,6 +151,7 @@ pub struct Device(sys::ggml_backend_dev_t);
 
 // SAFETY: device handles are immutable registry entries, usable from any thread.
 unsafe impl Send for Device {}
+// SAFETY: as above: shared references only read the registry entry.
 unsafe impl Sync for Device {}
 
 /// The first CPU device (loads backends if needed).
@@ -455,11 +456,6 @@ impl Drop for Backend {
         }
     }
 }
-
-// SAFETY: buffer types are immutable registry entries.
-
-// SAFETY: buffer handles may be moved across threads; access is synchronized
-// by the engine (events) like any device memory.
 
 /// An owned backend event.
 pub struct Event {

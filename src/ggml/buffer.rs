@@ -13,8 +13,9 @@ use std::ptr::NonNull;
 #[derive(Clone, Copy, Debug)]
 pub struct BufferType(pub(super) sys::ggml_backend_buffer_type_t);
 
+// SAFETY: buffer types are immutable registry entries.
 unsafe impl Send for BufferType {}
-
+// SAFETY: as above: shared references only read the registry entry.
 unsafe impl Sync for BufferType {}
 
 impl BufferType {
@@ -50,6 +51,8 @@ pub struct Buffer {
     ptr: NonNull<sys::ggml_backend_buffer>,
 }
 
+// SAFETY: buffer handles may be moved across threads; access is synchronized
+// by the engine (events) like any device memory.
 unsafe impl Send for Buffer {}
 
 impl Buffer {

@@ -71,6 +71,7 @@ impl Context {
     // (enforced by the shared lifetime) and ggml checks shapes itself.
 
     pub fn mul_mat<'a>(&'a self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: see above.
         self.wrap(unsafe { sys::ggml_mul_mat(self.raw(), w.raw(), x.raw()) })
     }
     pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {

@@ -57,18 +57,12 @@ mod format;
 mod quota;
 mod read;
 mod write;
-pub use write::write_file;
 
 pub use dir::SpillDir;
 pub use format::{EntryDesc, KvShape, SpillError, MAGIC, MAX_ENTRIES, MAX_EXTRA, PAGE, VERSION};
 pub use quota::{Quota, QuotaFull};
 pub use read::KvFile;
-
-// ---------------------------------------------------------------------------
-// Encoding
-
-// ---------------------------------------------------------------------------
-// Writing
+pub use write::write_file;
 
 #[cfg(test)]
 mod tests {

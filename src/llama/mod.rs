@@ -10,5 +10,3 @@ mod reference;
 pub use model::{builtin_chat_template, LlamaError, LlamaModel};
 #[cfg(feature = "reference")]
 pub use reference::{Reference, ReferenceConfig};
-
-// SAFETY: a llama_model is immutable after load and documented thread-safe for reads.

@@ -56,8 +56,9 @@ pub struct LlamaModel {
     ptr: NonNull<sys::llama_model>,
 }
 
+// SAFETY: a llama_model is immutable after load and documented thread-safe for reads.
 unsafe impl Send for LlamaModel {}
-
+// SAFETY: as above.
 unsafe impl Sync for LlamaModel {}
 
 impl LlamaModel {
