@@ -11,6 +11,7 @@ use crate::graph::Binding;
 use crate::model::WeightSpec;
 use indicatif::ProgressBar;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Weights in CPU memory, some repacked.
 pub struct CpuWeights {
@@ -20,8 +21,9 @@ pub struct CpuWeights {
     pub repacked_bytes: u64,
     pub plain_bytes: u64,
     _ctx: Context,
-    // after _ctx: the tensors point into these buffers
-    _bufs: Vec<Buffer>,
+    // after _ctx: the tensors point into these buffers (which the
+    // bindings share)
+    _bufs: Vec<Arc<Buffer>>,
 }
 
 /// Where each weight goes: the index of an extra buffer type, or None for
@@ -70,7 +72,7 @@ impl CpuWeights {
             sizes[k] += buft.alloc_size(t).div_ceil(a) * a;
             placed.push((t, k, off, w));
         }
-        let mut bufs: Vec<Option<Buffer>> = Vec::with_capacity(sizes.len());
+        let mut bufs: Vec<Option<Arc<Buffer>>> = Vec::with_capacity(sizes.len());
         for (k, &size) in sizes.iter().enumerate() {
             if size == 0 {
                 bufs.push(None);
@@ -80,7 +82,7 @@ impl CpuWeights {
             let b = Buffer::alloc(buft, size, BufferUsage::Weights)?;
             // padding quantized kernels may read past a row stays zero
             b.clear(0);
-            bufs.push(Some(b));
+            bufs.push(Some(Arc::new(b)));
         }
         let mut flat = Vec::with_capacity(n);
         for (t, k, off, w) in placed {
@@ -90,7 +92,7 @@ impl CpuWeights {
             b.place(t, off)?;
             t.set_bytes(file.bytes(w), 0)?;
             bar.inc(w.size);
-            flat.push(Binding::of(t));
+            flat.push(Binding::of(b, t)?);
         }
         let mut it = flat.into_iter();
         let out = sets

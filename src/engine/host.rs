@@ -138,8 +138,8 @@ impl HostCompute {
             .expect("the plan only gives the CPU groups it has copies of");
         if !self.templates.contains_key(key) {
             let mut t = Template::build(key, &self.dims, self.lim)?;
-            t.bind_externals(&self.persistent.bindings);
-            t.bind(BindId::resident(gi), &self.weights.sets[set], None);
+            t.bind_externals(&self.persistent.bindings)?;
+            t.bind(BindId::resident(gi), &self.weights.sets[set], None)?;
             // one activation buffer for every CPU template (they run one at
             // a time, synchronously): when it grows, the others re-allocate
             self.allocator.alloc(&t.graph())?;

@@ -56,10 +56,10 @@ impl KvCache {
     }
     /// The K and V tensors attention reads for `layer`: the resident ones,
     /// or window `window` of the tier for a windowed layer.
-    pub(super) fn bindings(&self, layer: u32, window: Option<usize>) -> [Binding; 2] {
+    pub(super) fn bindings(&self, layer: u32, window: Option<usize>) -> &[Binding; 2] {
         match (window, self.tier.as_ref()) {
-            (Some(w), Some(t)) => t.wbindings[w],
-            _ => self.resident.layers[layer as usize],
+            (Some(w), Some(t)) => &t.wbindings[w],
+            _ => &self.resident.layers[layer as usize],
         }
     }
 

@@ -254,7 +254,7 @@ impl Engine {
         let persistent = Persistent::alloc(&dims, lim, device)?;
         // what every graph's externals are bound to
         let mut ext = persistent.bindings.clone();
-        ext.extend(store.rope_freqs);
+        ext.extend(store.rope_freqs.clone());
         let mut kv = KvCache::new(
             KvCells::new(n_ctx as usize),
             KvStore::alloc(&dims, lim, device, n_kv_resident)?,

@@ -315,9 +315,9 @@ impl Engine {
                 self.kv.tier_mut(),
             )?;
             id.kv_window = Some(w);
-            Some(self.kv.bindings(layer, Some(w)))
+            Some(self.kv.bindings(layer, Some(w)).clone())
         } else if kind == GroupKind::Attn {
-            Some(self.kv.bindings(layer, None))
+            Some(self.kv.bindings(layer, None).clone())
         } else {
             None
         };
@@ -325,7 +325,7 @@ impl Engine {
             Location::Resident(ref b) => {
                 let b = b.clone();
                 let t = self.templates.get(&key)?;
-                t.bind(id, &b, kv);
+                t.bind(id, &b, kv.as_ref())?;
                 None
             }
             Location::Streamed { ring, .. } => {
@@ -336,10 +336,10 @@ impl Engine {
                     &self.backend,
                     self.kv.tier_mut(),
                 )?;
-                let b = self.store.slot_bindings(gi, ring, slot);
+                let b = self.store.slot_bindings(gi, ring, slot)?;
                 let t = self.templates.get(&key)?;
                 id.weight_slot = Some(slot);
-                t.bind(id, &b, kv);
+                t.bind(id, &b, kv.as_ref())?;
                 Some(ring)
             }
         };
@@ -429,7 +429,9 @@ impl Engine {
                 row0,
             };
             let head = self.store.head.clone();
-            self.templates.get(&key)?.bind(BindId::head(), &head, None);
+            self.templates
+                .get(&key)?
+                .bind(BindId::head(), &head, None)?;
             let t = self.templates.allocated(&key, &self.backend)?;
             let rec = self.rec.scope(
                 timeline::Stream::Compute,

@@ -375,16 +375,20 @@ impl WeightStore {
     }
 
     /// Bindings of group `gi` placed in slot `s` of its ring.
-    pub fn slot_bindings(&self, gi: GroupId, ring: Ring, s: usize) -> Vec<Binding> {
+    pub fn slot_bindings(
+        &self,
+        gi: GroupId,
+        ring: Ring,
+        s: usize,
+    ) -> Result<Vec<Binding>, EngineError> {
         let r = self.rings[ring as usize]
             .as_ref()
             .expect("ring exists for a streamed group");
         let b = r.slots[s].buffer();
-        self.layouts[gi.index()]
+        Ok(self.layouts[gi.index()]
             .offsets
             .iter()
-            // SAFETY: offsets lie inside the slot (slot_bytes is the max extent).
-            .map(|&o| Binding::plain(unsafe { b.base().add(o) }.cast(), b.raw()))
-            .collect()
+            .map(|&o| Binding::at(b, o))
+            .collect::<Result<_, _>>()?)
     }
 }

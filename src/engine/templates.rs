@@ -43,7 +43,7 @@ impl TemplateCache {
         }
         if !self.templates.contains_key(key) {
             let mut t = Template::build(key, &self.dims, self.lim)?;
-            t.bind_externals(&self.ext);
+            t.bind_externals(&self.ext)?;
             self.templates.insert(key.clone(), t);
         }
         Ok(self.templates.get_mut(key).expect("inserted above"))

@@ -4,9 +4,10 @@
 //! the buffer that holds their data, and places each tensor at its own
 //! aligned offset. It hands out the tensors ([`TensorArena::tensor`]) and
 //! where their data lives ([`Binding`], what a graph template's placeholder
-//! is pointed at), so no caller writes the context + buffer + offset + raw
+//! is pointed at, which keeps the buffer alive), so no caller writes the context + buffer + offset + raw
 //! pointer pattern itself.
 
+use super::binding::Binding;
 use super::buffer::Buffer;
 use super::buffer::BufferType;
 use super::buffer::BufferUsage;
@@ -17,39 +18,7 @@ use super::error::Result;
 use crate::dtype::GgmlType;
 use crate::sys;
 use std::ptr::NonNull;
-
-/// Memory a tensor's data lives in: what a placeholder tensor is pointed at.
-#[derive(Clone, Copy, Debug)]
-pub struct Binding {
-    pub data: *mut std::ffi::c_void,
-    pub buffer: sys::ggml_backend_buffer_t,
-    /// The backend's per-tensor data (a repacked CPU weight's layout
-    /// traits); null for plain memory.
-    pub extra: *mut std::ffi::c_void,
-}
-
-impl Binding {
-    /// Plain memory at `data` inside `buffer`.
-    pub fn plain(data: *mut std::ffi::c_void, buffer: sys::ggml_backend_buffer_t) -> Binding {
-        Binding {
-            data,
-            buffer,
-            extra: std::ptr::null_mut(),
-        }
-    }
-    /// Where a placed tensor lives (data, buffer and the buffer's extra).
-    pub fn of(t: Tensor<'_>) -> Binding {
-        // SAFETY: reading three pointer fields of a live tensor header.
-        unsafe {
-            let r = &*t.raw();
-            Binding {
-                data: r.data,
-                buffer: r.buffer,
-                extra: r.extra,
-            }
-        }
-    }
-}
+use std::sync::Arc;
 
 /// One tensor of an arena: its type, shape and (optional) name.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,7 +49,7 @@ impl TensorSpec {
 pub struct TensorArena {
     // the tensors' headers (in ctx) point into buf; both go together
     ctx: Context,
-    buf: Buffer,
+    buf: Arc<Buffer>,
     tensors: Vec<NonNull<sys::ggml_tensor>>,
     offsets: Vec<usize>,
 }
@@ -113,7 +82,7 @@ impl TensorArena {
         buf.clear(0);
         let arena = TensorArena {
             ctx,
-            buf,
+            buf: Arc::new(buf),
             tensors,
             offsets,
         };
@@ -129,7 +98,7 @@ impl TensorArena {
     }
     /// Where the `i`th tensor's data lives.
     pub fn binding(&self, i: usize) -> Binding {
-        Binding::of(self.tensor(i))
+        Binding::of(&self.buf, self.tensor(i)).expect("placed in this arena's buffer")
     }
     /// Byte offset of the `i`th tensor in the buffer.
     pub fn offset(&self, i: usize) -> usize {
@@ -145,7 +114,8 @@ impl TensorArena {
     pub fn bytes(&self) -> usize {
         self.buf.size()
     }
-    pub fn buffer(&self) -> &Buffer {
+    /// The buffer, shared with the bindings that point into it.
+    pub fn buffer(&self) -> &Arc<Buffer> {
         &self.buf
     }
 }
@@ -178,10 +148,8 @@ mod tests {
             assert!(a.offset(i) >= end, "tensor {i} overlaps the one before");
             end = a.offset(i) + a.tensor(i).nbytes();
             let b = a.binding(i);
-            assert_eq!(b.buffer, a.buffer().raw());
-            // SAFETY: both pointers are into the same live buffer.
-            let at = unsafe { b.data.cast::<u8>().offset_from(a.buffer().base()) };
-            assert_eq!(at as usize, a.offset(i));
+            assert_eq!(b.buffer().raw(), a.buffer().raw());
+            assert_eq!(b.offset(), a.offset(i));
         }
         assert!(end <= a.bytes());
         let mut out = [1.0f32; 3];

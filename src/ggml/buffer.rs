@@ -54,6 +54,11 @@ pub struct Buffer {
 // SAFETY: buffer handles may be moved across threads; access is synchronized
 // by the engine (events) like any device memory.
 unsafe impl Send for Buffer {}
+// SAFETY: through a shared reference a buffer reads its immutable metadata
+// (handle, base, size, type) or writes device memory (clear, placing a
+// tensor), whose ordering against other users the engine provides with
+// events and synchronization, as for any device memory.
+unsafe impl Sync for Buffer {}
 
 impl Buffer {
     /// Allocates `size` bytes of buffer type `buft`.

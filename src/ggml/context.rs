@@ -316,27 +316,6 @@ impl<'ctx> Tensor<'ctx> {
     pub fn get_f32(&self, out: &mut [f32]) -> Result<()> {
         self.get_bytes(bytemuck::cast_slice_mut(out), 0)
     }
-
-    /// Points this tensor at the memory of `src` (same type and shape): the
-    /// rebinding of a graph template's weight or KV tensor. Views of this
-    /// tensor must be refreshed afterwards ([`super::Graph::refresh_views`]).
-    pub fn rebind_to_raw(
-        &self,
-        data: *mut std::ffi::c_void,
-        buffer: sys::ggml_backend_buffer_t,
-        extra: *mut std::ffi::c_void,
-    ) {
-        // SAFETY: we only write three pointer fields of a header we own
-        // through the context; kernels read them at launch, so this takes
-        // effect at the next compute. The caller guarantees `data` holds this
-        // tensor in the layout `buffer` (and its `extra`) describe.
-        unsafe {
-            let t = &mut *self.raw();
-            t.data = data;
-            t.buffer = buffer;
-            t.extra = extra;
-        }
-    }
 }
 
 impl Context {

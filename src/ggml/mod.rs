@@ -15,16 +15,18 @@
 
 mod arena;
 mod backend;
+mod binding;
 mod buffer;
 mod context;
 mod error;
 mod graph;
 mod rows;
 
-pub use arena::{Binding, TensorArena, TensorSpec};
+pub use arena::{TensorArena, TensorSpec};
 pub use backend::{
     cpu_device, devices, gpu_device, load_backends, Backend, Device, Event, MAX_THREADS,
 };
+pub use binding::Binding;
 pub use buffer::{Buffer, BufferType, BufferUsage};
 pub use context::{Context, RopeParams, Tensor};
 pub use error::{GgmlError, Result};

@@ -76,6 +76,10 @@ pub struct Template {
     out: NonNull<crate::sys::ggml_tensor>,
     /// Identity of the weights/KV bound last, to skip redundant rebinding.
     bound_to: Option<BindId>,
+    /// What the placeholders point into, kept so those buffers outlive the
+    /// pointers (externals first, then weights and KV).
+    bound: Vec<Binding>,
+    n_ext_bound: usize,
     /// Activations assigned by the kind's allocator (stay valid until the
     /// allocator grows, which drops every other template of the kind).
     pub allocated: bool,
@@ -132,6 +136,8 @@ impl Template {
             kv,
             out,
             bound_to: None,
+            bound: Vec::new(),
+            n_ext_bound: 0,
             allocated: false,
         })
     }
@@ -158,38 +164,78 @@ impl Template {
     /// Binds the persistent externals (residual stream, step inputs, rope
     /// factors), in the order of `Externals::all`. Done once, before the
     /// activations are allocated.
-    pub fn bind_externals(&mut self, ext: &[Binding]) {
-        for (&p, b) in self.ext.iter().zip(ext) {
-            self.tensor(p).rebind_to_raw(b.data, b.buffer, b.extra);
+    pub fn bind_externals(&mut self, ext: &[Binding]) -> Result<()> {
+        if ext.len() != self.ext.len() {
+            return Err(mismatch("externals", ext.len(), self.ext.len()));
         }
+        for (&p, b) in self.ext.iter().zip(ext) {
+            // SAFETY: the externals are the engine's persistent tensors, of
+            // the type and shape `Externals::specs` gave both; `self.bound`
+            // keeps their buffer alive as long as this template, and they
+            // are bound once, before the graph first runs.
+            unsafe { self.tensor(p).rebind(b)? };
+        }
+        self.bound.splice(..self.n_ext_bound, ext.iter().cloned());
+        self.n_ext_bound = ext.len();
+        Ok(())
     }
 
     /// Points the weight (and KV) placeholders at a layer's memory and
     /// refreshes every view of them. `id` identifies the bound memory
-    /// (layer, generation) so rebinding the same memory twice is free.
-    pub fn bind(&mut self, id: BindId, weights: &[Binding], kv: Option<[Binding; 2]>) {
+    /// (group, slot, KV window) so rebinding the same memory twice is free.
+    /// Bindings must be in the template's signature order, each written for
+    /// the type and shape of its placeholder (the engine builds templates
+    /// from a group's signature and binds that group's memory); the
+    /// caller rebinds only when no computation of this graph is in flight.
+    pub fn bind(
+        &mut self,
+        id: BindId,
+        weights: &[Binding],
+        kv: Option<&[Binding; 2]>,
+    ) -> Result<()> {
         if self.bound_to == Some(id) {
-            return;
+            return Ok(());
         }
-        assert_eq!(
-            weights.len(),
-            self.weights.len(),
-            "binding does not match the template signature"
-        );
+        if weights.len() != self.weights.len() {
+            return Err(mismatch("weights", weights.len(), self.weights.len()));
+        }
+        if kv.is_some() != self.kv.is_some() {
+            return Err(mismatch(
+                "KV tensors",
+                2 * kv.is_some() as usize,
+                2 * self.kv.is_some() as usize,
+            ));
+        }
+        self.bound_to = None;
+        let kv_ph = self.kv.map(|k| k.to_vec()).unwrap_or_default();
+        let kv_b = kv.map(|k| k.to_vec()).unwrap_or_default();
         let mut roots = Vec::with_capacity(self.weights.len() + 2);
-        for (&p, b) in self.weights.iter().zip(weights) {
+        for (&p, b) in self
+            .weights
+            .iter()
+            .chain(&kv_ph)
+            .zip(weights.iter().chain(&kv_b))
+        {
             let t = self.tensor(p);
-            t.rebind_to_raw(b.data, b.buffer, b.extra);
+            // SAFETY: the binding holds this placeholder's data (the
+            // caller's contract above: its group's memory, in signature
+            // order, of the types that keyed this template); `self.bound`
+            // keeps its buffer alive until the next bind or drop, and the
+            // engine binds only between computations of this graph.
+            unsafe { t.rebind(b)? };
             roots.push(t);
         }
-        if let (Some(ph), Some(kv)) = (self.kv, kv) {
-            for (p, b) in ph.iter().zip(kv) {
-                let t = self.tensor(*p);
-                t.rebind_to_raw(b.data, b.buffer, b.extra);
-                roots.push(t);
-            }
-        }
         self.graph().refresh_views(&roots);
+        self.bound.truncate(self.n_ext_bound);
+        self.bound.extend(weights.iter().chain(&kv_b).cloned());
         self.bound_to = Some(id);
+        Ok(())
+    }
+}
+
+fn mismatch(what: &str, got: usize, want: usize) -> crate::ggml::GgmlError {
+    crate::ggml::GgmlError::Tensor {
+        name: "template".into(),
+        what: format!("bound to {got} {what}, its signature has {want}"),
     }
 }
