@@ -65,7 +65,7 @@ pub struct PagingOptions {
     pub hybrid: Hybrid,
     /// Most rows an FFN graph computes at once; None: all of a step's where
     /// the model fits the GPU budget whole, else as few as keep the FFN's
-    /// activations within the attention's (see `buffers::ffn_rows`).
+    /// activations within the attention's (see `paging::sizes::ffn_rows`).
     pub ffn_rows: Option<u32>,
 }
 

@@ -20,6 +20,8 @@ use crate::ggml::{Backend, Binding, Buffer, BufferUsage, Device, Tensor, TensorA
 use crate::kv::spill::{EntryDesc, KvFile, KvShape, Quota, SpillDir};
 use crate::kv::tier::{Action, TierTable};
 use crate::kv::KvCells;
+use crate::model::Hparams;
+use crate::paging::sizes;
 use std::path::PathBuf;
 
 /// How the windowed layers' KV is kept.
@@ -103,16 +105,17 @@ impl KvTier {
         dev: Device,
         layers: Vec<u32>,
         n_layer: usize,
-        n_embd_kv: usize,
+        hp: &Hparams,
         n_ctx: usize,
         slots: usize,
         fingerprint: u64,
         cfg: &KvTierConfig,
     ) -> Result<KvTier, EngineError> {
-        let row = n_embd_kv * 2;
+        let n_embd_kv = hp.n_embd_kv() as usize;
+        let row = sizes::kv_row_bytes(hp) as usize;
         let block = cfg.block.clamp(1, n_ctx);
         let n_blocks = n_ctx.div_ceil(block);
-        let frame_bytes = (layers.len() * 2 * block * row) as u64;
+        let frame_bytes = layers.len() as u64 * sizes::kv_bytes(hp, block as u64);
         let frames = cfg.frames.clamp(1, n_blocks);
         // windows; read where the mask hides them, so zeroed (finite)
         let spec = TensorSpec::new(GgmlType::F16, &[n_embd_kv as i64, n_ctx as i64]);
@@ -175,10 +178,6 @@ impl KvTier {
     }
     pub fn is_windowed(&self, layer: u32) -> bool {
         self.index_of[layer as usize].is_some()
-    }
-    /// Device bytes of one layer's window pair.
-    pub fn bytes_per_window(n_embd_kv: usize, n_ctx: usize) -> u64 {
-        2 * (n_embd_kv * 2 * n_ctx) as u64
     }
 
     fn window(&self, slot: usize, kv: usize) -> Tensor<'_> {

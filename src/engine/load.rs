@@ -4,7 +4,6 @@
 //! from [`ModelSpec`].
 
 use super::batch::StepStats;
-use super::buffers;
 use super::buffers::KvStore;
 use super::buffers::Persistent;
 use super::config::host_threads;
@@ -28,12 +27,13 @@ use crate::ggml;
 use crate::ggml::GgmlError;
 use crate::gguf::GgufFile;
 use crate::graph::Dims;
-use crate::graph::Limits;
 use crate::kv::KvCells;
 use crate::model::ModelSpec;
+use crate::paging::sizes;
 use crate::paging::Budgets;
 use crate::paging::GroupInfo;
 use crate::paging::KvShape;
+use crate::paging::Limits;
 use crate::paging::MemoryInput;
 use std::path::Path;
 
@@ -93,15 +93,8 @@ impl Engine {
                 "batch-invariant numerics need the CPU device (GPU kernels depend on the batch size)",
             ));
         }
-        // KV cells in multiples of 256, as llama.cpp pads them: attention
-        // reads n_kv cells padded to 256 (see KvCells::n_kv)
-        let n_ctx = cfg
-            .n_ctx
-            .max(1)
-            .div_ceil(256)
-            .checked_mul(256)
-            .filter(|&c| c <= 1 << 24)
-            .ok_or(EngineError::BadContext(cfg.n_ctx))?;
+        // KV cells padded as llama.cpp pads them (see KvCells::n_kv)
+        let n_ctx = sizes::kv_cells(cfg.n_ctx).ok_or(EngineError::BadContext(cfg.n_ctx))?;
         let dims = Dims {
             arch: spec.arch,
             hp: spec.hp.clone(),
@@ -118,20 +111,9 @@ impl Engine {
         let head_bytes = spec.output.size
             + spec.output_norm.size
             + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
-        let persistent_bytes =
-            lim.n_batch as u64 * (dims.hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2);
+        let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim);
         // the reserve for whole steps and for FFN chunks (the plan picks)
-        let forced = cfg.paging.ffn_rows.map(|r| r.clamp(1, n_batch));
-        let ffn_rows = forced.unwrap_or_else(|| buffers::ffn_rows(&dims, n_batch));
-        let chunked = buffers::activation_estimate(&dims, Limits { ffn_rows, ..lim });
-        let activations = crate::paging::Activations {
-            whole: match forced {
-                Some(_) => chunked,
-                None => buffers::activation_estimate(&dims, lim),
-            },
-            chunked,
-            ffn_rows,
-        };
+        let activations = sizes::activations(&dims.hp, lim, cfg.paging.ffn_rows);
         let n_layer = dims.hp.n_layer as usize;
         let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
         let mut input = MemoryInput {
@@ -148,9 +130,9 @@ impl Engine {
             activations,
             kv: KvShape {
                 n_layer,
-                layer_bytes: KvStore::bytes_per_layer(&dims, lim),
+                layer_bytes: sizes::kv_bytes(&dims.hp, n_ctx as u64),
                 n_blocks: (n_ctx as usize).div_ceil(kv_block),
-                block_bytes: (2 * kv_block * dims.hp.n_embd_kv() as usize * 2) as u64,
+                block_bytes: sizes::kv_bytes(&dims.hp, kv_block as u64),
             },
             budgets: cfg.budgets,
             host_available: crate::paging::mem_available().unwrap_or(0),
@@ -163,6 +145,13 @@ impl Engine {
                 probe::measure_h2d(device, 64 << 20, 4)?
             },
             cpu: None,
+            // measured where anything may stream: the plan's floor then
+            // includes compute (prefill is compute-bound)
+            compute: if !device.is_cpu() || cfg.budgets.gpu.is_some() || cfg.paging.stream_all {
+                probe::device_compute(&spec, device, &backend, n_batch)?
+            } else {
+                None
+            },
         };
         let mut plan = crate::paging::memory_plan(&input)?;
         let mut cpu_cal = None;
@@ -181,7 +170,7 @@ impl Engine {
                 )
             });
         }
-        lim.ffn_rows = plan.ffn_rows.or(forced).unwrap_or(n_batch);
+        lim.ffn_rows = plan.ffn_rows.unwrap_or(n_batch);
         let store = WeightStore::load(
             &spec,
             &file,
@@ -223,7 +212,7 @@ impl Engine {
                 device,
                 (n_kv_resident as u32..n_layer as u32).collect(),
                 n_layer,
-                dims.hp.n_embd_kv() as usize,
+                &dims.hp,
                 n_ctx as usize,
                 plan.kv.windows,
                 kv_fingerprint(&spec),

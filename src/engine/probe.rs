@@ -12,7 +12,7 @@ use crate::ggml::Device;
 use crate::ggml::{Backend, Buffer, BufferType, BufferUsage, Context, GraphAllocator};
 use crate::model::GroupKind;
 use crate::model::ModelSpec;
-use crate::paging::Plan;
+use crate::paging::{ComputeRate, Plan};
 use std::time::Instant;
 
 /// What the planner needs to know about the host CPU, measured, when the
@@ -101,6 +101,56 @@ pub(super) fn cpu_input(
         bus_beside.unwrap_or(copy_bw) / 1e9,
     );
     Ok(Some(c))
+}
+
+/// The device's compute speed per weight byte at one token and at a step
+/// of `n_batch` tokens, over the model's largest FFN matrix (the groups'
+/// bulk), its rows cut so each product stays near `flops` (a few
+/// milliseconds on a GPU, on the CPU device a few dozen). The memory plan
+/// predicts every step's compute from it (see `paging::ComputeRate`).
+pub(super) fn device_compute(
+    spec: &ModelSpec,
+    device: Device,
+    backend: &Backend,
+    n_batch: u32,
+) -> Result<Option<ComputeRate>, EngineError> {
+    let Some(w) = spec
+        .groups
+        .iter()
+        .filter(|g| g.kind == GroupKind::Ffn)
+        .flat_map(|g| g.weights.iter())
+        .filter(|w| w.ne.len() >= 2 && w.ne[1] > 1)
+        .max_by_key(|w| w.size)
+    else {
+        return Ok(None);
+    };
+    let flops = if device.is_cpu() { 5e8 } else { 2e12 };
+    let n = n_batch.max(1);
+    let rows = (flops / (2.0 * w.ne[0] as f64 * n as f64)) as i64 / 32 * 32;
+    let ne = [w.ne[0], rows.clamp(32, w.ne[1])];
+    let buft = device.buffer_type();
+    let s1 = measure_matmul(backend, buft, w.ty, ne, 0, 1, None)?;
+    let sn = if n > 1 {
+        measure_matmul(backend, buft, w.ty, ne, 0, n, None)?
+    } else {
+        s1
+    };
+    tracing::info!(
+        "compute probe: {} [{}, {}]: {:.1} GB/s at 1 token, {:.1} TFLOPS at {n}",
+        w.ty,
+        ne[0],
+        ne[1],
+        1e-9 / s1,
+        // 2 flops per weight element and token
+        2.0 * (ne[0] * ne[1]) as f64 * n as f64
+            / (sn * crate::ggml::row_size(w.ty, ne[0]) as f64 * ne[1] as f64)
+            / 1e12,
+    );
+    Ok(Some(ComputeRate {
+        s_per_byte_1: s1,
+        s_per_byte_n: sn,
+        n,
+    }))
 }
 
 /// Measures host-to-device copy bandwidth (bytes/s) from pinned memory on a

@@ -7,6 +7,7 @@
 use super::error::EngineError;
 use super::state::Engine;
 use crate::kv::spill::{self, EntryDesc, KvFile, KvShape, SpillError};
+use crate::paging::sizes;
 use std::path::Path;
 
 /// Cells per entry of a session file.
@@ -30,7 +31,7 @@ impl Engine {
     pub fn session_shape(&self) -> KvShape {
         KvShape {
             fingerprint: super::kvcache::kv_fingerprint(&self.spec),
-            row_bytes: self.spec.hp.n_embd_kv() * 2,
+            row_bytes: sizes::kv_row_bytes(&self.spec.hp) as u32,
             block_size: CHUNK as u32,
         }
     }
@@ -44,7 +45,7 @@ impl Engine {
         cell: usize,
         out: &mut [u8],
     ) -> Result<(), EngineError> {
-        let row = self.spec.hp.n_embd_kv() as usize * 2;
+        let row = sizes::kv_row_bytes(&self.spec.hp) as usize;
         self.kv.read_rows(l, kv, cell, row, out)
     }
 
@@ -55,7 +56,7 @@ impl Engine {
         cell: usize,
         data: &[u8],
     ) -> Result<(), EngineError> {
-        let row = self.spec.hp.n_embd_kv() as usize * 2;
+        let row = sizes::kv_row_bytes(&self.spec.hp) as usize;
         self.kv.write_rows(l, kv, cell, row, data)
     }
 
@@ -70,7 +71,7 @@ impl Engine {
         // which load checks
         let mut cells = self.kv.cells().seq_cells(seq);
         cells.sort_by_key(|&(_, p)| p);
-        let row = self.spec.hp.n_embd_kv() as usize * 2;
+        let row = sizes::kv_row_bytes(&self.spec.hp) as usize;
         let mut payload = Vec::with_capacity(8 + 4 * cells.len() + extra.len());
         payload.extend_from_slice(&(cells.len() as u64).to_le_bytes());
         for &(_, p) in &cells {
@@ -189,7 +190,7 @@ impl Engine {
         seq: u32,
     ) -> Result<(), EngineError> {
         self.kv.prepare(before, cells, 1 << seq)?;
-        let row = self.spec.hp.n_embd_kv() as usize * 2;
+        let row = sizes::kv_row_bytes(&self.spec.hp) as usize;
         let chunks = cells.len().div_ceil(CHUNK);
         for i in 0..file.entries().len() {
             let (k, v) = file.read_entry_vec(i)?;

@@ -17,8 +17,8 @@ use super::templates::TemplateCache;
 use super::timeline;
 use crate::ggml::Backend;
 use crate::ggml::Device;
-use crate::graph::Limits;
 use crate::model::ModelSpec;
+use crate::paging::Limits;
 use crate::paging::MemoryPlan;
 use std::time::Instant;
 
@@ -82,7 +82,7 @@ impl Engine {
     }
 
     /// Device bytes the plan reserves for activations: the largest step's
-    /// graphs (see [`buffers::activation_estimate`]).
+    /// graphs (see [`crate::paging::sizes::activation_bytes`]).
     pub fn activation_reserve(&self) -> u64 {
         self.plan.activation_bytes
     }

@@ -1,11 +1,11 @@
 //! The blocks of a Llama-family layer: attention group, FFN group, head.
 
 use super::shape::Dims;
-use super::shape::Limits;
 use super::shape::StepShape;
 use crate::dtype::GgmlType;
 use crate::ggml::{Context, Graph, RopeParams, Tensor, TensorSpec};
 use crate::model::Role;
+use crate::paging::Limits;
 
 /// Persistent tensors a group graph reads or writes, as placeholders in the
 /// graph's context (bound once to the engine's persistent memory).
@@ -260,9 +260,6 @@ pub fn build_attn<'c>(
     }
 }
 
-/// Most rows the output head computes logits for in one graph.
-pub const HEAD_ROWS: u32 = 256;
-
 /// FFN group: x += down · swiglu(gate·norm(x), up·norm(x)).
 pub fn build_ffn<'c>(
     ctx: &'c Context,
@@ -313,7 +310,7 @@ pub fn build_ffn<'c>(
 }
 
 /// Output head on rows `row0..row0 + n_tokens`: logits = output · norm(x).
-/// The engine runs it over at most [`HEAD_ROWS`] rows at a time, so the
+/// The engine runs it over at most [`HEAD_ROWS`](crate::paging::sizes::HEAD_ROWS) rows at a time, so the
 /// logits' activation memory stays bounded whatever the step size.
 pub fn build_head<'c>(
     ctx: &'c Context,

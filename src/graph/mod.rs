@@ -14,6 +14,8 @@ mod blocks;
 mod shape;
 mod template;
 
-pub use blocks::{build_attn, build_ffn, build_head, Built, Externals, HEAD_ROWS};
-pub use shape::{Dims, Limits, StepShape, GRAPH_NODES};
+pub use crate::paging::sizes::HEAD_ROWS;
+pub use crate::paging::Limits;
+pub use blocks::{build_attn, build_ffn, build_head, Built, Externals};
+pub use shape::{Dims, StepShape, GRAPH_NODES};
 pub use template::{BindId, Binding, Template, TemplateKey};

@@ -15,20 +15,6 @@ pub struct StepShape {
     pub last_layer: bool,
 }
 
-/// The sizes persistent tensors are allocated for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Limits {
-    /// Most tokens in one step.
-    pub n_batch: u32,
-    /// KV cells per layer.
-    pub n_ctx: u32,
-    /// Most rows an FFN graph computes at once: a larger step runs the
-    /// FFN over consecutive chunks of rows inside one graph, so its
-    /// activations (3 x n_ff per row, the largest of any graph) need not
-    /// be reserved for the whole step. `n_batch`: no chunks.
-    pub ffn_rows: u32,
-}
-
 /// What graph builders need to know about the model.
 #[derive(Clone, Debug)]
 pub struct Dims {

@@ -4,11 +4,11 @@ use super::blocks::build_attn;
 use super::blocks::build_ffn;
 use super::blocks::build_head;
 use super::shape::Dims;
-use super::shape::Limits;
 use super::shape::StepShape;
 use crate::dtype::GgmlType;
 use crate::ggml::{Context, Graph, Result, Tensor};
 use crate::model::{GroupId, GroupKind, Role};
+use crate::paging::Limits;
 use std::ptr::NonNull;
 
 /// What distinguishes one template from another. Types are part of the key:

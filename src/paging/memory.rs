@@ -15,9 +15,11 @@
 use super::groups::GroupInfo;
 use super::hybrid::CpuInput;
 use super::plan;
+use super::plan::ComputeRate;
 use super::plan::Plan;
 use super::plan::PlanError;
 use super::plan::PlanInput;
+use super::sizes::Activations;
 use crate::model::GroupKind;
 
 /// What strata may use of each memory; None: the default of each.
@@ -48,15 +50,6 @@ pub struct KvShape {
     pub block_bytes: u64,
 }
 
-/// The activation reserve: for steps whose FFN runs over all their rows at
-/// once, and for FFN chunks of `ffn_rows` rows (see `Limits::ffn_rows`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Activations {
-    pub whole: u64,
-    pub chunked: u64,
-    pub ffn_rows: u32,
-}
-
 /// Everything a memory plan depends on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemoryInput {
@@ -76,6 +69,8 @@ pub struct MemoryInput {
     pub stream_all: bool,
     /// Measured host-to-device copy bandwidth, bytes/s.
     pub copy_bw: f64,
+    /// The device's measured compute speed (None: not measured).
+    pub compute: Option<ComputeRate>,
     /// The host CPU as a compute tier (measured); None: the bus alone.
     /// Its `host_room` is decided here, not by the caller.
     pub cpu: Option<CpuInput>,
@@ -177,8 +172,9 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
         + inp.fixed_bytes
         + act.whole
         + kv.layer_bytes * kv.n_layer as u64;
-    let chunk =
-        (inp.stream_all || inp.budgets.gpu.is_some_and(|b| whole > b)) && act.chunked < act.whole;
+    let chunk = act.forced
+        || (inp.stream_all || inp.budgets.gpu.is_some_and(|b| whole > b))
+            && act.chunked < act.whole;
     let (activation_bytes, ffn_rows) = if chunk {
         (act.chunked, Some(act.ffn_rows))
     } else {
@@ -191,7 +187,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
         fixed_bytes: fixed + kv_device_bytes(kv, resident_layers, windows),
         budget: inp.budgets.gpu,
         copy_bw: inp.copy_bw,
-        compute_s: 0.0,
+        compute: inp.compute,
         slots: inp.slots,
         stream_all: inp.stream_all,
         cpu: None,
@@ -401,6 +397,7 @@ mod tests {
                 whole: 0,
                 chunked: 0,
                 ffn_rows: 1,
+                forced: false,
             },
             kv: KvShape {
                 n_layer: n,
@@ -413,6 +410,7 @@ mod tests {
             slots: 2,
             stream_all: false,
             copy_bw: 100.0,
+            compute: None,
             cpu: None,
         }
     }
@@ -440,6 +438,7 @@ mod tests {
             whole: 50,
             chunked: 10,
             ffn_rows: 32,
+            forced: false,
         };
         // no budget, and a budget that holds everything with whole steps
         for gpu in [None, Some(5 + 50 + 32 + 160)] {
@@ -578,7 +577,7 @@ mod tests {
             inp.kv.block_bytes = layer.div_ceil(blocks as u64);
             inp.slots = slots;
             inp.cpu = hybrid.then(|| cpu(1e-3));
-            inp.activations = Activations { whole: act, chunked: act / 3, ffn_rows: 8 };
+            inp.activations = Activations { whole: act, chunked: act / 3, ffn_rows: 8, forced: false };
             match memory_plan(&inp) {
                 Ok(p) => {
                     if let Some(g) = gpu { prop_assert!(p.device_bytes() <= g, "device {} > {}", p.device_bytes(), g); }
@@ -608,7 +607,7 @@ mod tests {
                     prop_assert!(p.kv.frames <= blocks);
                     // the prediction: the floor is the bus time of what streams
                     let floor = p.placement.streamed_bytes_per_step as f64 / inp.copy_bw;
-                    prop_assert!((p.placement.floor_s() - floor).abs() <= 1e-9 * floor.max(1.0));
+                    prop_assert!((p.placement.floor_s(1) - floor).abs() <= 1e-9 * floor.max(1.0));
                     if let Some(h) = &p.placement.hybrid {
                         prop_assert!(h.per_size[0].predicted.step_s() > 0.0);
                     }

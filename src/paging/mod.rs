@@ -8,6 +8,7 @@ mod hybrid;
 mod memory;
 mod plan;
 mod ring;
+pub mod sizes;
 #[cfg(test)]
 mod testutil;
 
@@ -17,11 +18,10 @@ pub use hybrid::{
     plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan,
     MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
-pub use memory::{
-    memory_plan, Activations, Budgets, DramWindowPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
-};
-pub use plan::{auto_kv_layers, plan, Plan, PlanError, PlanInput};
+pub use memory::{memory_plan, Budgets, DramWindowPlan, KvPlan, KvShape, MemoryInput, MemoryPlan};
+pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput};
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
+pub use sizes::{Activations, Limits};
 
 /// Parses a size like "12G", "512M", "1.5GiB", "4096" (bytes). K/M/G/T are
 /// binary multiples (KiB, MiB, ...), as GPU memory is reported.

@@ -1,9 +1,12 @@
 //! Placement: which layer groups stay on the GPU, how many slots the rest
 //! stream through, and how far ahead uploads run. Plain Rust.
 //!
-//! The floor of a step is max(bytes streamed / copy bandwidth, compute time):
-//! with enough slots and prefetch the copies hide under compute or the
-//! compute hides under the copies, never less than that.
+//! The floor of a step of n tokens is max(bytes streamed / copy bandwidth,
+//! compute time at n tokens): with enough slots the copies hide under
+//! compute or the compute hides under the copies, never less than that.
+//! Compute time comes from the device's measured speed per weight byte at
+//! one token and at a large step ([`ComputeRate`]), so the floor is right
+//! for decode (bus-bound) and for prefill (compute-bound) alike.
 
 use super::groups::max_bytes;
 use super::groups::GroupInfo;
@@ -20,8 +23,9 @@ pub struct PlanInput {
     pub budget: Option<u64>,
     /// Measured host-to-device copy bandwidth, bytes/s.
     pub copy_bw: f64,
-    /// Measured (or estimated) compute seconds per step, all groups.
-    pub compute_s: f64,
+    /// The device's measured compute speed; None: not measured (the
+    /// floor is then the copies alone).
+    pub compute: Option<ComputeRate>,
     /// Slots per kind when streaming (>= 2 so copy and compute overlap).
     pub slots: usize,
     /// Stream every group, whatever the budget (tests, benchmarks).
@@ -31,28 +35,56 @@ pub struct PlanInput {
     pub cpu: Option<super::hybrid::CpuInput>,
 }
 
+/// The device's measured compute speed, seconds per weight byte: at one
+/// token (reading the weights bounds it) and at `n` tokens (arithmetic
+/// bounds it). In between, the larger of the one-token rate and the large
+/// step's rate scaled by the tokens: a roofline through both measurements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ComputeRate {
+    pub s_per_byte_1: f64,
+    pub s_per_byte_n: f64,
+    pub n: u32,
+}
+
+impl ComputeRate {
+    /// Seconds per weight byte of a step of `tokens` tokens.
+    pub fn s_per_byte(&self, tokens: u32) -> f64 {
+        let per_token = self.s_per_byte_n / self.n.max(1) as f64;
+        self.s_per_byte_1.max(per_token * tokens as f64)
+    }
+}
+
 /// A placement.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub resident: Vec<bool>,
     /// Slots of each kind: (attn, ffn); 0 when nothing of that kind streams.
     pub slots: (usize, usize),
-    /// Uploads in flight ahead of the group computing.
-    pub prefetch: usize,
     pub resident_bytes: u64,
     pub slot_bytes: u64,
     pub streamed_bytes_per_step: u64,
     pub fixed_bytes: u64,
     pub predicted_copy_s: f64,
-    pub predicted_compute_s: f64,
+    /// The device's speed the compute predictions use.
+    pub compute: Option<ComputeRate>,
+    /// Weight bytes of every group (what the device computes when the
+    /// host CPU computes none).
+    pub total_bytes: u64,
     /// Streamed groups the CPU computes at small steps, if that pays.
     pub hybrid: Option<super::hybrid::HybridPlan>,
 }
 
 impl Plan {
-    /// The floor of one step: copies and compute overlap perfectly.
-    pub fn floor_s(&self) -> f64 {
-        self.predicted_copy_s.max(self.predicted_compute_s)
+    /// Predicted device compute seconds of a step of `n` tokens over every
+    /// group (0 when the device's speed was not measured).
+    pub fn compute_s(&self, n: u32) -> f64 {
+        self.compute
+            .map_or(0.0, |c| self.total_bytes as f64 * c.s_per_byte(n))
+    }
+    /// The floor of a step of `n` tokens: copies and compute overlap
+    /// perfectly.
+    pub fn floor_s(&self, n: u32) -> f64 {
+        self.predicted_copy_s.max(self.compute_s(n))
     }
     /// The predicted time of a step of `n` tokens: the hybrid split's
     /// prediction where the CPU takes part, else the floor.
@@ -61,7 +93,7 @@ impl Plan {
             Some(h) if n >= 1 && (n as usize) <= h.per_size.len() => {
                 h.per_size[n as usize - 1].predicted.step_s()
             }
-            _ => self.floor_s(),
+            _ => self.floor_s(n),
         }
     }
     pub fn n_streamed(&self) -> usize {
@@ -175,14 +207,14 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
             },
             slots_of(GroupKind::Ffn),
         ),
-        prefetch: slots - 1,
         resident,
         resident_bytes,
         slot_bytes,
         streamed_bytes_per_step: streamed,
         fixed_bytes: inp.fixed_bytes,
         predicted_copy_s: streamed as f64 / inp.copy_bw.max(1.0),
-        predicted_compute_s: inp.compute_s,
+        compute: inp.compute,
+        total_bytes: total,
     })
 }
 
@@ -191,8 +223,8 @@ impl std::fmt::Display for Plan {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         write!(
             f,
-            "plan: {} of {} groups resident ({:.1} MiB), {} streamed through {}+{} slots ({:.1} MiB), prefetch {}, fixed {:.1} MiB; \
-             streamed {:.1} MiB/step, predicted copy {:.2} ms, compute {:.2} ms, floor {:.2} ms/step",
+            "plan: {} of {} groups resident ({:.1} MiB), {} streamed through {}+{} slots ({:.1} MiB), fixed {:.1} MiB; \
+             streamed {:.1} MiB/step, predicted copy {:.2} ms/step",
             self.resident.len() - self.n_streamed(),
             self.resident.len(),
             mib(self.resident_bytes),
@@ -200,13 +232,29 @@ impl std::fmt::Display for Plan {
             self.slots.0,
             self.slots.1,
             mib(self.slot_bytes),
-            self.prefetch,
             mib(self.fixed_bytes),
             mib(self.streamed_bytes_per_step),
             self.predicted_copy_s * 1e3,
-            self.predicted_compute_s * 1e3,
-            self.floor_s() * 1e3
         )?;
+        if let Some(c) = &self.compute {
+            // the floor where decode and a large step are bound
+            for n in [1, c.n] {
+                let compute = self.compute_s(n);
+                write!(
+                    f,
+                    "; {n} token{}: compute {:.2} ms, floor {:.2} ms ({}-bound, {:.1} t/s)",
+                    if n == 1 { "" } else { "s" },
+                    compute * 1e3,
+                    self.floor_s(n) * 1e3,
+                    if compute > self.predicted_copy_s {
+                        "compute"
+                    } else {
+                        "bus"
+                    },
+                    n as f64 / self.floor_s(n).max(1e-12)
+                )?;
+            }
+        }
         if let Some(h) = &self.hybrid {
             let d = &h.per_size[0];
             write!(
@@ -269,7 +317,7 @@ mod tests {
             fixed_bytes: 5,
             budget,
             copy_bw: 100.0,
-            compute_s: 0.5,
+            compute: None,
             slots: 2,
             stream_all: false,
             cpu: None,
@@ -290,7 +338,27 @@ mod tests {
         let p = plan(&input(Some(85))).unwrap();
         assert_eq!(p.n_streamed(), 8);
         assert_eq!(p.streamed_bytes_per_step, 160);
-        assert!((p.floor_s() - 1.6).abs() < 1e-9);
+        assert!((p.floor_s(1) - 1.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_floor_is_the_bus_for_decode_and_compute_for_large_steps() {
+        // everything streams: 160 bytes over the bus, 1.6 s
+        let mut inp = input(Some(85));
+        inp.compute = Some(ComputeRate {
+            s_per_byte_1: 0.005,
+            s_per_byte_n: 0.1,
+            n: 100,
+        });
+        let p = plan(&inp).unwrap();
+        assert!((p.compute_s(1) - 0.8).abs() < 1e-9);
+        assert!((p.floor_s(1) - 1.6).abs() < 1e-9);
+        // a roofline: reading bounds small steps, arithmetic large ones
+        assert!((p.compute_s(5) - 0.8).abs() < 1e-9);
+        assert!((p.compute_s(50) - 8.0).abs() < 1e-9);
+        assert!((p.floor_s(100) - 16.0).abs() < 1e-9);
+        assert_eq!(p.predicted_step_s(100), p.floor_s(100));
+        assert!(p.to_string().contains("100 tokens: compute 16000.00 ms"));
     }
 
     #[test]
@@ -303,14 +371,13 @@ mod tests {
     proptest! {
         #[test]
         fn plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, slots in 2usize..5) {
-            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots, stream_all: false, cpu: None };
+            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute: None, slots, stream_all: false, cpu: None };
             match plan(&inp) {
                 Ok(p) => {
                     prop_assert!(p.device_bytes() <= budget);
                     let r: u64 = inp.groups.iter().zip(&p.resident).filter(|(_, r)| **r).map(|(g, _)| g.bytes).sum();
                     prop_assert_eq!(r, p.resident_bytes);
                     prop_assert_eq!(r + p.streamed_bytes_per_step, inp.groups.iter().map(|g| g.bytes).sum::<u64>());
-                    if p.n_streamed() > 0 { prop_assert!(p.prefetch >= 1 && p.prefetch < slots); }
                     // resident groups form a prefix
                     let first_streamed = p.resident.iter().position(|r| !r).unwrap_or(p.resident.len());
                     prop_assert!(p.resident[first_streamed..].iter().all(|r| !r));
@@ -325,7 +392,7 @@ mod tests {
         #[test]
         fn hybrid_plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, spb in 0.001f64..2.0) {
             let cpu = probe(spb);
-            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute_s: 0.0, slots: 2, stream_all: false, cpu: Some(cpu) };
+            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute: None, slots: 2, stream_all: false, cpu: Some(cpu) };
             match plan(&inp) {
                 Ok(p) => {
                     prop_assert!(p.device_bytes() <= budget);
