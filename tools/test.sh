@@ -16,7 +16,7 @@ python3 tools/check-imports.py
 cargo build --release --all-targets
 # the runtime alone: without the converter and llama.cpp's reference decoder
 cargo check --release --no-default-features --lib --bins
-# #![deny(clippy::undocumented_unsafe_blocks)] in each crate root
+# Cargo.toml [lints.clippy] denies undocumented unsafe blocks in every target
 if cargo clippy --version >/dev/null 2>&1; then
   cargo clippy --release --all-targets -- -D warnings
 else

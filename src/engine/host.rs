@@ -141,7 +141,8 @@ impl HostCompute {
             t.bind_externals(&self.persistent.bindings)?;
             t.bind(BindId::resident(gi), &self.weights.sets[set], None)?;
             // one activation buffer for every CPU template (they run one at
-            // a time, synchronously): when it grows, the others re-allocate
+            // a time, synchronously): when it grows, the others, which point
+            // into the old buffer, are dropped and rebuilt on next use
             self.allocator.alloc(&t.graph())?;
             let size = self.allocator.buffer_size();
             if size != self.alloc_size {

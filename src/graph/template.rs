@@ -80,8 +80,9 @@ pub struct Template {
     /// pointers (externals first, then weights and KV).
     bound: Vec<Binding>,
     n_ext_bound: usize,
-    /// Activations assigned by the kind's allocator (stay valid until the
-    /// allocator grows, which drops every other template of the kind).
+    /// Activations assigned from the shared activation buffer (valid until
+    /// that buffer grows, which drops every other template; see
+    /// `engine::templates`).
     pub allocated: bool,
 }
 

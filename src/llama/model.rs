@@ -69,13 +69,14 @@ impl LlamaModel {
         vocab_only: bool,
         n_gpu_layers: i32,
     ) -> Result<LlamaModel, LlamaError> {
-        // plain CPU buffers, like strata's (no weight repacking)
+        // plain CPU buffers (no weight repacking), like strata with
+        // --no-repack
         Self::load_with(path, vocab_only, n_gpu_layers, false)
     }
 
     /// Loads a model with llama.cpp's default settings, weight repacking
     /// into its CPU extra buffer types included: llama.cpp as its users run
-    /// it (benchmarks). Its CPU numerics then differ from strata's.
+    /// it (benchmarks), and as strata runs by default.
     pub fn load_as_users_run(path: &Path, n_gpu_layers: i32) -> Result<LlamaModel, LlamaError> {
         Self::load_with(path, false, n_gpu_layers, true)
     }

