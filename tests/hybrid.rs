@@ -7,6 +7,7 @@
 mod common;
 
 use common::{cpu_cfg, model};
+use std::path::Path;
 use strata::engine::{Engine, EngineConfig, Hybrid, PagingOptions};
 use strata::llama::LlamaModel;
 use strata::parity::{compare, run_strata};
@@ -31,6 +32,11 @@ fn hybrid_cfg(k: usize, repack: bool) -> EngineConfig {
 /// `splits(n_layer)`: the numbers of CPU groups to force.
 fn hybrid_equals_resident(name: &str, splits: fn(usize) -> Vec<usize>) {
     let Some(path) = model(name) else { return };
+    hybrid_equals_resident_at(&path, name, splits);
+}
+
+fn hybrid_equals_resident_at(path: &Path, name: &str, splits: fn(usize) -> Vec<usize>) {
+    let path = path.to_path_buf();
     let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
     let mut resident = Engine::load(
         &path,
@@ -92,6 +98,33 @@ fn hybrid_equals_resident(name: &str, splits: fn(usize) -> Vec<usize>) {
 fn smollm2_hybrid_equals_resident() {
     // one group, half of them, all of them
     hybrid_equals_resident(common::SMOLLM2, |n| vec![1, n / 2, n]);
+}
+
+/// Llama 3 files carry rope frequency factors, which only attention graphs
+/// take: the host's FFN graphs bind without them (a 70B-shaped run on the
+/// H100 refused to, "bound to 5 externals, its signature has 6").
+#[test]
+fn llama3_rope_factors_hybrid_equals_resident() {
+    use strata::convert::{quant, synth};
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("llama3.2-1b-2l.gguf");
+    let opts = synth::SynthOptions {
+        preset: synth::preset("llama3.2-1b").expect("preset"),
+        target: quant::parse_type("q4_0").expect("type"),
+        layers: Some(2),
+        vocab_from: vocab,
+        seed: 7,
+        threads: 2,
+        progress: false,
+    };
+    synth::synth(&opts, &path).expect("synth");
+    let spec = strata::model::ModelSpec::from_gguf(&strata::gguf::GgufFile::open(&path).unwrap())
+        .expect("spec");
+    assert!(spec.rope_freqs.is_some(), "the preset carries rope factors");
+    hybrid_equals_resident_at(&path, "llama3.2-1b x2", |n| vec![1, n]);
 }
 
 #[test]

@@ -43,7 +43,9 @@ impl TemplateCache {
         }
         if !self.templates.contains_key(key) {
             let mut t = Template::build(key, &self.dims, self.lim)?;
-            t.bind_externals(&self.ext)?;
+            // the rope factors come last: only attention graphs take them
+            let n = t.n_externals().min(self.ext.len());
+            t.bind_externals(&self.ext[..n])?;
             self.templates.insert(key.clone(), t);
         }
         Ok(self.templates.get_mut(key).expect("inserted above"))

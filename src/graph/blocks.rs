@@ -37,7 +37,10 @@ impl<'c> Externals<'c> {
             TensorSpec::new(GgmlType::I32, &[b]).named("out_ids"),
         ]
     }
-    pub fn new(ctx: &'c Context, d: &Dims, lim: Limits) -> Externals<'c> {
+    /// The externals of one graph; `rope`: whether it rotates positions
+    /// (attention), so it needs the rope frequency factors where the model
+    /// has them.
+    pub fn new(ctx: &'c Context, d: &Dims, lim: Limits, rope: bool) -> Externals<'c> {
         let [x, pos, mask, kv_idx, out_ids] = Self::specs(d, lim).map(|s| {
             ctx.new_tensor(s.ty, &s.ne)
                 .named(s.name.as_deref().unwrap_or_default())
@@ -48,7 +51,7 @@ impl<'c> Externals<'c> {
             mask,
             kv_idx,
             out_ids,
-            rope_freqs: d.has_rope_freqs.then(|| {
+            rope_freqs: (rope && d.has_rope_freqs).then(|| {
                 ctx.new_tensor(GgmlType::F32, &[d.hp.n_rot as i64 / 2])
                     .named("rope_freqs")
             }),
@@ -149,7 +152,7 @@ pub fn build_attn<'c>(
     lim: Limits,
 ) -> Built<'c> {
     let hp = &d.hp;
-    let ext = Externals::new(ctx, d, lim);
+    let ext = Externals::new(ctx, d, lim, true);
     let w = weights(ctx, d, sig);
     let role = |r| find(sig, &w, r);
     let (hd, nh, nkv, n) = (
@@ -268,7 +271,7 @@ pub fn build_ffn<'c>(
     s: StepShape,
     lim: Limits,
 ) -> Built<'c> {
-    let ext = Externals::new(ctx, d, lim);
+    let ext = Externals::new(ctx, d, lim, false);
     let w = weights(ctx, d, sig);
     let role = |r| find(sig, &w, r).expect("ffn weight");
     let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
@@ -320,7 +323,7 @@ pub fn build_head<'c>(
     row0: u32,
     lim: Limits,
 ) -> Built<'c> {
-    let ext = Externals::new(ctx, d, lim);
+    let ext = Externals::new(ctx, d, lim, false);
     let (e, v) = (d.hp.n_embd as i64, d.hp.n_vocab as i64);
     let norm_w = ctx
         .new_tensor(GgmlType::F32, &[e])

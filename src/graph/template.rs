@@ -162,9 +162,16 @@ impl Template {
         self.ext.iter().map(|&p| self.tensor(p)).collect()
     }
 
+    /// How many externals the graph has: the five persistent step tensors,
+    /// and the rope factors for an attention graph of a model with them.
+    pub fn n_externals(&self) -> usize {
+        self.ext.len()
+    }
+
     /// Binds the persistent externals (residual stream, step inputs, rope
-    /// factors), in the order of `Externals::all`. Done once, before the
-    /// activations are allocated.
+    /// factors), in the order of `Externals::all`, exactly
+    /// [`Template::n_externals`] of them. Done once, before the activations
+    /// are allocated.
     pub fn bind_externals(&mut self, ext: &[Binding]) -> Result<()> {
         if ext.len() != self.ext.len() {
             return Err(mismatch("externals", ext.len(), self.ext.len()));
