@@ -377,3 +377,75 @@ fn bench_json_names_model_device_and_build() {
     assert_eq!(lines[0]["test"], "pp8");
     assert_eq!(lines[1]["test"], "tg2");
 }
+
+/// `bench --llama-best`: every test under llama.cpp's defaults and under
+/// its users' flags for big batches (--no-mmap -ub 2048), a ratio against
+/// each, and one against the faster (on the CPU no GPU memory is compared).
+#[test]
+fn bench_llama_best_times_both_configurations() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    let (ok, out, err) = strata(&[
+        "bench",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "-t",
+        "2",
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-B",
+        "0",
+        "-r",
+        "1",
+        "--llama-ngl",
+        "0",
+        "--llama-best",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    let engines: Vec<&str> = lines.iter().filter_map(|v| v["engine"].as_str()).collect();
+    assert_eq!(
+        engines,
+        [
+            "strata all-resident",
+            "strata all-resident",
+            "llama.cpp ngl=0",
+            "llama.cpp ngl=0",
+            "llama.cpp ngl=0 no-mmap ub=2048",
+            "llama.cpp ngl=0 no-mmap ub=2048"
+        ],
+        "{out}"
+    );
+    assert!(lines.iter().all(|v| v["gpu_mib"].is_null()), "{out}");
+    let (ok, out, err) = strata(&[
+        "bench",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "-t",
+        "2",
+        "-p",
+        "8",
+        "-n",
+        "0",
+        "-B",
+        "0",
+        "-r",
+        "1",
+        "--llama-ngl",
+        "0",
+        "--llama-best",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("/ llama.cpp ngl=0 no-mmap ub=2048:"), "{out}");
+    assert!(out.contains("best  pp8"), "{out}");
+}

@@ -51,6 +51,19 @@ pub enum LlamaError {
     Ggml(#[from] crate::ggml::GgmlError),
 }
 
+/// llama.cpp's model options, as its command-line flags set them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// `-ngl`: layers offloaded to the GPU.
+    pub n_gpu_layers: i32,
+    /// Weight repacking into the CPU's extra buffer types (its default;
+    /// `--no-repack` turns it off).
+    pub repack: bool,
+    /// Memory-mapped weights (its default; `--no-mmap` reads them into
+    /// host buffers, pinned where a GPU is loaded).
+    pub mmap: bool,
+}
+
 /// An owned `llama_model`.
 pub struct LlamaModel {
     ptr: NonNull<sys::llama_model>,
@@ -87,6 +100,22 @@ impl LlamaModel {
         n_gpu_layers: i32,
         repack: bool,
     ) -> Result<LlamaModel, LlamaError> {
+        let opts = LoadOptions {
+            n_gpu_layers,
+            repack,
+            mmap: true,
+        };
+        Self::load_with_options(path, vocab_only, &opts)
+    }
+
+    /// Loads a model with llama.cpp's model options as its command-line
+    /// flags set them (`-ngl`, `--no-repack`, `--no-mmap`).
+    pub fn load_with_options(
+        path: &Path,
+        vocab_only: bool,
+        o: &LoadOptions,
+    ) -> Result<LlamaModel, LlamaError> {
+        let (n_gpu_layers, repack) = (o.n_gpu_layers, o.repack);
         crate::ggml::load_backends()?;
         // what libllama would abort or throw on, refused first
         let invalid = |what: String| LlamaError::Invalid {
@@ -102,6 +131,11 @@ impl LlamaModel {
         p.n_gpu_layers = n_gpu_layers;
         if !repack {
             p.use_extra_bufts = false;
+        }
+        // --no-mmap: weights read into buffers of the backends' host types
+        // (pinned memory where a GPU is loaded), not mapped from the file
+        if !o.mmap {
+            p.load_mode = sys::LLAMA_LOAD_MODE_NONE;
         }
         quiet_logs();
         // SAFETY: c is a valid path string; params are valid.

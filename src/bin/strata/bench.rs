@@ -61,6 +61,21 @@ pub struct BenchArgs {
     /// flash attention on) instead of with its default settings.
     #[arg(long = "llama-match")]
     pub llama_match: bool,
+    /// llama.cpp reads its weights into host buffers, pinned where a GPU is
+    /// loaded, instead of mapping the file (its --no-mmap): the copies its
+    /// scheduler makes of host weights for big batches then run at bus
+    /// speed.
+    #[arg(long = "llama-no-mmap")]
+    pub llama_no_mmap: bool,
+    /// llama.cpp keeps its CPU weights in plain memory (its --no-repack).
+    #[arg(long = "llama-no-repack")]
+    pub llama_no_repack: bool,
+    /// Time llama.cpp under its default settings and under the flags its
+    /// users pick for big batches at partial offload (--no-mmap -ub 2048),
+    /// each test under both; ratios are also printed against the faster of
+    /// them that used no more GPU memory than strata.
+    #[arg(long = "llama-best")]
+    pub llama_best: bool,
     /// Skip strata (time llama.cpp only).
     #[arg(long = "no-strata")]
     pub no_strata: bool,
@@ -93,6 +108,9 @@ struct Row {
     #[serde(rename = "runs")]
     tps_all: Vec<f64>,
     step: Option<StepFigures>,
+    /// GPU memory the engine held: the device's free memory before it was
+    /// loaded less the least free after its tests (None on the CPU).
+    gpu_mib: Option<f64>,
 }
 
 /// What every `--json` line names besides its figures: the model, the
@@ -321,6 +339,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let info = RunInfo::new(&a.model.model, device);
     let json = a.json.then_some(&info);
     if !a.no_strata {
+        let free0 = free_mib(gpu);
         let draft = super::spec::load_draft(&a.spec, &mut cfg)?;
         let mut e = Engine::load(&a.model.model, &cfg).context("loading strata")?;
         let vocab = if a.spec.enabled() {
@@ -367,6 +386,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 tps: median(&mut s),
                 tps_all: all,
                 step: fig,
+                gpu_mib: used_mib(gpu, free0),
             });
             print_row(rows.last().expect("row"), json);
         }
@@ -391,7 +411,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             super::bench_spec::generation(&mut e, v, sp, a.spec_gen, a.json)?;
         }
     }
-    llama_rows(&a, &cfg, max_seqs, &mut tests, &mut rows, json)?;
+    llama_rows(&a, &cfg, max_seqs, gpu, &mut tests, &mut rows, json)?;
     if !a.json {
         print_ratios(&rows);
     }
@@ -417,26 +437,100 @@ fn llama_rows(
     a: &BenchArgs,
     cfg: &EngineConfig,
     max_seqs: u32,
+    gpu: Option<strata::ggml::Device>,
     tests: &mut Vec<(String, Workload)>,
     rows: &mut Vec<Row>,
     json: Option<&RunInfo>,
 ) -> Result<()> {
     for &ngl in &a.llama_ngl {
+        for c in llama_configs(a) {
+            llama_config_rows(a, cfg, max_seqs, gpu, ngl, &c, tests, rows, json)?;
+        }
+    }
+    Ok(())
+}
+
+/// One configuration of llama.cpp: its model and context flags and the
+/// label its rows carry.
+#[cfg(feature = "reference")]
+#[derive(Clone, Debug, PartialEq)]
+struct LlamaConfig {
+    mmap: bool,
+    repack: bool,
+    ubatch: u32,
+    label: String,
+}
+
+/// The configurations `--llama-*` ask for: the one the flags set, and with
+/// `--llama-best` also its users' flags for big batches at partial offload
+/// (--no-mmap -ub 2048) where they differ.
+#[cfg(feature = "reference")]
+fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
+    let label = |mmap: bool, repack: bool, ubatch: u32| {
+        let mut l = String::new();
+        if !mmap {
+            l += " no-mmap";
+        }
+        if !repack {
+            l += " no-repack";
+        }
+        if ubatch != 512 {
+            l += &format!(" ub={ubatch}");
+        }
+        l
+    };
+    let repack = !a.llama_no_repack && !a.llama_match;
+    let mut v = vec![LlamaConfig {
+        mmap: !a.llama_no_mmap,
+        repack,
+        ubatch: a.llama_ubatch,
+        label: label(!a.llama_no_mmap, repack, a.llama_ubatch),
+    }];
+    if a.llama_best {
+        let best = LlamaConfig {
+            mmap: false,
+            repack,
+            ubatch: 2048,
+            label: label(false, repack, 2048),
+        };
+        if best != v[0] {
+            v.push(best);
+        }
+    }
+    v
+}
+
+#[cfg(feature = "reference")]
+#[allow(clippy::too_many_arguments)]
+fn llama_config_rows(
+    a: &BenchArgs,
+    cfg: &EngineConfig,
+    max_seqs: u32,
+    gpu: Option<strata::ggml::Device>,
+    ngl: i32,
+    c: &LlamaConfig,
+    tests: &mut Vec<(String, Workload)>,
+    rows: &mut Vec<Row>,
+    json: Option<&RunInfo>,
+) -> Result<()> {
+    {
+        let free0 = free_mib(gpu);
         // llama.cpp as its users run it: weight repacking on, flash attention
         // auto (strata's parity checks use the settings that match strata)
-        let lm = if a.llama_match {
-            LlamaModel::load(&a.model.model, false, ngl)
-        } else {
-            LlamaModel::load_as_users_run(&a.model.model, ngl)
-        }
-        .context("loading llama.cpp")?;
+        let opts = strata::llama::LoadOptions {
+            n_gpu_layers: ngl,
+            repack: c.repack,
+            mmap: c.mmap,
+        };
+        let lm = LlamaModel::load_with_options(&a.model.model, false, &opts)
+            .context("loading llama.cpp")?;
         if tests.is_empty() {
             build_tests(a, lm.n_vocab(), tests);
         }
         let rcfg = ReferenceConfig {
             n_ctx: cfg.n_ctx,
-            n_batch: a.model.logical_batch().max(cfg.n_batch),
-            n_ubatch: a.llama_ubatch,
+            n_batch: a.model.logical_batch().max(cfg.n_batch).max(c.ubatch),
+            n_ubatch: c.ubatch,
             n_seq: max_seqs.max(1),
             n_threads: cfg.n_threads as i32,
             offload_kqv: !a.llama_nkvo,
@@ -455,7 +549,8 @@ fn llama_rows(
             let mut s = all.clone();
             rows.push(Row {
                 engine: format!(
-                    "llama.cpp ngl={ngl}{}{}",
+                    "llama.cpp ngl={ngl}{}{}{}",
+                    c.label,
                     if a.llama_nkvo { " nkvo" } else { "" },
                     if a.llama_match { " match" } else { "" }
                 ),
@@ -463,6 +558,7 @@ fn llama_rows(
                 tps: median(&mut s),
                 tps_all: all,
                 step: None,
+                gpu_mib: used_mib(gpu, free0),
             });
             print_row(rows.last().expect("row"), json);
         }
@@ -475,6 +571,7 @@ fn llama_rows(
     a: &BenchArgs,
     _: &EngineConfig,
     _: u32,
+    _: Option<strata::ggml::Device>,
     _: &mut Vec<(String, Workload)>,
     _: &mut Vec<Row>,
     _: Option<&RunInfo>,
@@ -537,55 +634,122 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
         }
         return;
     }
+    let gpu = r
+        .gpu_mib
+        .map_or(String::new(), |m| format!(", GPU {m:.0} MiB"));
     match &r.step {
         Some(f) => {
             println!(
-                "{:<28} {:<14} {:>10.2} t/s | step {:>9.2} ms, up {:>8.1} MiB, copy {:>6.1} GB/s, compute waited {:>8.2} ms, overlap {:>4.0}%, floor {:>9.2} ms",
+                "{:<32} {:<14} {:>10.2} t/s | step {:>9.2} ms, up {:>8.1} MiB, copy {:>6.1} GB/s, compute waited {:>8.2} ms, overlap {:>4.0}%, floor {:>9.2} ms{gpu}",
                 r.engine, r.test, r.tps, f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap * 100.0, f.floor_ms
             );
             if f.disk_mib > 0.0 {
                 println!(
-                    "{:<43} disk read {:>8.1} MiB/step at {:.2} GB/s, pager waited on reads {:.1} ms/step",
+                    "{:<47} disk read {:>8.1} MiB/step at {:.2} GB/s, pager waited on reads {:.1} ms/step",
                     "", f.disk_mib, f.disk_gbs, f.read_wait_ms
                 );
             }
             if f.cpu_groups > 0.0 {
                 println!(
-                    "{:<43} host CPU {:>8.2} ms/step ({:.1} groups at {:.1} GB/s), residual hops {:.2} ms/step; predicted step {:.2} ms (measured/predicted {:.2})",
+                    "{:<47} host CPU {:>8.2} ms/step ({:.1} groups at {:.1} GB/s), residual hops {:.2} ms/step; predicted step {:.2} ms (measured/predicted {:.2})",
                     "", f.cpu_ms, f.cpu_groups, f.cpu_gbs, f.hop_ms, f.predicted_ms, f.step_ms / f.predicted_ms.max(1e-9)
                 );
                 println!(
-                    "{:<43} the CPU ran at {:.2}x its probe's time per byte; at that speed the plan predicts {:.2} ms (measured/predicted {:.2})",
+                    "{:<47} the CPU ran at {:.2}x its probe's time per byte; at that speed the plan predicts {:.2} ms (measured/predicted {:.2})",
                     "", f.cpu_factor, f.measured_cpu_predicted_ms, f.step_ms / f.measured_cpu_predicted_ms.max(1e-9)
                 );
                 println!(
-                    "{:<43} the bus ran at {:.1} GB/s (probed beside the CPU: {:.1}); at both rates the plan predicts {:.2} ms (measured/predicted {:.2})",
+                    "{:<47} the bus ran at {:.1} GB/s (probed beside the CPU: {:.1}); at both rates the plan predicts {:.2} ms (measured/predicted {:.2})",
                     "", f.copy_gbs, f.bus_probe_gbs, f.rates_predicted_ms, f.step_ms / f.rates_predicted_ms.max(1e-9)
                 );
             }
             if f.kv_up_mib > 0.0 {
                 println!(
-                    "{:<43} KV {:>8.1} MiB/step up, {:.3} MiB/step back (included in up and floor)",
+                    "{:<47} KV {:>8.1} MiB/step up, {:.3} MiB/step back (included in up and floor)",
                     "", f.kv_up_mib, f.kv_down_mib
                 );
             }
         }
-        None => println!("{:<28} {:<14} {:>10.2} t/s", r.engine, r.test, r.tps),
+        None => println!(
+            "{:<32} {:<14} {:>10.2} t/s{}",
+            r.engine,
+            r.test,
+            r.tps,
+            gpu.replacen(", ", " | ", 1)
+        ),
     }
 }
 
+/// The device's free memory now, MiB (None without a GPU).
+fn free_mib(gpu: Option<strata::ggml::Device>) -> Option<f64> {
+    gpu.map(|g| g.memory().0 as f64 / (1u64 << 20) as f64)
+}
+
+/// GPU memory taken since the device had `free0` MiB free.
+fn used_mib(gpu: Option<strata::ggml::Device>, free0: Option<f64>) -> Option<f64> {
+    Some((free0? - free_mib(gpu)?).max(0.0))
+}
+
+/// Ratios of strata against each llama.cpp row of the same test, only where
+/// llama.cpp used no more GPU memory than strata (a faster engine holding
+/// more of the model on the GPU is not the comparison a budget asks for),
+/// and against the fastest such llama.cpp configuration.
 fn print_ratios(rows: &[Row]) {
     let strata: Vec<&Row> = rows
         .iter()
         .filter(|r| r.engine.starts_with("strata"))
         .collect();
-    for r in rows.iter().filter(|r| r.engine.starts_with("llama")) {
-        if let Some(s) = strata.iter().find(|s| s.test == r.test) {
+    let within = |s: &Row, r: &Row| match (s.gpu_mib, r.gpu_mib) {
+        (Some(sg), Some(lg)) => lg <= sg,
+        _ => true,
+    };
+    let mib = |r: &Row| {
+        r.gpu_mib
+            .map_or(String::new(), |m| format!(" ({m:.0} MiB)"))
+    };
+    let llama: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.engine.starts_with("llama"))
+        .collect();
+    for r in &llama {
+        let Some(s) = strata.iter().find(|s| s.test == r.test) else {
+            continue;
+        };
+        if within(s, r) {
             println!(
-                "ratio {:<14} {} / {}: {:.2}x",
+                "ratio {:<14} {}{} / {}{}: {:.2}x",
                 r.test,
                 s.engine,
+                mib(s),
                 r.engine,
+                mib(r),
+                s.tps / r.tps.max(1e-9)
+            );
+        } else {
+            println!(
+                "no ratio {:<11} against {}: it used{} of GPU memory, more than {}{}",
+                r.test,
+                r.engine,
+                mib(r),
+                s.engine,
+                mib(s)
+            );
+        }
+    }
+    for s in &strata {
+        let best = llama
+            .iter()
+            .filter(|r| r.test == s.test && within(s, r))
+            .max_by(|a, b| a.tps.total_cmp(&b.tps));
+        let configs = llama.iter().filter(|r| r.test == s.test).count();
+        if let (Some(r), true) = (best, configs > 1) {
+            println!(
+                "best  {:<14} {}{} / the fastest llama.cpp at no more GPU memory, {}{}: {:.2}x",
+                s.test,
+                s.engine,
+                mib(s),
+                r.engine,
+                mib(r),
                 s.tps / r.tps.max(1e-9)
             );
         }
