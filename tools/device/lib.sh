@@ -116,7 +116,7 @@ dev_module_wait() {
   cp /root/cuda/libggml-cuda.so /root/cuda/libggml-cuda.so.ggml-version $bin/
 }
 
-# dev_keep_module [DIR]: a module built here as xz parts of 8 MiB (a device
+# dev_keep_module [DIR]: a module built here as xz parts of 15 MiB (a device
 # call returns files up to a size) and its stamp under DIR (default
 # $out/cuda), to be copied into .carry-cache/ so that tools/device/pack.sh
 # carries it; nothing when the module came with the carry.
@@ -124,7 +124,10 @@ dev_keep_module() {
   local dir=${1:-$out/cuda}
   [ "$(cat /root/cuda/origin 2>/dev/null)" = restored ] && return 0
   mkdir -p "$dir"
-  xz -T0 -6 -c /root/cuda/libggml-cuda.so | split -b 8M - "$dir/libggml-cuda.so.xz.part-"
+  # parts of 15 MiB: a call returns at most 8 files of at most 16 MiB each,
+  # and the module (about 39 MB xz) must come back whole beside the run's
+  # own outputs (with 8 MiB parts its fifth part was cut off)
+  xz -T0 -6 -c /root/cuda/libggml-cuda.so | split -b 15M - "$dir/libggml-cuda.so.xz.part-"
   cp /root/cuda/libggml-cuda.so.ggml-version "$dir/"
 }
 
