@@ -351,21 +351,31 @@ fn chat_survives_a_full_context_and_ctrl_c() {
     assert!(text.starts_with("ok:"), "{text}{err}");
 }
 
+/// `strata bench --json` on the CPU, pp8 and tg2 once, with `extra`
+/// arguments: its JSON lines, parsed, and the output they came from.
+fn bench_json(m: &str, extra: &[&str]) -> (Vec<serde_json::Value>, String) {
+    #[rustfmt::skip]
+    let mut args = vec![
+        "bench", "-m", m, "--device", "cpu", "-t", "2", "-p", "8", "-n", "2", "-B", "0", "-r", "1",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = strata(&args);
+    assert!(ok, "{err}");
+    let lines = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    (lines, out)
+}
+
 /// `bench --json`: one JSON object per result, naming the model, the
 /// device and the build beside the figures.
 #[test]
 fn bench_json_names_model_device_and_build() {
     let Some(path) = model(SMOLLM2) else { return };
     let m = path.to_str().unwrap();
-    let (ok, out, err) = strata(&[
-        "bench", "-m", m, "--device", "cpu", "-t", "2", "-p", "8", "-n", "2", "-B", "0", "-r", "1",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let lines: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).expect(l))
-        .collect();
+    let (lines, out) = bench_json(m, &[]);
     assert_eq!(lines.len(), 2, "{out}");
     for v in &lines {
         assert_eq!(v["model"], SMOLLM2, "{v}");
@@ -385,32 +395,7 @@ fn bench_json_names_model_device_and_build() {
 fn bench_llama_best_times_both_configurations() {
     let Some(path) = model(SMOLLM2) else { return };
     let m = path.to_str().unwrap();
-    let (ok, out, err) = strata(&[
-        "bench",
-        "-m",
-        m,
-        "--device",
-        "cpu",
-        "-t",
-        "2",
-        "-p",
-        "8",
-        "-n",
-        "2",
-        "-B",
-        "0",
-        "-r",
-        "1",
-        "--llama-ngl",
-        "0",
-        "--llama-best",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let lines: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).expect(l))
-        .collect();
+    let (lines, out) = bench_json(m, &["--llama-ngl", "0", "--llama-best"]);
     let engines: Vec<&str> = lines.iter().filter_map(|v| v["engine"].as_str()).collect();
     assert_eq!(
         engines,

@@ -215,14 +215,14 @@ impl Template {
             ));
         }
         self.bound_to = None;
-        let kv_ph = self.kv.map(|k| k.to_vec()).unwrap_or_default();
-        let kv_b = kv.map(|k| k.to_vec()).unwrap_or_default();
+        let kv_ph: &[NonNull<crate::sys::ggml_tensor>] = self.kv.as_ref().map_or(&[], |k| k);
+        let kv_b: &[Binding] = kv.map_or(&[], |k| k);
         let mut roots = Vec::with_capacity(self.weights.len() + 2);
         for (&p, b) in self
             .weights
             .iter()
-            .chain(&kv_ph)
-            .zip(weights.iter().chain(&kv_b))
+            .chain(kv_ph)
+            .zip(weights.iter().chain(kv_b))
         {
             let t = self.tensor(p);
             // SAFETY: the binding holds this placeholder's data (the
@@ -235,7 +235,7 @@ impl Template {
         }
         self.graph().refresh_views(&roots);
         self.bound.truncate(self.n_ext_bound);
-        self.bound.extend(weights.iter().chain(&kv_b).cloned());
+        self.bound.extend(weights.iter().chain(kv_b).cloned());
         self.bound_to = Some(id);
         Ok(())
     }

@@ -115,7 +115,6 @@ impl LlamaModel {
         vocab_only: bool,
         o: &LoadOptions,
     ) -> Result<LlamaModel, LlamaError> {
-        let (n_gpu_layers, repack) = (o.n_gpu_layers, o.repack);
         crate::ggml::load_backends()?;
         // what libllama would abort or throw on, refused first
         let invalid = |what: String| LlamaError::Invalid {
@@ -128,8 +127,8 @@ impl LlamaModel {
         // SAFETY: default params are a plain struct; we change plain fields.
         let mut p = unsafe { sys::llama_model_default_params() };
         p.vocab_only = vocab_only;
-        p.n_gpu_layers = n_gpu_layers;
-        if !repack {
+        p.n_gpu_layers = o.n_gpu_layers;
+        if !o.repack {
             p.use_extra_bufts = false;
         }
         // --no-mmap: weights read into buffers of the backends' host types

@@ -239,7 +239,8 @@ impl std::fmt::Display for Plan {
         )?;
         if let Some(c) = &self.compute {
             // the floor where decode and a large step are bound
-            for n in [1, c.n] {
+            let sizes: &[u32] = if c.n > 1 { &[1, c.n] } else { &[1] };
+            for &n in sizes {
                 let compute = self.compute_s(n);
                 write!(
                     f,

@@ -513,55 +513,53 @@ fn llama_config_rows(
     rows: &mut Vec<Row>,
     json: Option<&RunInfo>,
 ) -> Result<()> {
-    {
-        let free0 = free_mib(gpu);
-        // llama.cpp as its users run it: weight repacking on, flash attention
-        // auto (strata's parity checks use the settings that match strata)
-        let opts = strata::llama::LoadOptions {
-            n_gpu_layers: ngl,
-            repack: c.repack,
-            mmap: c.mmap,
-        };
-        let lm = LlamaModel::load_with_options(&a.model.model, false, &opts)
-            .context("loading llama.cpp")?;
-        if tests.is_empty() {
-            build_tests(a, lm.n_vocab(), tests);
+    let free0 = free_mib(gpu);
+    // llama.cpp as its users run it (flash attention auto; repacking and
+    // mapping as the configuration says); --llama-match: as strata computes
+    let opts = strata::llama::LoadOptions {
+        n_gpu_layers: ngl,
+        repack: c.repack,
+        mmap: c.mmap,
+    };
+    let lm =
+        LlamaModel::load_with_options(&a.model.model, false, &opts).context("loading llama.cpp")?;
+    if tests.is_empty() {
+        build_tests(a, lm.n_vocab(), tests);
+    }
+    let rcfg = ReferenceConfig {
+        n_ctx: cfg.n_ctx,
+        n_batch: a.model.logical_batch().max(cfg.n_batch).max(c.ubatch),
+        n_ubatch: c.ubatch,
+        n_seq: max_seqs.max(1),
+        n_threads: cfg.n_threads as i32,
+        offload_kqv: !a.llama_nkvo,
+    };
+    let mut r = if a.llama_match {
+        Reference::new(&lm, &rcfg)
+    } else {
+        Reference::new_default_settings(&lm, &rcfg)
+    }
+    .context("llama.cpp context")?;
+    for (name, (pre, run)) in tests.iter() {
+        let mut all = Vec::new();
+        for _ in 0..a.reps.max(1) {
+            all.push(time_llama(&mut r, pre, run)?);
         }
-        let rcfg = ReferenceConfig {
-            n_ctx: cfg.n_ctx,
-            n_batch: a.model.logical_batch().max(cfg.n_batch).max(c.ubatch),
-            n_ubatch: c.ubatch,
-            n_seq: max_seqs.max(1),
-            n_threads: cfg.n_threads as i32,
-            offload_kqv: !a.llama_nkvo,
-        };
-        let mut r = if a.llama_match {
-            Reference::new(&lm, &rcfg)
-        } else {
-            Reference::new_default_settings(&lm, &rcfg)
-        }
-        .context("llama.cpp context")?;
-        for (name, (pre, run)) in tests.iter() {
-            let mut all = Vec::new();
-            for _ in 0..a.reps.max(1) {
-                all.push(time_llama(&mut r, pre, run)?);
-            }
-            let mut s = all.clone();
-            rows.push(Row {
-                engine: format!(
-                    "llama.cpp ngl={ngl}{}{}{}",
-                    c.label,
-                    if a.llama_nkvo { " nkvo" } else { "" },
-                    if a.llama_match { " match" } else { "" }
-                ),
-                test: name.clone(),
-                tps: median(&mut s),
-                tps_all: all,
-                step: None,
-                gpu_mib: used_mib(gpu, free0),
-            });
-            print_row(rows.last().expect("row"), json);
-        }
+        let mut s = all.clone();
+        rows.push(Row {
+            engine: format!(
+                "llama.cpp ngl={ngl}{}{}{}",
+                c.label,
+                if a.llama_nkvo { " nkvo" } else { "" },
+                if a.llama_match { " match" } else { "" }
+            ),
+            test: name.clone(),
+            tps: median(&mut s),
+            tps_all: all,
+            step: None,
+            gpu_mib: used_mib(gpu, free0),
+        });
+        print_row(rows.last().expect("row"), json);
     }
     Ok(())
 }
