@@ -6,9 +6,18 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=vendor/llama.cpp.tar.xz.sha256");
-    // the ggml source identity a backend module's stamp must name
-    let sha = std::fs::read_to_string("vendor/llama.cpp.tar.xz.sha256").unwrap_or_default();
-    println!("cargo:rustc-env=STRATA_GGML_SRC_SHA256={}", sha.trim());
+    println!("cargo:rerun-if-changed=vendor/patches");
+    println!("cargo:rerun-if-changed=vendor/source.sh");
+    // the ggml source identity a backend module's stamp must name: the
+    // archive and the patches applied to it (vendor/source.sh)
+    let id = std::process::Command::new("bash")
+        .args(["vendor/source.sh", "id"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| panic!("vendor/source.sh id failed"));
+    println!("cargo:rustc-env=STRATA_GGML_SOURCE={id}");
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN");
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/..");
 }

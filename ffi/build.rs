@@ -57,10 +57,9 @@ fn run() -> Result<()> {
         "cargo:rerun-if-changed={}",
         root.join("vendor/llama.cpp.tar.xz.sha256").display()
     );
-    println!(
-        "cargo:rerun-if-changed={}",
-        root.join("tools/build-cuda-module.sh").display()
-    );
+    for p in ["tools/build-cuda-module.sh", "vendor/source.sh", "vendor/patches"] {
+        println!("cargo:rerun-if-changed={}", root.join(p).display());
+    }
     println!("cargo:rerun-if-env-changed=STRATA_CPU_VARIANTS");
     println!("cargo:rerun-if-env-changed=STRATA_CUDA_ARCHS");
     if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux")
@@ -69,7 +68,7 @@ fn run() -> Result<()> {
         return Err("strata builds for x86_64 Linux only".into());
     }
 
-    let src = unpack(&archive, &out)?;
+    let src = unpack(&root, &archive, &out)?;
     let variants = select_variants(&src)?;
     // the two cmake builds side by side: each has serial stretches
     // (configure, the final links) the other fills; both take their jobs
@@ -109,18 +108,26 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-/// Extracts the archive into OUT_DIR once per archive checksum.
-fn unpack(archive: &Path, out: &Path) -> Result<PathBuf> {
-    let sum_file = archive.with_extension("xz.sha256");
-    let sum = fs::read_to_string(&sum_file)
-        .map_err(|e| format!("{}: {e}", sum_file.display()))?
-        .trim()
-        .to_string();
+/// Extracts the archive into OUT_DIR and applies vendor/patches/ once per
+/// source identity (vendor/source.sh: the archive's checksum and the
+/// patches'), the way tools/build-cuda-module.sh prepares it.
+fn unpack(root: &Path, archive: &Path, out: &Path) -> Result<PathBuf> {
+    let source = root.join("vendor/source.sh");
+    let id = Command::new("bash")
+        .arg(&source)
+        .arg("id")
+        .output()
+        .map_err(|e| format!("{}: {e}", source.display()))?;
+    if !id.status.success() {
+        return Err(format!("{} id failed", source.display()));
+    }
+    let id = String::from_utf8_lossy(&id.stdout).trim().to_string();
     let src = out.join("llama.cpp");
-    let stamp = out.join("llama.cpp.sha256");
-    if fs::read_to_string(&stamp).ok().as_deref() == Some(sum.as_str()) && src.is_dir() {
+    let stamp = out.join("llama.cpp.id");
+    if fs::read_to_string(&stamp).ok().as_deref() == Some(id.as_str()) && src.is_dir() {
         return Ok(src);
     }
+    let _ = fs::remove_file(&stamp);
     let _ = fs::remove_dir_all(&src);
     fs::create_dir_all(&src).map_err(|e| format!("{}: {e}", src.display()))?;
     run_cmd(
@@ -131,7 +138,11 @@ fn unpack(archive: &Path, out: &Path) -> Result<PathBuf> {
             .arg(archive),
         "tar (is xz-utils installed?)",
     )?;
-    fs::write(&stamp, &sum).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    run_cmd(
+        Command::new("bash").arg(&source).arg("apply").arg(&src),
+        "vendor/source.sh apply (is patch installed?)",
+    )?;
+    fs::write(&stamp, &id).map_err(|e| format!("{}: {e}", stamp.display()))?;
     Ok(src)
 }
 

@@ -162,6 +162,16 @@ pub fn compare(a: &Run, b: &Run) -> (f64, Option<usize>) {
     (worst, first_diff)
 }
 
+/// Where two greedy runs part at step `i`: how far apart `reference`'s
+/// logits put the two tokens chosen there (its own choice's logit less the
+/// other's). A small margin is a near-tie that rounding decides, not a bug.
+pub fn margin_at(run: &Run, reference: &Run, i: usize) -> Option<f32> {
+    let l = reference.logits.get(i)?;
+    let mine = *l.get(*run.tokens.get(i)? as usize)?;
+    let theirs = *l.get(*reference.tokens.get(i)? as usize)?;
+    Some(theirs - mine)
+}
+
 /// strata fed `prompt` then `forced` (teacher forcing): the logits of every
 /// position, so two backends can be compared on the same inputs even where
 /// their free-running greedy choices would part.

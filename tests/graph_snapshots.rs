@@ -90,6 +90,10 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
         "ffn" => build_ffn(&ctx, &d, &ffn_sig(), s, LIM),
         // a step larger than ffn_rows: the FFN over chunks of rows
         "ffn_chunked" => build_ffn(&ctx, &d, &ffn_sig(), s, Limits { ffn_rows: 4, ..LIM }),
+        // a step of the size that multiplies through 16-bit GEMM on a GPU
+        // (paging::gemm): the same nodes, every weight product asking for
+        // BF16 with F32 accumulation
+        "ffn_big" => build_ffn(&ctx, &d, &ffn_sig(), s, Limits { ffn_rows: 512, ..LIM }),
         _ => build_head(&ctx, &d, GgmlType::Q8_0, s, 0, LIM),
     };
     b.graph
@@ -119,6 +123,12 @@ const DECODE: StepShape = StepShape {
     n_out: 1,
     last_layer: false,
 };
+const BIG: StepShape = StepShape {
+    n_tokens: 512,
+    n_kv: 512,
+    n_out: 1,
+    last_layer: false,
+};
 const LAST: StepShape = StepShape {
     n_tokens: 7,
     n_kv: 256,
@@ -135,6 +145,7 @@ fn llama_layouts() {
     }
     check(Arch::Llama, "attn", "prefill_last_layer", LAST);
     check(Arch::Llama, "ffn_chunked", "prefill", PREFILL);
+    check(Arch::Llama, "ffn_big", "step", BIG);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the ggml CUDA backend module (libggml-cuda.so) from vendor/llama.cpp.tar.xz,
-# the exact source the strata binary was built from, and installs it next to
+# Builds the ggml CUDA backend module (libggml-cuda.so) from vendor/llama.cpp.tar.xz
+# with vendor/patches/ applied, the exact source the strata binary was built from, and installs it next to
 # the strata binary with a version stamp (strata refuses a module whose stamp
 # names another source). Used on a GPU machine without Rust, and by
 # `cargo build --features cuda` (ffi/build.rs), so both build it alike.
@@ -14,12 +14,15 @@ archs=${2:-90}
 work=${STRATA_CUDA_BUILD:-/root/strata-cuda-build}
 (cd "$root/vendor" && echo "$(cat llama.cpp.tar.xz.sha256)  llama.cpp.tar.xz" | sha256sum -c --quiet -) \
   || { echo "error: vendor/llama.cpp.tar.xz does not match its checksum" >&2; exit 1; }
+# the archive with vendor/patches/ applied, as ffi/build.rs unpacks it
+id=$(bash "$root/vendor/source.sh" id)
 mkdir -p "$work"
-if [ ! -f "$work/src.sha256" ] || ! cmp -s "$work/src.sha256" "$root/vendor/llama.cpp.tar.xz.sha256"; then
-  rm -rf "$work/src" "$work/build"
+if [ "$(cat "$work/src.id" 2>/dev/null)" != "$id" ]; then
+  rm -rf "$work/src" "$work/build" "$work/src.id"
   mkdir -p "$work/src"
   tar -C "$work/src" -xJf "$root/vendor/llama.cpp.tar.xz"
-  cp "$root/vendor/llama.cpp.tar.xz.sha256" "$work/src.sha256"
+  bash "$root/vendor/source.sh" apply "$work/src"
+  echo "$id" > "$work/src.id"
 fi
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S "$work/src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
@@ -35,5 +38,5 @@ mod=$(find "$work/build" -name 'libggml-cuda.so' | head -1)
 mkdir -p "$dest"
 cp "$mod" "$dest/.libggml-cuda.so.tmp" && mv "$dest/.libggml-cuda.so.tmp" "$dest/libggml-cuda.so"
 ver=$(sed -n 's/^set(GGML_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$work/src/ggml/CMakeLists.txt" | paste -sd.)
-printf "%s\n%s\n" "$ver" "$(cat "$root/vendor/llama.cpp.tar.xz.sha256")" > "$dest/libggml-cuda.so.ggml-version"
+printf "%s\n%s\n" "$ver" "$id" > "$dest/libggml-cuda.so.ggml-version"
 echo "built $dest/libggml-cuda.so (ggml $ver, sm_$archs)"

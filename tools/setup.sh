@@ -2,8 +2,8 @@
 # Installs what building and testing strata needs on a fresh Debian/Ubuntu
 # machine, and nothing else: a C/C++ toolchain and cmake (ffi/build.rs builds
 # the vendored ggml and llama.cpp; the bindings are committed, so no
-# libclang), xz (the vendored archive), curl (rustup; vendor/verify.sh), and
-# python3 with pip and venv (test models from PyPI, the server tests'
+# libclang), xz and patch (the vendored archive and its patches), curl
+# (rustup; vendor/verify.sh), and python3 with pip and venv (test models from PyPI, the server tests'
 # clients), then a Rust toolchain if there is none. Safe to run repeatedly;
 # tools/demo.sh and tools/test.sh source it.
 #   tools/setup.sh            install what is missing (or: source tools/setup.sh)
@@ -17,6 +17,7 @@ strata_missing_packages() {
   { command -v cc && command -v c++ && command -v make; } >/dev/null || echo build-essential
   command -v cmake >/dev/null || echo cmake
   command -v xz >/dev/null || echo xz-utils
+  command -v patch >/dev/null || echo patch
   command -v curl >/dev/null || echo curl
   [ -e /etc/ssl/certs/ca-certificates.crt ] || echo ca-certificates
   command -v python3 >/dev/null && have_py=1

@@ -17,6 +17,18 @@ pub enum Hybrid {
     Force(usize),
 }
 
+/// How large steps multiply quantized weights (see `paging::gemm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gemm {
+    /// Dequantize + 16-bit GEMM above the crossover a load-time probe
+    /// measures, where the device can switch (the patched CUDA module).
+    Auto,
+    /// ggml's quantized kernels at every step size (no scratch).
+    Off,
+    /// GEMM for products of more than this many rows, unprobed.
+    Above(u32),
+}
+
 /// Which device computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -67,6 +79,8 @@ pub struct PagingOptions {
     /// the model fits the GPU budget whole, else as few as keep the FFN's
     /// activations within the attention's (see `paging::sizes::ffn_rows`).
     pub ffn_rows: Option<u32>,
+    /// How large steps multiply.
+    pub gemm: Gemm,
 }
 
 impl Default for PagingOptions {
@@ -76,6 +90,7 @@ impl Default for PagingOptions {
             stream_all: false,
             hybrid: Hybrid::Auto,
             ffn_rows: None,
+            gemm: Gemm::Auto,
         }
     }
 }

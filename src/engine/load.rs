@@ -29,8 +29,10 @@ use crate::gguf::GgufFile;
 use crate::graph::Dims;
 use crate::kv::KvCells;
 use crate::model::ModelSpec;
+use crate::paging::gemm;
 use crate::paging::sizes;
 use crate::paging::Budgets;
+use crate::paging::GemmPlan;
 use crate::paging::GroupInfo;
 use crate::paging::KvShape;
 use crate::paging::Limits;
@@ -116,6 +118,14 @@ impl Engine {
         let activations = sizes::activations(&dims.hp, lim, cfg.paging.ffn_rows);
         let n_layer = dims.hp.n_layer as usize;
         let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
+        // which kernels multiply large steps; before the compute probe,
+        // which then measures the chosen path
+        let gemm = probe::matmul_paths(&spec, device, n_batch, cfg.paging.gemm)?.map(
+            |(rows, elements)| GemmPlan {
+                mmq_max_rows: rows,
+                scratch_bytes: gemm::scratch_bytes(&dims.hp, n_batch, elements),
+            },
+        );
         let mut input = MemoryInput {
             groups: spec
                 .groups
@@ -145,6 +155,7 @@ impl Engine {
                 probe::measure_h2d(device, 64 << 20, 4)?
             },
             cpu: None,
+            gemm,
             // measured where anything may stream: the plan's floor then
             // includes compute (prefill is compute-bound)
             compute: if !device.is_cpu() || cfg.budgets.gpu.is_some() || cfg.paging.stream_all {

@@ -44,12 +44,12 @@ mod window;
 pub use crate::paging::Budgets;
 pub use batch::{BatchToken, StepStats};
 pub use config::{
-    default_threads, DeviceChoice, EngineConfig, Faults, Hybrid, KvTierOptions, PagingOptions,
+    default_threads, DeviceChoice, Gemm, EngineConfig, Faults, Hybrid, KvTierOptions, PagingOptions,
 };
 pub use error::EngineError;
 pub use kvcache::KvCache;
 pub use model_file::ModelFile;
 pub use pager::PagerStats;
-pub use probe::measure_h2d;
+pub use probe::{measure_h2d, reset_matmul_path};
 pub use state::Engine;
 pub use store::{GroupLayout, Location, WeightStore};

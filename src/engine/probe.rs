@@ -4,6 +4,7 @@
 
 use super::config::host_threads;
 use super::config::EngineConfig;
+use super::config::Gemm;
 use super::config::Hybrid;
 use super::error::EngineError;
 use super::host;
@@ -12,7 +13,8 @@ use crate::ggml::Device;
 use crate::ggml::{Backend, Buffer, BufferType, BufferUsage, Context, GraphAllocator};
 use crate::model::GroupKind;
 use crate::model::ModelSpec;
-use crate::paging::{ComputeRate, Plan};
+use crate::paging::{ComputeRate, PathTiming, Plan};
+use std::sync::Mutex;
 use std::time::Instant;
 
 /// What the planner needs to know about the host CPU, measured, when the
@@ -151,6 +153,126 @@ pub(super) fn device_compute(
         s_per_byte_n: sn,
         n,
     }))
+}
+
+/// Step sizes the path probe times (those up to the step limit, and the
+/// limit itself).
+const PATH_ROWS: [u32; 6] = [64, 128, 256, 512, 1024, 2048];
+
+/// The matmul path this process chose, with the elements of the matrix it
+/// was probed on: ggml's switch is one setting for the whole process, so
+/// the engine with the largest matrix decides and the others (a draft model
+/// beside its target) follow it.
+static PATH_LIMIT: Mutex<Option<(u64, Option<u32>)>> = Mutex::new(None);
+
+/// Gives ggml's own choice of kernels back to the process (llama.cpp as a
+/// reference must run as its users run it); the next engine to load probes
+/// afresh. Engines loaded before keep their plans but not their path.
+pub fn reset_matmul_path() {
+    let mut decided = PATH_LIMIT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Ok(Some(gpu)) = crate::ggml::gpu_device() {
+        gpu.set_mmq_max_rows(None);
+    }
+    *decided = None;
+}
+
+/// The model's largest layer matrix: its type, shape and elements.
+fn largest_matrix(spec: &ModelSpec) -> Option<(crate::dtype::GgmlType, [i64; 2])> {
+    spec.groups
+        .iter()
+        .flat_map(|g| g.weights.iter())
+        .filter(|w| w.ne.len() >= 2 && w.ne[1] > 1)
+        .max_by_key(|w| w.ne[0] * w.ne[1])
+        .map(|w| (w.ty, [w.ne[0], w.ne[1]]))
+}
+
+/// Chooses which kernels multiply each step size on `device` and sets
+/// ggml's switch (see `paging::gemm`): under [`Gemm::Auto`] the model's
+/// largest layer matrix is timed through ggml's quantized kernels and
+/// through dequantize + BF16 GEMM at each of [`PATH_ROWS`] up to
+/// `n_batch`, and GEMM takes the sizes from the crossover up. Returns
+/// the most rows a product keeps the quantized kernels for and the
+/// largest matrix's elements (the scratch GEMM needs); None where every
+/// size keeps them (no switch in the device's module, steps too small,
+/// [`Gemm::Off`], or GEMM never faster).
+pub(super) fn matmul_paths(
+    spec: &ModelSpec,
+    device: Device,
+    n_batch: u32,
+    gemm: Gemm,
+) -> Result<Option<(u32, u64)>, EngineError> {
+    let Some((ty, ne)) = largest_matrix(spec) else {
+        return Ok(None);
+    };
+    if !device.has_gemm_switch() || ty.block_size().is_none_or(|b| b <= 1) {
+        return Ok(None);
+    }
+    let elements = (ne[0] * ne[1]) as u64;
+    let mut decided = PATH_LIMIT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((probed, limit)) = *decided {
+        if probed >= elements {
+            return Ok(limit.filter(|&r| n_batch > r).map(|r| (r, elements)));
+        }
+    }
+    let limit = match gemm {
+        Gemm::Off => None,
+        Gemm::Above(r) => Some(r),
+        Gemm::Auto => {
+            let mut sizes: Vec<u32> = PATH_ROWS.iter().copied().filter(|&r| r < n_batch).collect();
+            if n_batch >= PATH_ROWS[0] {
+                sizes.push(n_batch);
+            }
+            let buft = device.buffer_type();
+            // each path on a backend of its own: ggml's CUDA backend
+            // replays a graph it captured before when the next one looks
+            // the same, kernels included, so a second measurement on one
+            // backend could time the first path again
+            let timed = |limit: Option<u32>, rows: u32| -> Result<f64, EngineError> {
+                device.set_mmq_max_rows(limit);
+                let b = device.init_backend()?;
+                measure_matmul(&b, buft, ty, ne, 0, rows, None)
+            };
+            let mut table = Vec::new();
+            for &rows in &sizes {
+                let mmq_s = timed(None, rows)?;
+                let gemm_s = timed(Some(0), rows)?;
+                table.push(PathTiming {
+                    rows,
+                    mmq_s,
+                    gemm_s,
+                });
+            }
+            let limit = crate::paging::choose_mmq_max_rows(&table);
+            // per weight byte, as the compute probe reports
+            let bytes = crate::ggml::row_size(ty, ne[0]) as f64 * ne[1] as f64;
+            let tflops = |s: f64, rows: u32| 2.0 * elements as f64 * rows as f64 / s / 1e12;
+            let rows: Vec<String> = table
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} rows {:.0}/{:.0} TFLOPS",
+                        p.rows,
+                        tflops(p.mmq_s * bytes, p.rows),
+                        tflops(p.gemm_s * bytes, p.rows)
+                    )
+                })
+                .collect();
+            tracing::info!(
+                "matmul path probe, {ty} [{}, {}], MMQ/GEMM: {}; {}",
+                ne[0],
+                ne[1],
+                rows.join(", "),
+                match limit {
+                    Some(r) => format!("GEMM above {r} rows"),
+                    None => "MMQ at every size".into(),
+                }
+            );
+            limit
+        }
+    };
+    device.set_mmq_max_rows(limit);
+    *decided = Some((elements, limit));
+    Ok(limit.filter(|&r| n_batch > r).map(|r| (r, elements)))
 }
 
 /// Measures host-to-device copy bandwidth (bytes/s) from pinned memory on a

@@ -54,6 +54,16 @@ impl Engine {
     pub fn device(&self) -> Device {
         self.device
     }
+    /// Sets ggml's process-wide kernel switch to this engine's plan (see
+    /// `paging::gemm`), after something else in the process ran with
+    /// ggml's own choice (llama.cpp as a reference,
+    /// [`reset_matmul_path`](super::reset_matmul_path)).
+    pub fn apply_matmul_path(&self) {
+        if !self.device.is_cpu() {
+            self.device
+                .set_mmq_max_rows(self.plan.gemm.map(|g| g.mmq_max_rows));
+        }
+    }
     pub fn n_ctx(&self) -> u32 {
         self.lim.n_ctx
     }

@@ -416,13 +416,19 @@ impl Engine {
 
     /// Logits of the first `n_rows` rows of the residual stream, at most
     /// [`HEAD_ROWS`] rows per graph so the logits never need more
-    /// activation memory than the plan reserved.
+    /// activation memory than the plan reserved, and never more than the
+    /// GEMM path's limit: the head's matrix (the vocabulary wide) would need
+    /// far more scratch than the plan reserves for the layers'.
     fn run_head(&mut self, n_rows: u32, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let n_vocab = self.spec.hp.n_vocab as usize;
         let start = out.len();
         out.resize(start + n_rows as usize * n_vocab, 0.0);
-        for row0 in (0..n_rows).step_by(HEAD_ROWS as usize) {
-            let rows = HEAD_ROWS.min(n_rows - row0);
+        let most = self
+            .plan
+            .gemm
+            .map_or(HEAD_ROWS, |g| HEAD_ROWS.min(g.mmq_max_rows.max(1)));
+        for row0 in (0..n_rows).step_by(most as usize) {
+            let rows = most.min(n_rows - row0);
             let key = TemplateKey::Head {
                 out_ty: self.spec.output.ty,
                 n_rows: rows,

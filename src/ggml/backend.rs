@@ -20,6 +20,9 @@ use std::sync::OnceLock;
 /// (tools/build-cuda-module.sh): the ggml version it was built from.
 pub const MODULE_STAMP_SUFFIX: &str = ".ggml-version";
 
+/// The CUDA module's row-limit setter (vendor/patches/0001-cuda-mmq-max-rows.patch).
+const GEMM_SWITCH: &str = "ggml_backend_cuda_set_mmq_max_rows";
+
 /// The most CPU threads a backend's pool takes (ggml's pool fails to
 /// start more; `--threads` refuses them).
 pub const MAX_THREADS: usize = 1024;
@@ -56,13 +59,14 @@ fn has_module(dir: &Path) -> bool {
 }
 
 /// Refuses a backend module whose version stamp names another ggml: the
-/// stamp's first line is the ggml version, the second the sha256 of the
-/// vendored source it was built from.
+/// stamp's first line is the ggml version, the second the identity of the
+/// vendored source it was built from (the archive's sha256 and the patches
+/// applied, `vendor/source.sh id`).
 fn check_module_stamps(dir: &Path) -> std::result::Result<(), GgmlError> {
     let expected = format!(
         "{} {}",
         super::rows::version(),
-        env!("STRATA_GGML_SRC_SHA256")
+        env!("STRATA_GGML_SOURCE")
     );
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Ok(());
@@ -244,6 +248,35 @@ impl Device {
 }
 
 impl Device {
+    /// Whether this device's module can be told a row limit above which
+    /// dense products of quantized weights leave ggml's quantized kernels
+    /// (MMQ) for 16-bit tensor-core GEMM (cuBLAS): the CUDA module built
+    /// with vendor/patches/0001-cuda-mmq-max-rows.patch.
+    pub fn has_gemm_switch(&self) -> bool {
+        !self.is_cpu() && self.proc_address(GEMM_SWITCH).is_some()
+    }
+
+    /// Sets that limit for the whole process: products of more than
+    /// `rows` rows (activation columns) go to cuBLAS, `None` restores
+    /// ggml's own choice. Returns false (and changes nothing) when the
+    /// module has no such switch.
+    pub fn set_mmq_max_rows(&self, rows: Option<u32>) -> bool {
+        if self.is_cpu() {
+            return false;
+        }
+        let Some(f) = self.proc_address(GEMM_SWITCH) else {
+            return false;
+        };
+        // SAFETY: the patched CUDA registry hands out this symbol as
+        // `void (int64_t)`; it stores the value in an atomic the kernels'
+        // dispatch reads, so it is safe to call from any thread at any time.
+        unsafe {
+            let f: unsafe extern "C" fn(i64) = std::mem::transmute(f);
+            f(rows.map_or(-1, i64::from));
+        }
+        true
+    }
+
     /// The CPU's extra buffer types (repacked weight layouts such as
     /// CPU_REPACK or AMX), in the order llama.cpp prefers them. Empty for
     /// other devices or when the CPU module offers none.

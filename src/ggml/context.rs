@@ -70,9 +70,20 @@ impl Context {
     // SAFETY (all ops below): every argument tensor belongs to this context
     // (enforced by the shared lifetime) and ggml checks shapes itself.
 
+    /// `w · x`. A quantized `w` may be multiplied in BF16 with F32
+    /// accumulation: what the GPU does when a large step leaves ggml's
+    /// quantized kernels for cuBLAS (see `paging::gemm`); without it ggml
+    /// would pick F16 accumulation there. The quantized kernels and the
+    /// CPU ignore it.
     pub fn mul_mat<'a>(&'a self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: see above.
-        self.wrap(unsafe { sys::ggml_mul_mat(self.raw(), w.raw(), x.raw()) })
+        let t = self.wrap(unsafe { sys::ggml_mul_mat(self.raw(), w.raw(), x.raw()) });
+        if w.ty().block_size().is_some_and(|b| b > 1) {
+            // SAFETY: t is a MUL_MAT node of this context; this sets its
+            // accumulator precision parameter.
+            unsafe { sys::ggml_prec_set_acc(t.raw(), sys::GGML_PREC_BF16) };
+        }
+        t
     }
     pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.

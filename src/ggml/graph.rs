@@ -24,6 +24,10 @@ pub struct NodeInfo {
     pub op: String,
     pub ty: String,
     pub ne: [i64; 4],
+    /// The accumulator precision a product or attention node asks for
+    /// ("bf16", "f32"; see `Context::mul_mat`), None when it leaves it to
+    /// the backend.
+    pub acc: Option<&'static str>,
 }
 
 impl std::fmt::Display for NodeInfo {
@@ -40,7 +44,28 @@ impl std::fmt::Display for NodeInfo {
             self.op,
             self.ty,
             dims.join(", ")
-        )
+        )?;
+        match self.acc {
+            Some(a) => write!(f, " acc={a}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The accumulator precision `node` asks for, where its op has one: the
+/// first op parameter of a product, the fourth of flash attention (ggml's
+/// `ggml_prec_set_acc`).
+fn accumulator(node: &sys::ggml_tensor) -> Option<&'static str> {
+    let prec = match node.op {
+        sys::GGML_OP_MUL_MAT | sys::GGML_OP_MUL_MAT_ID => node.op_params[0],
+        sys::GGML_OP_FLASH_ATTN_EXT => node.op_params[3],
+        _ => return None,
+    };
+    match prec as sys::ggml_prec {
+        sys::GGML_PREC_F32 => Some("f32"),
+        sys::GGML_PREC_BF16 => Some("bf16"),
+        sys::GGML_PREC_F16 => Some("f16"),
+        _ => None,
     }
 }
 
@@ -87,6 +112,7 @@ impl<'ctx> Graph<'ctx> {
                         op: cstr_to_string(sys::ggml_op_desc(t)),
                         ty: GgmlType(h.type_).name().to_string(),
                         ne: h.ne,
+                        acc: accumulator(h),
                     }
                 }
             })

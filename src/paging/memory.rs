@@ -74,6 +74,18 @@ pub struct MemoryInput {
     /// The host CPU as a compute tier (measured); None: the bus alone.
     /// Its `host_room` is decided here, not by the caller.
     pub cpu: Option<CpuInput>,
+    /// Large steps multiply through 16-bit GEMM, which takes scratch on
+    /// the device (see [`super::gemm`]); None: ggml's kernels at every size.
+    pub gemm: Option<GemmPlan>,
+}
+
+/// The GEMM path of large steps, as the memory plan reserves it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmPlan {
+    /// Products of more rows than this go through GEMM.
+    pub mmq_max_rows: u32,
+    /// Device bytes the path takes outside strata's buffers.
+    pub scratch_bytes: u64,
 }
 
 /// Where each layer's KV cache lives.
@@ -115,6 +127,8 @@ pub struct MemoryPlan {
     /// chunks need less (the FFN's activations then need not be reserved
     /// for a whole step); None: whole steps.
     pub ffn_rows: Option<u32>,
+    /// The GEMM path of large steps and its scratch (in `fixed_bytes`).
+    pub gemm: Option<GemmPlan>,
     kv_shape: KvShape,
 }
 
@@ -170,6 +184,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
     let act = &inp.activations;
     let whole = inp.groups.iter().map(|g| g.bytes).sum::<u64>()
         + inp.fixed_bytes
+        + inp.gemm.map_or(0, |g| g.scratch_bytes)
         + act.whole
         + kv.layer_bytes * kv.n_layer as u64;
     let chunk = act.forced
@@ -180,7 +195,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
     } else {
         (act.whole, None)
     };
-    let fixed = inp.fixed_bytes + activation_bytes;
+    let fixed = inp.fixed_bytes + activation_bytes + inp.gemm.map_or(0, |g| g.scratch_bytes);
     let resident_layers = kv_resident_layers(inp, fixed, windows);
     let mut pi = PlanInput {
         groups: inp.groups.clone(),
@@ -239,6 +254,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
         dram,
         activation_bytes,
         ffn_rows,
+        gemm: inp.gemm,
         kv_shape: *kv,
     })
 }
@@ -348,7 +364,17 @@ impl std::fmt::Display for MemoryPlan {
             mib(self.activation_bytes),
             self.ffn_rows
                 .map(|r| format!(", FFN in chunks of at most {r} rows"))
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                + &self
+                    .gemm
+                    .map(|g| {
+                        format!(
+                            "; GEMM scratch {:.1} MiB for steps over {} rows",
+                            mib(g.scratch_bytes),
+                            g.mmq_max_rows
+                        )
+                    })
+                    .unwrap_or_default(),
             mib(self.kv_device_bytes()),
             self.kv.resident_layers,
             n_layer,
@@ -412,6 +438,7 @@ mod tests {
             copy_bw: 100.0,
             compute: None,
             cpu: None,
+            gemm: None,
         }
     }
 
@@ -453,6 +480,26 @@ mod tests {
         assert_eq!((p.ffn_rows, p.activation_bytes), (Some(32), 10));
         assert!(p.device_bytes() < 5 + 50 + 32 + 160);
         assert_eq!(p.placement.fixed_bytes, 5 + 10 + 32);
+    }
+
+    #[test]
+    fn gemm_scratch_is_reserved_and_costs_resident_groups() {
+        // 4 layers of 10 + 30 bytes, 5 fixed, KV 4 x 8
+        let mut inp = input(4, Budgets::default());
+        inp.budgets.gpu = Some(5 + 32 + 160);
+        let without = memory_plan(&inp).unwrap();
+        assert_eq!(without.placement.n_streamed(), 0);
+        inp.gemm = Some(GemmPlan {
+            mmq_max_rows: 128,
+            scratch_bytes: 30,
+        });
+        let with = memory_plan(&inp).unwrap();
+        assert_eq!(with.gemm, inp.gemm);
+        assert_eq!(with.placement.fixed_bytes, 5 + 30 + 32);
+        // the scratch displaced weights, and the budget still holds
+        assert!(with.placement.resident_bytes < without.placement.resident_bytes);
+        assert!(with.device_bytes() <= 5 + 32 + 160);
+        assert!(with.to_string().contains("GEMM scratch"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! compute. Plain Rust (no FFI); the engine executes what these decide.
 
 mod budget;
+pub mod gemm;
 mod groups;
 mod hybrid;
 mod memory;
@@ -13,12 +14,15 @@ pub mod sizes;
 mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
+pub use gemm::{choose_mmq_max_rows, PathTiming};
 pub use groups::GroupInfo;
 pub use hybrid::{
     plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan,
     MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
-pub use memory::{memory_plan, Budgets, DramWindowPlan, KvPlan, KvShape, MemoryInput, MemoryPlan};
+pub use memory::{
+    memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
+};
 pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput};
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
 pub use sizes::{Activations, Limits};

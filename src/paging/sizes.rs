@@ -152,22 +152,7 @@ mod tests {
     /// The 70B shape of the device runs (vocabulary of the SmolLM2 model
     /// its synthetic weights borrow).
     fn llama70b() -> Hparams {
-        Hparams {
-            n_vocab: 49152,
-            n_ctx_train: 8192,
-            n_embd: 8192,
-            n_layer: 80,
-            n_ff: 28672,
-            n_head: 64,
-            n_head_kv: 8,
-            head_dim: 128,
-            n_rot: 128,
-            rms_eps: 1e-5,
-            rope_freq_base: 500000.0,
-            rope_freq_scale: 1.0,
-            n_ctx_orig: 8192,
-            kq_scale: 1.0 / (128f32).sqrt(),
-        }
+        crate::paging::testutil::hparams_70b()
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use super::groups::GroupInfo;
 use super::hybrid::CpuInput;
 use crate::model::GroupKind;
+use crate::model::Hparams;
 
 /// `n` layers of an attention group of `attn` bytes and an FFN group of
 /// `ffn` bytes.
@@ -36,5 +37,25 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
         gpu_group_s: 0.0,
         bus_bw_beside: None,
         force: None,
+    }
+}
+
+/// A Llama-3-70B-shaped model (the vocabulary smaller).
+pub fn hparams_70b() -> Hparams {
+    Hparams {
+        n_vocab: 49152,
+        n_ctx_train: 8192,
+        n_embd: 8192,
+        n_layer: 80,
+        n_ff: 28672,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_rot: 128,
+        rms_eps: 1e-5,
+        rope_freq_base: 500000.0,
+        rope_freq_scale: 1.0,
+        n_ctx_orig: 8192,
+        kq_scale: 1.0 / (128f32).sqrt(),
     }
 }

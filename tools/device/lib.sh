@@ -62,10 +62,11 @@ dev_synth() {
 }
 
 # dev_module_ok DIR: whether DIR holds a CUDA module whose version stamp
-# names this checkout's vendor/ archive (strata refuses any other).
+# names this checkout's vendor/ source, archive and patches (strata refuses
+# any other).
 dev_module_ok() {
   [ -f "$1/libggml-cuda.so" ] &&
-    [ "$(sed -n 2p "$1/libggml-cuda.so.ggml-version" 2>/dev/null)" = "$(cat vendor/llama.cpp.tar.xz.sha256)" ]
+    [ "$(sed -n 2p "$1/libggml-cuda.so.ggml-version" 2>/dev/null)" = "$(bash vendor/source.sh id)" ]
 }
 
 # dev_module_get: makes /root/cuda hold the CUDA module: kept from an earlier
@@ -87,7 +88,7 @@ dev_module_get() {
       echo "restored libggml-cuda.so from .carry/cuda ($(paste -sd' ' /root/cuda/libggml-cuda.so.ggml-version))"
       return 0
     fi
-    echo "the module in .carry/cuda was built from another vendor/ archive: building"
+    echo "the module in .carry/cuda was built from another vendor/ source: building"
   fi
   t0=$(date +%s)
   bash tools/build-cuda-module.sh /root/cuda "${CUDA_ARCHS:-90}" || return 1

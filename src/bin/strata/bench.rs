@@ -126,7 +126,7 @@ struct RunInfo {
 struct BuildInfo {
     strata: &'static str,
     ggml: String,
-    ggml_source_sha256: &'static str,
+    ggml_source: &'static str,
     cpu_variants: &'static str,
 }
 
@@ -140,7 +140,7 @@ impl RunInfo {
             build: BuildInfo {
                 strata: env!("CARGO_PKG_VERSION"),
                 ggml: strata::ggml::version(),
-                ggml_source_sha256: env!("STRATA_GGML_SRC_SHA256"),
+                ggml_source: env!("STRATA_GGML_SOURCE"),
                 cpu_variants: strata::sys::CPU_VARIANTS,
             },
         }
@@ -513,6 +513,8 @@ fn llama_config_rows(
     rows: &mut Vec<Row>,
     json: Option<&RunInfo>,
 ) -> Result<()> {
+    // ggml's own kernels, whatever strata chose for itself
+    strata::engine::reset_matmul_path();
     let free0 = free_mib(gpu);
     // llama.cpp as its users run it (flash attention auto; repacking and
     // mapping as the configuration says); --llama-match: as strata computes

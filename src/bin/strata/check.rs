@@ -5,7 +5,9 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use strata::engine::{Budgets, DeviceChoice, Engine, EngineConfig};
 use strata::llama::{LlamaModel, Reference, ReferenceConfig};
-use strata::parity::{compare, run_reference, run_strata, run_strata_forced, run_turns};
+use strata::parity::{
+    compare, margin_at, run_reference, run_strata, run_strata_forced, run_turns,
+};
 
 #[derive(Args)]
 pub struct CheckArgs {
@@ -69,7 +71,11 @@ pub fn check(a: CheckArgs) -> Result<()> {
     let mut ok = true;
     for p in PROMPTS {
         let prompt = lm.tokenize(p, true, true)?;
+        // each with its own kernels: strata with the path its plan chose,
+        // llama.cpp with ggml's (the switch is one for the process)
+        engine.apply_matmul_path();
         let s = run_strata(&mut engine, &prompt, a.n_gen)?;
+        strata::engine::reset_matmul_path();
         let r = run_reference(&mut reference, &prompt, a.n_gen, nv)?;
         let (worst, diff) = compare(&s, &r);
         let pass = worst <= a.max_nmse && diff.is_none();
@@ -77,13 +83,17 @@ pub fn check(a: CheckArgs) -> Result<()> {
         println!(
             "  vs llama.cpp: {:<4} nmse {worst:.3e} tokens {} prompt {:?}",
             if pass { "ok" } else { "FAIL" },
-            diff.map_or("identical".to_string(), |i| format!("differ at {i}")),
+            diff.map_or("identical".to_string(), |i| match margin_at(&s, &r, i) {
+                Some(m) => format!("differ at {i} (llama.cpp's logits {m:.3} apart there)"),
+                None => format!("differ at {i}"),
+            }),
             p.chars().take(30).collect::<String>()
         );
         if let Some(c) = cpu.as_mut() {
             // same inputs on both backends: the CPU's greedy tokens fed to
             // this device (free-running greedy runs may part at near-ties)
             let c = run_strata(c, &prompt, a.n_gen)?;
+            engine.apply_matmul_path();
             let forced = run_strata_forced(&mut engine, &prompt, &c.tokens)?;
             let (worst, _) = compare(&forced, &c);
             let (_, free_diff) = compare(&s, &c);
@@ -111,6 +121,7 @@ pub fn check(a: CheckArgs) -> Result<()> {
             .map(|p| lm.tokenize(p, true, true))
             .collect::<Result<Vec<_>, _>>()?;
         let per_turn = (a.n_gen / 2).max(1);
+        engine.apply_matmul_path();
         let t = run_turns(&mut engine, &prompts, a.turns, per_turn)?;
         let b = run_turns(&mut base, &prompts, a.turns, per_turn)?;
         let (worst, diff) = compare(&t, &b);

@@ -5,7 +5,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use strata::engine::{
-    Budgets, DeviceChoice, Engine, EngineConfig, Faults, Hybrid, KvTierOptions, PagingOptions,
+    Budgets, DeviceChoice, Engine, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions,
+    PagingOptions,
 };
 use strata::generate::Session;
 use strata::llama::LlamaModel;
@@ -145,6 +146,14 @@ pub struct ModelArgs {
     /// budget whole, so the activations stay within what attention needs.
     #[arg(long = "ffn-rows", value_parser = clap::value_parser!(u32).range(1..))]
     pub ffn_rows: Option<u32>,
+    /// How steps of many tokens multiply quantized weights on the GPU.
+    /// auto: a probe at load times ggml's quantized kernels against
+    /// dequantize + BF16 tensor-core GEMM at several step sizes and takes
+    /// GEMM from where it is faster (its scratch comes out of the GPU
+    /// budget); off: ggml's kernels at every size, no scratch; or a number:
+    /// GEMM for steps of more than that many tokens.
+    #[arg(long, default_value = "auto", value_parser = parse_gemm)]
+    pub gemm: Gemm,
     /// Keep CPU weights in plain memory instead of the CPU's repacked
     /// layouts (llama.cpp's --no-repack).
     #[arg(long = "no-repack", visible_alias = "nr")]
@@ -159,6 +168,17 @@ fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
             .parse::<usize>()
             .map(Hybrid::Force)
             .map_err(|_| format!("'{s}': use auto, off or a number of groups")),
+    }
+}
+
+fn parse_gemm(s: &str) -> Result<Gemm, String> {
+    match s {
+        "auto" => Ok(Gemm::Auto),
+        "off" => Ok(Gemm::Off),
+        n => n
+            .parse::<u32>()
+            .map(Gemm::Above)
+            .map_err(|_| format!("'{s}': use auto, off or a number of tokens")),
     }
 }
 
@@ -367,6 +387,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             stream_all: m.stream_all,
             hybrid: m.hybrid,
             ffn_rows: m.ffn_rows,
+            gemm: m.gemm,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,

@@ -1,0 +1,144 @@
+//! The matmul path per step size. ggml multiplies quantized weights with its
+//! own kernels (MMQ), which on an H100 reach about a fifth of the GPU's
+//! 16-bit tensor-core rate; dequantizing a weight to BF16 and handing the
+//! product to cuBLAS costs a pass over the weight but multiplies at the
+//! tensor cores' rate, so it wins above some number of rows. That number
+//! comes from a probe on the machine (`engine::probe::matmul_paths`): the
+//! same product timed both ways at several step sizes. This file decides
+//! from that table and sizes the scratch the GEMM path takes. Plain Rust.
+
+use crate::model::Hparams;
+
+/// One row of the probe: seconds of one product of `rows` rows through
+/// ggml's quantized kernels and through dequantize + 16-bit GEMM.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PathTiming {
+    pub rows: u32,
+    pub mmq_s: f64,
+    pub gemm_s: f64,
+}
+
+/// GEMM must beat MMQ by this factor to be chosen: a path that only ties
+/// costs its scratch for nothing.
+const MARGIN: f64 = 0.97;
+
+/// The most rows a product may have and stay on MMQ: every product with
+/// more rows goes through GEMM. GEMM is chosen from the smallest probed
+/// size at and above which it is faster at every probed size (so one
+/// noisy size cannot switch a range on); the limit is the largest probed
+/// size below that, or one less than the smallest probed size when GEMM
+/// wins everywhere. None: MMQ at every size (GEMM never wins at the
+/// largest).
+pub fn choose_mmq_max_rows(table: &[PathTiming]) -> Option<u32> {
+    let mut t: Vec<PathTiming> = table
+        .iter()
+        .copied()
+        .filter(|p| p.rows > 0 && p.mmq_s.is_finite() && p.gemm_s.is_finite())
+        .collect();
+    t.sort_by_key(|p| p.rows);
+    let wins = |p: &PathTiming| p.gemm_s < p.mmq_s * MARGIN;
+    // the first index from which GEMM wins at every larger size
+    let first = t.iter().rposition(|p| !wins(p)).map_or(0, |i| i + 1);
+    if first == t.len() {
+        return None;
+    }
+    Some(match first {
+        0 => t[0].rows - 1,
+        i => t[i - 1].rows,
+    })
+}
+
+/// Extra bytes cuBLAS takes beside the scratch: its workspace and handle
+/// (32 MiB of workspace on Hopper) with room to spare.
+const CUBLAS_BYTES: u64 = 64 << 20;
+
+/// Device memory the GEMM path takes outside strata's buffers, in ggml's
+/// memory pool: the largest weight matrix dequantized to 16 bits and a
+/// step's activations converted to 16 bits (at most `n_batch` rows of the
+/// widest input, the FFN's `n_ff`), plus cuBLAS's own, with 5% for the
+/// pool's rounding. `largest_matrix` counts elements.
+pub fn scratch_bytes(hp: &Hparams, n_batch: u32, largest_matrix: u64) -> u64 {
+    let widest = hp.n_embd.max(hp.n_embd_q()).max(hp.n_ff) as u64;
+    let half = 2;
+    (largest_matrix * half + n_batch as u64 * widest * half) * 21 / 20 + CUBLAS_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(rows: u32, mmq_s: f64, gemm_s: f64) -> PathTiming {
+        PathTiming {
+            rows,
+            mmq_s,
+            gemm_s,
+        }
+    }
+
+    #[test]
+    fn gemm_from_the_crossover_up() {
+        // shaped like an H100 70B FFN matrix: MMQ ahead while the
+        // dequantize pass dominates, GEMM ahead from 256 rows
+        let t = [
+            row(64, 1.0, 3.0),
+            row(128, 2.0, 3.2),
+            row(256, 4.0, 3.5),
+            row(512, 8.0, 4.5),
+            row(2048, 30.0, 14.0),
+        ];
+        assert_eq!(choose_mmq_max_rows(&t), Some(128));
+        // order does not matter
+        let mut r = t;
+        r.reverse();
+        assert_eq!(choose_mmq_max_rows(&r), Some(128));
+    }
+
+    #[test]
+    fn one_noisy_size_does_not_switch_a_range() {
+        let t = [
+            row(64, 1.0, 0.5), // a fluke
+            row(128, 2.0, 3.2),
+            row(512, 8.0, 4.5),
+            row(2048, 30.0, 14.0),
+        ];
+        assert_eq!(choose_mmq_max_rows(&t), Some(128));
+    }
+
+    #[test]
+    fn mmq_everywhere_when_gemm_loses_at_the_top() {
+        let t = [row(64, 1.0, 3.0), row(512, 8.0, 4.5), row(2048, 30.0, 31.0)];
+        assert_eq!(choose_mmq_max_rows(&t), None);
+        // a tie is not a win
+        assert_eq!(choose_mmq_max_rows(&[row(2048, 30.0, 29.5)]), None);
+        assert_eq!(choose_mmq_max_rows(&[]), None);
+    }
+
+    #[test]
+    fn gemm_everywhere_when_it_wins_at_the_smallest_size() {
+        let t = [row(32, 1.0, 0.5), row(512, 8.0, 4.5)];
+        assert_eq!(choose_mmq_max_rows(&t), Some(31));
+    }
+
+    #[test]
+    fn unmeasured_sizes_are_ignored() {
+        let t = [
+            row(64, f64::NAN, 0.1),
+            row(512, 8.0, 4.5),
+            row(2048, f64::INFINITY, 1.0),
+        ];
+        assert_eq!(choose_mmq_max_rows(&t), Some(511));
+    }
+
+    #[test]
+    fn scratch_holds_the_largest_matrix_and_a_step_in_16_bits() {
+        let hp = crate::paging::testutil::hparams_70b();
+        // 70B: FFN matrices of 8192 x 28672
+        let m = 8192u64 * 28672;
+        let s = scratch_bytes(&hp, 2048, m);
+        let need = 2 * m + 2 * 2048 * 28672;
+        assert!(s >= need + (32 << 20));
+        assert!(s < need * 11 / 10 + (64 << 20));
+        // fewer rows, less scratch
+        assert!(scratch_bytes(&hp, 512, m) < s);
+    }
+}

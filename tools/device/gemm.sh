@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On the GPU machine: big steps through dequantize + BF16 GEMM (issue 30) on
+# the Llama-3-70B-shaped Q4_0 model, each engine's GPU memory printed.
+#   tools/device/pack.sh VOCAB.gguf        (here), then on the device:
+#   bash tools/device/gemm.sh probe     # strata at 12G and all resident, --gemm auto (the probe's table in the log)
+#   bash tools/device/gemm.sh compare   # 12G: strata --gemm auto and off, llama.cpp ngl=20 defaults and best
+#                                       # (--no-mmap -ub 2048): pp2048, tg16
+#   bash tools/device/gemm.sh resident  # all resident: strata --gemm auto and off, llama.cpp ngl=99 defaults: pp2048, tg16
+#   bash tools/device/gemm.sh pp512     # 12G: strata --gemm auto, pp512 against the plan's floor
+#   bash tools/device/gemm.sh parity    # `strata check` on an 8-layer Llama-3-8B shape, all on the GPU:
+#                                       # --gemm 4 (every prompt step through GEMM) and --gemm off, llama.cpp beside
+#   bash tools/device/gemm.sh batch     # 12G: 64 sequences, strata against llama.cpp ngl=20 defaults and best
+# Several may be named in one call (default: probe). Results under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/device/lib.sh
+dev_70b || exit 1
+b=(bench -m "$m" --device gpu -p 2048 -b 2048 -ub 2048 -n 16 -B 0)
+for what in ${@:-probe}; do
+case $what in
+  probe)
+    $bin/strata -v "${b[@]}" --gpu-budget 12G -r 2 2>&1 | quiet | tee "$out/gemm_probe_12g.txt"
+    ;;
+  compare)
+    $bin/strata "${b[@]}" --gpu-budget 12G -r 2 --llama-ngl 20 --llama-best 2>&1 | quiet | tee "$out/gemm_compare_12g.txt"
+    $bin/strata "${b[@]}" --gpu-budget 12G -r 2 --gemm off 2>&1 | quiet | tee "$out/gemm_off_12g.txt"
+    ;;
+  resident)
+    $bin/strata "${b[@]}" -r 2 --llama-ngl 99 2>&1 | quiet | tee "$out/gemm_resident.txt"
+    $bin/strata "${b[@]}" -r 2 --gemm off 2>&1 | quiet | tee "$out/gemm_off_resident.txt"
+    ;;
+  pp512)
+    $bin/strata -v bench -m "$m" --device gpu --gpu-budget 12G -p 512 -b 512 -ub 512 -n 0 -B 0 -r 3 \
+      2>&1 | quiet | tee "$out/gemm_pp512_12g.txt"
+    ;;
+  parity)
+    s8=$(dev_synth llama3-8b 8)
+    for g in 4 off; do
+      $bin/strata check -m "$s8" --device gpu --gemm $g -n 16 --with-cpu 2>&1 | quiet | tee "$out/gemm_parity_$g.txt"
+    done
+    ;;
+  batch)
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 0 -B 64 --batch-steps 4 -r 2 \
+      --llama-ngl 20 --llama-best 2>&1 | quiet | tee "$out/gemm_batch_12g.txt"
+    ;;
+  *) echo "gemm.sh: unknown mode $what (probe, compare, resident, pp512, parity, batch)" >&2; exit 2 ;;
+esac
+done
