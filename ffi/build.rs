@@ -57,7 +57,11 @@ fn run() -> Result<()> {
         "cargo:rerun-if-changed={}",
         root.join("vendor/llama.cpp.tar.xz.sha256").display()
     );
-    for p in ["tools/build-cuda-module.sh", "vendor/source.sh", "vendor/patches"] {
+    for p in [
+        "tools/build-cuda-module.sh",
+        "vendor/source.sh",
+        "vendor/patches",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=STRATA_CPU_VARIANTS");

@@ -52,7 +52,8 @@ fn both_paths(ty: GgmlType, k: usize, n: usize, rows: usize) -> (Vec<f32>, Vec<f
     let mut q = Vec::new();
     quant::from_f32(&noise(1, k * n), ty, k, 1, &mut q).expect("quantized");
     w.set_bytes(&q, 0).expect("weight");
-    ids.set_i32(&(0..n as i32).collect::<Vec<_>>()).expect("ids");
+    ids.set_i32(&(0..n as i32).collect::<Vec<_>>())
+        .expect("ids");
     x.set_f32(&noise(2, k * rows)).expect("activations");
 
     let direct = ctx.mul_mat(w, x);
@@ -77,7 +78,12 @@ fn both_paths(ty: GgmlType, k: usize, n: usize, rows: usize) -> (Vec<f32>, Vec<f
 #[test]
 fn dequantize_then_bf16_gemm_matches_the_quantized_product() {
     // the layers' weight types, at a width where a row's rounding averages
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ] {
         let (a, b) = both_paths(ty, 1024, 96, 40);
         let e = nmse(&a, &b);
         eprintln!("{}: NMSE {e:.2e}", ty.name());

@@ -8,7 +8,8 @@ use strata::graph::{build_attn, build_ffn, build_head, Dims, Limits, StepShape};
 use strata::model::{Arch, Hparams, Role};
 
 fn dims(arch: Arch) -> Dims {
-    // SmolLM2-135M-like (llama) and Qwen2.5-0.5B-like (qwen2) shapes
+    // SmolLM2-135M-like (llama), Qwen2.5-0.5B-like (qwen2) and
+    // Qwen3-0.6B-like (qwen3: head_dim 128 with n_embd / n_head 64) shapes
     let hp = match arch {
         Arch::Llama => Hparams {
             n_vocab: 49152,
@@ -42,6 +43,22 @@ fn dims(arch: Arch) -> Dims {
             n_ctx_orig: 32768,
             kq_scale: 0.125,
         },
+        Arch::Qwen3 => Hparams {
+            n_vocab: 151936,
+            n_ctx_train: 40960,
+            n_embd: 1024,
+            n_layer: 28,
+            n_ff: 3072,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_rot: 128,
+            rms_eps: 1e-6,
+            rope_freq_base: 1000000.0,
+            rope_freq_scale: 1.0,
+            n_ctx_orig: 40960,
+            kq_scale: 1.0 / (128f32).sqrt(),
+        },
     };
     Dims {
         arch,
@@ -50,21 +67,22 @@ fn dims(arch: Arch) -> Dims {
     }
 }
 
+/// The architecture's required attention tensors (model/arch/): matrices
+/// Q4_K, V Q6_K (as llama.cpp's Q4_K_M), norms and biases F32.
 fn attn_sig(arch: Arch) -> Vec<(Role, GgmlType)> {
-    let mut v = vec![(Role::AttnNorm, GgmlType::F32), (Role::Wq, GgmlType::Q4_K)];
-    if arch == Arch::Qwen2 {
-        v.push((Role::Bq, GgmlType::F32));
-    }
-    v.push((Role::Wk, GgmlType::Q4_K));
-    if arch == Arch::Qwen2 {
-        v.push((Role::Bk, GgmlType::F32));
-    }
-    v.push((Role::Wv, GgmlType::Q6_K));
-    if arch == Arch::Qwen2 {
-        v.push((Role::Bv, GgmlType::F32));
-    }
-    v.push((Role::Wo, GgmlType::Q4_K));
-    v
+    arch.spec()
+        .attn
+        .iter()
+        .filter(|t| t.need == strata::model::arch::Need::Required)
+        .map(|t| {
+            let ty = match t.role {
+                r if r.is_norm_or_bias() => GgmlType::F32,
+                Role::Wv => GgmlType::Q6_K,
+                _ => GgmlType::Q4_K,
+            };
+            (t.role, ty)
+        })
+        .collect()
 }
 
 fn ffn_sig() -> Vec<(Role, GgmlType)> {
@@ -93,7 +111,16 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
         // a step of the size that multiplies through 16-bit GEMM on a GPU
         // (paging::gemm): the same nodes, every weight product asking for
         // BF16 with F32 accumulation
-        "ffn_big" => build_ffn(&ctx, &d, &ffn_sig(), s, Limits { ffn_rows: 512, ..LIM }),
+        "ffn_big" => build_ffn(
+            &ctx,
+            &d,
+            &ffn_sig(),
+            s,
+            Limits {
+                ffn_rows: 512,
+                ..LIM
+            },
+        ),
         _ => build_head(&ctx, &d, GgmlType::Q8_0, s, 0, LIM),
     };
     b.graph
@@ -156,4 +183,12 @@ fn qwen2_layouts() {
         check(Arch::Qwen2, "head", label, s);
     }
     check(Arch::Qwen2, "attn", "prefill_last_layer", LAST);
+}
+
+#[test]
+fn qwen3_layouts() {
+    for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
+        check(Arch::Qwen3, "attn", label, s);
+        check(Arch::Qwen3, "ffn", label, s);
+    }
 }

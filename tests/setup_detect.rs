@@ -1,6 +1,6 @@
 //! tools/setup.sh --check: the detection tools/setup.sh installs by. Each
 //! package must be reported exactly when what the build runs is missing
-//! (a fresh Debian has no cmake, no c++, no xz, and a python3 without pip
+//! (a fresh Debian has no cmake, no c++, no xz, no patch, and a python3 without pip
 //! or venv), and nothing when all is there. Run over a PATH of stubs.
 
 use std::os::unix::fs::PermissionsExt;
@@ -49,7 +49,9 @@ fn missing(tools: &[&str], py_modules: &[&str]) -> Vec<String> {
         .collect()
 }
 
-const ALL: &[&str] = &["cc", "c++", "make", "cmake", "xz", "curl", "python3"];
+const ALL: &[&str] = &[
+    "cc", "c++", "make", "cmake", "xz", "patch", "curl", "python3",
+];
 
 #[test]
 fn a_complete_machine_needs_nothing() {
@@ -64,6 +66,7 @@ fn a_bare_machine_needs_everything() {
             "build-essential",
             "cmake",
             "xz-utils",
+            "patch",
             "curl",
             "python3",
             "python3-pip",
@@ -80,6 +83,7 @@ fn each_missing_tool_names_its_package() {
         ("make", "build-essential"),
         ("cmake", "cmake"),
         ("xz", "xz-utils"),
+        ("patch", "patch"),
         ("curl", "curl"),
     ] {
         let tools: Vec<&str> = ALL.iter().copied().filter(|t| *t != gone).collect();

@@ -44,12 +44,15 @@ pub enum Slot {
     Extra,
 }
 
-const ATTN_ROLES: [Role; 9] = [
+/// Every architecture's attention tensors (model/arch/), in write order.
+const ATTN_ROLES: [Role; 11] = [
     Role::AttnNorm,
     Role::Wq,
     Role::Bq,
+    Role::QNorm,
     Role::Wk,
     Role::Bk,
+    Role::KNorm,
     Role::Wv,
     Role::Bv,
     Role::Wo,
@@ -195,7 +198,16 @@ mod tests {
             Slot::Group {
                 layer: 12,
                 kind: GroupKind::Attn,
-                rank: 4
+                rank: 5
+            }
+        );
+        // Qwen3's per-head norms sit in their group, after their projection
+        assert_eq!(
+            Slot::of("blk.0.attn_k_norm.weight"),
+            Slot::Group {
+                layer: 0,
+                kind: GroupKind::Attn,
+                rank: 6
             }
         );
         assert_eq!(Slot::of("blk.3.ffn_down.weight").group_index(), Some(7));

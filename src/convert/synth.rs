@@ -24,7 +24,9 @@ use super::output::{pipelined, write_model, OutTensor, OutputModel, TensorFill, 
 use super::quant;
 use crate::dtype::GgmlType;
 use crate::gguf::Value;
+use crate::model::arch::Need;
 use crate::model::Arch;
+use crate::model::Role;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -41,6 +43,8 @@ pub struct Preset {
     pub n_head: u32,
     pub n_head_kv: u32,
     pub n_ff: u32,
+    /// Per-head dimension where it is not n_embd / n_head (Qwen3); 0: that.
+    pub head_dim: u32,
     pub n_ctx: u32,
     pub rope_base: f32,
     pub rms_eps: f32,
@@ -57,6 +61,7 @@ const fn llama(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_ff:
         n_head,
         n_head_kv: 8,
         n_ff,
+        head_dim: 0,
         n_ctx: 131072,
         rope_base: 500000.0,
         rms_eps: 1e-5,
@@ -65,7 +70,7 @@ const fn llama(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_ff:
 }
 
 /// The presets: a tiny one for tests and the shapes of real models.
-pub const PRESETS: [Preset; 5] = [
+pub const PRESETS: [Preset; 7] = [
     Preset {
         name: "tiny",
         arch: Arch::Llama,
@@ -74,6 +79,7 @@ pub const PRESETS: [Preset; 5] = [
         n_head: 4,
         n_head_kv: 2,
         n_ff: 512,
+        head_dim: 0,
         n_ctx: 4096,
         rope_base: 10000.0,
         rms_eps: 1e-5,
@@ -91,7 +97,38 @@ pub const PRESETS: [Preset; 5] = [
         n_head: 28,
         n_head_kv: 4,
         n_ff: 18944,
+        head_dim: 0,
         n_ctx: 32768,
+        rope_base: 1000000.0,
+        rms_eps: 1e-6,
+        llama3_rope: false,
+    },
+    // Qwen3 for tests: a head dimension wider than n_embd / n_head, as in
+    // every Qwen3
+    Preset {
+        name: "qwen3-tiny",
+        arch: Arch::Qwen3,
+        n_embd: 256,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 512,
+        head_dim: 128,
+        n_ctx: 4096,
+        rope_base: 1000000.0,
+        rms_eps: 1e-6,
+        llama3_rope: false,
+    },
+    Preset {
+        name: "qwen3-32b",
+        arch: Arch::Qwen3,
+        n_embd: 5120,
+        n_layer: 64,
+        n_head: 64,
+        n_head_kv: 8,
+        n_ff: 25600,
+        head_dim: 128,
+        n_ctx: 40960,
         rope_base: 1000000.0,
         rms_eps: 1e-6,
         llama3_rope: false,
@@ -247,6 +284,10 @@ pub fn llama3_rope_factors(
 }
 
 /// Writes a synthetic model to `out`.
+fn is_bias(r: Role) -> bool {
+    matches!(r, Role::Bq | Role::Bk | Role::Bv | Role::Bo)
+}
+
 pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
     let p = opts.preset;
     let n_layer = opts.layers.unwrap_or(p.n_layer);
@@ -262,8 +303,11 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
             err,
         })?
         .len() as u64;
-    let (e, hd) = (p.n_embd as u64, (p.n_embd / p.n_head) as u64);
-    let (q, kv, ff) = (hd * p.n_head as u64, hd * p.n_head_kv as u64, p.n_ff as u64);
+    let e = p.n_embd as u64;
+    let hd = match p.head_dim {
+        0 => (p.n_embd / p.n_head) as u64,
+        d => d as u64,
+    };
 
     let a = p.arch.name();
     let mut md: Vec<(String, Value)> = vec![
@@ -286,6 +330,10 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
     hp("rope.freq_base", Value::F32(p.rope_base));
     hp("attention.layer_norm_rms_epsilon", Value::F32(p.rms_eps));
     hp("rope.dimension_count", Value::U32(hd as u32));
+    if p.head_dim != 0 {
+        hp("attention.key_length", Value::U32(hd as u32));
+        hp("attention.value_length", Value::U32(hd as u32));
+    }
     hp("vocab_size", Value::U32(n_vocab as u32));
     md.extend(
         vocab
@@ -305,23 +353,39 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
             1.0 / (e as f32).sqrt(),
         ),
     ];
-    let s_e = 1.0 / (e as f32).sqrt();
+    // the architecture's tensors (model/arch/): its required ones
+    let dims = crate::model::Hparams {
+        n_vocab: n_vocab as u32,
+        n_ctx_train: p.n_ctx,
+        n_embd: p.n_embd,
+        n_layer,
+        n_ff: p.n_ff,
+        n_head: p.n_head,
+        n_head_kv: p.n_head_kv,
+        head_dim: hd as u32,
+        n_rot: hd as u32,
+        rms_eps: p.rms_eps,
+        rope_freq_base: p.rope_base,
+        rope_freq_scale: 1.0,
+        n_ctx_orig: p.n_ctx,
+        kq_scale: 1.0 / (hd as f32).sqrt(),
+    };
     for l in 0..n_layer {
-        let mut t = |n: &str, ne: Vec<u64>, std: f32| specs.push((format!("blk.{l}.{n}"), ne, std));
-        t("attn_norm.weight", vec![e], 0.0);
-        t("attn_q.weight", vec![e, q], s_e);
-        t("attn_k.weight", vec![e, kv], s_e);
-        t("attn_v.weight", vec![e, kv], s_e);
-        if p.arch == Arch::Qwen2 {
-            t("attn_q.bias", vec![q], 0.02);
-            t("attn_k.bias", vec![kv], 0.02);
-            t("attn_v.bias", vec![kv], 0.02);
+        for x in p.arch.layer_tensors() {
+            if x.need != Need::Required {
+                continue;
+            }
+            let ne = x.shape.ne(&dims);
+            // biases small, norms ones (std 0), matrices 1/sqrt(fan_in)
+            let std = if is_bias(x.role) {
+                0.02
+            } else if x.role.is_norm_or_bias() {
+                0.0
+            } else {
+                1.0 / (ne[0] as f32).sqrt()
+            };
+            specs.push((format!("blk.{l}.{}", x.role.suffix()), ne, std));
         }
-        t("attn_output.weight", vec![q, e], 1.0 / (q as f32).sqrt());
-        t("ffn_norm.weight", vec![e], 0.0);
-        t("ffn_gate.weight", vec![e, ff], s_e);
-        t("ffn_up.weight", vec![e, ff], s_e);
-        t("ffn_down.weight", vec![ff, e], 1.0 / (ff as f32).sqrt());
     }
 
     let mut pools: HashMap<(u32, u32), Arc<Pool>> = HashMap::new();

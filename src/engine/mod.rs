@@ -44,7 +44,7 @@ mod window;
 pub use crate::paging::Budgets;
 pub use batch::{BatchToken, StepStats};
 pub use config::{
-    default_threads, DeviceChoice, Gemm, EngineConfig, Faults, Hybrid, KvTierOptions, PagingOptions,
+    default_threads, DeviceChoice, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions, PagingOptions,
 };
 pub use error::EngineError;
 pub use kvcache::KvCache;

@@ -63,11 +63,7 @@ fn has_module(dir: &Path) -> bool {
 /// vendored source it was built from (the archive's sha256 and the patches
 /// applied, `vendor/source.sh id`).
 fn check_module_stamps(dir: &Path) -> std::result::Result<(), GgmlError> {
-    let expected = format!(
-        "{} {}",
-        super::rows::version(),
-        env!("STRATA_GGML_SOURCE")
-    );
+    let expected = format!("{} {}", super::rows::version(), env!("STRATA_GGML_SOURCE"));
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Ok(());
     };

@@ -76,24 +76,14 @@ pub struct Built<'c> {
     pub out: Tensor<'c>,
 }
 
+/// The shape the architecture gives `role` (model/arch/).
 fn weight_shape(d: &Dims, role: Role) -> Vec<i64> {
-    let hp = &d.hp;
-    let (e, q, kv, ff) = (
-        hp.n_embd as i64,
-        hp.n_embd_q() as i64,
-        hp.n_embd_kv() as i64,
-        hp.n_ff as i64,
-    );
-    match role {
-        Role::AttnNorm | Role::FfnNorm | Role::Bo => vec![e],
-        Role::Wq => vec![e, q],
-        Role::Bq => vec![q],
-        Role::Wk | Role::Wv => vec![e, kv],
-        Role::Bk | Role::Bv => vec![kv],
-        Role::Wo => vec![q, e],
-        Role::Gate | Role::Up => vec![e, ff],
-        Role::Down => vec![ff, e],
-    }
+    let x = d
+        .arch
+        .layer_tensors()
+        .find(|t| t.role == role)
+        .expect("a signature holds only the architecture's roles");
+    x.shape.ne(&d.hp).into_iter().map(|n| n as i64).collect()
 }
 
 fn weights<'c>(ctx: &'c Context, d: &Dims, sig: &[(Role, GgmlType)]) -> Vec<Tensor<'c>> {
@@ -185,18 +175,24 @@ pub fn build_attn<'c>(
         hp.rms_eps,
         "attn_norm",
     );
-    let proj = |wr: Role, br: Role, heads: i64, name: &str| {
+    // projection, bias if the file has one, heads; a per-head RMS norm
+    // where the architecture has one (Qwen3's Q and K), before RoPE
+    let proj = |wr: Role, br: Role, nr: Option<Role>, heads: i64, name: &str| {
         let mut t = ctx
             .mul_mat(role(wr).expect("projection weight"), cur)
             .named(name);
         if let Some(b) = role(br) {
             t = ctx.add(t, b).named(name);
         }
-        ctx.reshape_3d(t, hd, heads, n).named(name)
+        let t = ctx.reshape_3d(t, hd, heads, n).named(name);
+        match nr.and_then(role) {
+            Some(w) => rms_norm(ctx, t, w, hp.rms_eps, &format!("{name}_normed")),
+            None => t,
+        }
     };
-    let q = proj(Role::Wq, Role::Bq, nh, "Qcur");
-    let k = proj(Role::Wk, Role::Bk, nkv, "Kcur");
-    let v = proj(Role::Wv, Role::Bv, nkv, "Vcur");
+    let q = proj(Role::Wq, Role::Bq, Some(Role::QNorm), nh, "Qcur");
+    let k = proj(Role::Wk, Role::Bk, Some(Role::KNorm), nkv, "Kcur");
+    let v = proj(Role::Wv, Role::Bv, None, nkv, "Vcur");
     let rp = rope_params(d);
     let mode = d.arch.rope_mode();
     let q = ctx

@@ -6,15 +6,19 @@
 //! shapes. It is built only from a validated [`GgufFile`] and checks every
 //! shape the architecture expects, so graph builders can trust it.
 //!
-//! Reference: llama.cpp `src/models/llama.cpp`, `src/models/qwen2.cpp` and
-//! `src/llama-model.cpp` (hparams loading) of the pinned source.
+//! One file per architecture in `arch/` (llama.cpp's `src/models/*.cpp`);
+//! hyperparameters as llama.cpp's `src/llama-model.cpp` loads them.
 
-mod arch;
+pub mod arch;
 mod error;
+mod hparams;
+mod role;
 mod spec;
 mod vocab;
 
 pub use arch::Arch;
 pub use error::ModelError;
-pub use spec::{GroupId, GroupKind, GroupSpec, Hparams, ModelSpec, Role, WeightSpec};
+pub use hparams::Hparams;
+pub use role::Role;
+pub use spec::{GroupId, GroupKind, GroupSpec, ModelSpec, WeightSpec};
 pub use vocab::validate_vocab;

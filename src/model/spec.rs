@@ -2,41 +2,13 @@
 //! architecture's expectations.
 
 use super::arch::Arch;
+use super::arch::Need;
 use super::error::ModelError;
+use super::hparams::bad;
+use super::hparams::Hparams;
+use super::role::Role;
 use crate::dtype::GgmlType;
 use crate::gguf::{GgufFile, TensorInfo};
-
-/// Hyperparameters read from `{arch}.*` metadata (llama.cpp key names).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Hparams {
-    pub n_vocab: u32,
-    pub n_ctx_train: u32,
-    pub n_embd: u32,
-    pub n_layer: u32,
-    pub n_ff: u32,
-    pub n_head: u32,
-    pub n_head_kv: u32,
-    /// Per-head dimension of Q/K/V.
-    pub head_dim: u32,
-    pub n_rot: u32,
-    pub rms_eps: f32,
-    pub rope_freq_base: f32,
-    pub rope_freq_scale: f32,
-    pub n_ctx_orig: u32,
-    /// Attention scale; llama.cpp default 1/sqrt(head_dim).
-    pub kq_scale: f32,
-}
-
-impl Hparams {
-    /// K (or V) row width of one token: head_dim * n_head_kv.
-    pub fn n_embd_kv(&self) -> u32 {
-        self.head_dim * self.n_head_kv
-    }
-    /// Q width: head_dim * n_head.
-    pub fn n_embd_q(&self) -> u32 {
-        self.head_dim * self.n_head
-    }
-}
 
 /// A layer group: the unit of scheduling and paging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,51 +58,6 @@ impl GroupId {
 impl std::fmt::Display for GroupId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "g{}", self.0)
-    }
-}
-
-/// What a weight tensor does inside its group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Role {
-    AttnNorm,
-    Wq,
-    Bq,
-    Wk,
-    Bk,
-    Wv,
-    Bv,
-    Wo,
-    Bo,
-    FfnNorm,
-    Gate,
-    Up,
-    Down,
-}
-
-impl Role {
-    /// GGUF tensor name suffix after "blk.N.".
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Role::AttnNorm => "attn_norm.weight",
-            Role::Wq => "attn_q.weight",
-            Role::Bq => "attn_q.bias",
-            Role::Wk => "attn_k.weight",
-            Role::Bk => "attn_k.bias",
-            Role::Wv => "attn_v.weight",
-            Role::Bv => "attn_v.bias",
-            Role::Wo => "attn_output.weight",
-            Role::Bo => "attn_output.bias",
-            Role::FfnNorm => "ffn_norm.weight",
-            Role::Gate => "ffn_gate.weight",
-            Role::Up => "ffn_up.weight",
-            Role::Down => "ffn_down.weight",
-        }
-    }
-    fn is_norm_or_bias(self) -> bool {
-        matches!(
-            self,
-            Role::AttnNorm | Role::FfnNorm | Role::Bq | Role::Bk | Role::Bv | Role::Bo
-        )
     }
 }
 
@@ -201,136 +128,6 @@ pub struct ModelSpec {
     pub rope_freqs: Option<WeightSpec>,
 }
 
-fn bad(key: &str, value: impl ToString, why: &'static str) -> ModelError {
-    ModelError::BadHparam {
-        key: key.to_string(),
-        value: value.to_string(),
-        why,
-    }
-}
-
-impl Hparams {
-    pub fn from_gguf(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
-        let a = arch.name();
-        let k = |s: &str| format!("{a}.{s}");
-        let n_embd = f.get_u32(&k("embedding_length"))?;
-        let n_layer = f.get_u32(&k("block_count"))?;
-        let n_ff = f.get_u32(&k("feed_forward_length"))?;
-        let n_head = f.get_u32(&k("attention.head_count"))?;
-        let n_head_kv = f
-            .get_u32_opt(&k("attention.head_count_kv"))?
-            .unwrap_or(n_head);
-        let n_ctx_train = f.get_u32(&k("context_length"))?;
-        if n_embd == 0 || n_embd > 1 << 16 {
-            return Err(bad(&k("embedding_length"), n_embd, "must be in 1..=65536"));
-        }
-        if n_layer == 0 || n_layer > 4096 {
-            return Err(bad(&k("block_count"), n_layer, "must be in 1..=4096"));
-        }
-        if n_ff == 0 || n_ff > 1 << 20 {
-            return Err(bad(&k("feed_forward_length"), n_ff, "must be in 1..=2^20"));
-        }
-        if n_head == 0 || n_head > 1024 {
-            return Err(bad(
-                &k("attention.head_count"),
-                n_head,
-                "must be in 1..=1024",
-            ));
-        }
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(bad(
-                &k("attention.head_count_kv"),
-                n_head_kv,
-                "must divide head_count",
-            ));
-        }
-        let head_dim = f
-            .get_u32_opt(&k("attention.key_length"))?
-            .unwrap_or(n_embd / n_head);
-        let head_dim_v = f
-            .get_u32_opt(&k("attention.value_length"))?
-            .unwrap_or(head_dim);
-        if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1024 {
-            return Err(bad(
-                &k("attention.key_length"),
-                head_dim,
-                "must be even and in 2..=1024",
-            ));
-        }
-        if head_dim_v != head_dim {
-            return Err(ModelError::Unsupported(format!(
-                "value_length {head_dim_v} != key_length {head_dim}"
-            )));
-        }
-        let n_rot = f
-            .get_u32_opt(&k("rope.dimension_count"))?
-            .unwrap_or(head_dim);
-        if n_rot != head_dim {
-            return Err(bad(
-                &k("rope.dimension_count"),
-                n_rot,
-                "must equal the head dimension",
-            ));
-        }
-        let rms_eps = f.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
-        if !(rms_eps > 0.0 && rms_eps < 1.0) {
-            return Err(bad(
-                &k("attention.layer_norm_rms_epsilon"),
-                rms_eps,
-                "must be in (0, 1)",
-            ));
-        }
-        let rope_freq_base = f.get_f32_opt(&k("rope.freq_base"))?.unwrap_or(10000.0);
-        if !(rope_freq_base.is_finite() && rope_freq_base > 0.0) {
-            return Err(bad(
-                &k("rope.freq_base"),
-                rope_freq_base,
-                "must be positive",
-            ));
-        }
-        let scaling = f.get_str_opt(&k("rope.scaling.type"))?.unwrap_or("none");
-        let factor = match f.get_f32_opt(&k("rope.scaling.factor"))? {
-            Some(x) => x,
-            None => f.get_f32_opt(&k("rope.scale_linear"))?.unwrap_or(1.0),
-        };
-        let rope_freq_scale = match scaling {
-            "none" => 1.0,
-            "linear" if factor > 0.0 && factor.is_finite() => 1.0 / factor,
-            "linear" => return Err(bad(&k("rope.scaling.factor"), factor, "must be positive")),
-            other => {
-                return Err(ModelError::Unsupported(format!(
-                    "rope scaling type '{other}'"
-                )))
-            }
-        };
-        let n_ctx_orig = f
-            .get_u32_opt(&k("rope.scaling.original_context_length"))?
-            .unwrap_or(n_ctx_train);
-        let scale = f.get_f32_opt(&k("attention.scale"))?.unwrap_or(0.0);
-        let kq_scale = if scale == 0.0 {
-            1.0 / (head_dim as f32).sqrt()
-        } else {
-            scale
-        };
-        Ok(Hparams {
-            n_vocab: 0, // filled from the embedding table by ModelSpec
-            n_ctx_train,
-            n_embd,
-            n_layer,
-            n_ff,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_rot,
-            rms_eps,
-            rope_freq_base,
-            rope_freq_scale,
-            n_ctx_orig,
-            kq_scale,
-        })
-    }
-}
-
 fn expect_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
     if t.ne != expected {
         return Err(ModelError::BadShape {
@@ -375,11 +172,27 @@ fn check_type(t: &TensorInfo, norm_or_bias: bool) -> Result<(), ModelError> {
     }
 }
 
+/// What a tensor strata does not read usually means, for the error.
+fn unsupported_hint(name: &str) -> &'static str {
+    let has = |s: &str| name.contains(s);
+    if has("_exps") || has("ffn_gate_inp") || has("_shexp") {
+        ": a mixture of experts"
+    } else if has("attn_qkv") {
+        ": fused QKV"
+    } else if has("ffn_gate.bias") || has("ffn_up.bias") || has("ffn_down.bias") {
+        ": FFN biases"
+    } else if has("post_attention_norm") || has("post_ffw_norm") {
+        ": post-norms (Gemma)"
+    } else {
+        ""
+    }
+}
+
 impl ModelSpec {
     /// Reads and validates the model description of a GGUF file.
     pub fn from_gguf(f: &GgufFile) -> Result<ModelSpec, ModelError> {
         let arch = Arch::from_name(f.get_str("general.architecture")?)?;
-        let mut hp = Hparams::from_gguf(f, arch)?;
+        let mut hp = Hparams::from_gguf(f, arch.name())?;
         let name = f.get_str_opt("general.name")?.unwrap_or("").to_string();
         super::vocab::validate_vocab(f)?;
         // a block_count below the layers present would silently drop them
@@ -437,60 +250,44 @@ impl ModelSpec {
             None => None,
         };
 
-        let (q, kv, ff) = (hp.n_embd_q() as u64, hp.n_embd_kv() as u64, hp.n_ff as u64);
-        let mut groups = Vec::with_capacity(2 * l as usize);
-        for layer in 0..l {
-            let get = |role: Role, required: bool| -> Result<Option<&TensorInfo>, ModelError> {
-                let n = format!("blk.{layer}.{}", role.suffix());
-                match f.tensor(&n) {
-                    Some(t) => Ok(Some(t)),
-                    None if required => Err(crate::gguf::GgufError::MissingTensor(n).into()),
-                    None => Ok(None),
-                }
+        // what the file carries that this architecture does not read is
+        // refused by name, never ignored (it would compute something else)
+        let top = [
+            "token_embd.weight",
+            "output_norm.weight",
+            "output.weight",
+            "rope_freqs.weight",
+        ];
+        for t in &f.tensors {
+            let known = match t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+                Some((_, suffix)) => arch.layer_tensors().any(|x| x.role.suffix() == suffix),
+                None => top.contains(&t.name.as_str()),
             };
-            if f.tensor(&format!("blk.{layer}.attn_qkv.weight")).is_some() {
+            if !known {
                 return Err(ModelError::Unsupported(format!(
-                    "fused QKV tensor in layer {layer}"
+                    "tensor {} ({} files strata reads carry no such tensor{})",
+                    t.name,
+                    arch.name(),
+                    unsupported_hint(&t.name)
                 )));
             }
-            for extra in [
-                "ffn_gate.bias",
-                "ffn_up.bias",
-                "ffn_down.bias",
-                "ffn_gate_inp.weight",
-            ] {
-                if f.tensor(&format!("blk.{layer}.{extra}")).is_some() {
-                    return Err(ModelError::Unsupported(format!(
-                        "tensor blk.{layer}.{extra} (MoE / FFN bias)"
-                    )));
-                }
-            }
-            let bias_req = arch.requires_qkv_bias();
-            let attn: [(Role, bool, Vec<u64>); 9] = [
-                (Role::AttnNorm, true, vec![e]),
-                (Role::Wq, true, vec![e, q]),
-                (Role::Bq, bias_req, vec![q]),
-                (Role::Wk, true, vec![e, kv]),
-                (Role::Bk, bias_req, vec![kv]),
-                (Role::Wv, true, vec![e, kv]),
-                (Role::Bv, bias_req, vec![kv]),
-                (Role::Wo, true, vec![q, e]),
-                (Role::Bo, false, vec![e]),
-            ];
-            let ffn: [(Role, bool, Vec<u64>); 4] = [
-                (Role::FfnNorm, true, vec![e]),
-                (Role::Gate, true, vec![e, ff]),
-                (Role::Up, true, vec![e, ff]),
-                (Role::Down, true, vec![ff, e]),
-            ];
-            for (kind, table) in [(GroupKind::Attn, &attn[..]), (GroupKind::Ffn, &ffn[..])] {
+        }
+        let spec = arch.spec();
+        let mut groups = Vec::with_capacity(2 * l as usize);
+        for layer in 0..l {
+            for (kind, table) in [(GroupKind::Attn, spec.attn), (GroupKind::Ffn, spec.ffn)] {
                 let mut weights = Vec::new();
-                for (role, required, shape) in table {
-                    if let Some(t) = get(*role, *required)? {
-                        expect_shape(t, shape)?;
-                        check_type(t, role.is_norm_or_bias())?;
-                        weights.push(WeightSpec::from_info(Some(*role), t));
-                    }
+                for x in table {
+                    let n = format!("blk.{layer}.{}", x.role.suffix());
+                    let Some(t) = f.tensor(&n) else {
+                        if x.need == Need::Required {
+                            return Err(crate::gguf::GgufError::MissingTensor(n).into());
+                        }
+                        continue;
+                    };
+                    expect_shape(t, &x.shape.ne(&hp))?;
+                    check_type(t, x.role.is_norm_or_bias())?;
+                    weights.push(WeightSpec::from_info(Some(x.role), t));
                 }
                 groups.push(GroupSpec {
                     layer,

@@ -5,9 +5,7 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use strata::engine::{Budgets, DeviceChoice, Engine, EngineConfig};
 use strata::llama::{LlamaModel, Reference, ReferenceConfig};
-use strata::parity::{
-    compare, margin_at, run_reference, run_strata, run_strata_forced, run_turns,
-};
+use strata::parity::{compare, margin_at, run_reference, run_strata, run_strata_forced, run_turns};
 
 #[derive(Args)]
 pub struct CheckArgs {

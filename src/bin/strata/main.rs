@@ -5,8 +5,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use strata::engine::{
-    Budgets, DeviceChoice, Engine, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions,
-    PagingOptions,
+    Budgets, DeviceChoice, Engine, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions, PagingOptions,
 };
 use strata::generate::Session;
 use strata::llama::LlamaModel;

@@ -1,0 +1,59 @@
+//! What each weight tensor of a layer group does, and its GGUF name.
+
+/// What a weight tensor does inside its group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    AttnNorm,
+    Wq,
+    /// Per-head RMS norm of Q (Qwen3), after the projection, before RoPE.
+    QNorm,
+    Bq,
+    Wk,
+    Bk,
+    /// Per-head RMS norm of K (Qwen3).
+    KNorm,
+    Wv,
+    Bv,
+    Wo,
+    Bo,
+    FfnNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Role {
+    /// GGUF tensor name suffix after "blk.N.".
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Role::AttnNorm => "attn_norm.weight",
+            Role::Wq => "attn_q.weight",
+            Role::Bq => "attn_q.bias",
+            Role::QNorm => "attn_q_norm.weight",
+            Role::Wk => "attn_k.weight",
+            Role::Bk => "attn_k.bias",
+            Role::KNorm => "attn_k_norm.weight",
+            Role::Wv => "attn_v.weight",
+            Role::Bv => "attn_v.bias",
+            Role::Wo => "attn_output.weight",
+            Role::Bo => "attn_output.bias",
+            Role::FfnNorm => "ffn_norm.weight",
+            Role::Gate => "ffn_gate.weight",
+            Role::Up => "ffn_up.weight",
+            Role::Down => "ffn_down.weight",
+        }
+    }
+    pub fn is_norm_or_bias(self) -> bool {
+        matches!(
+            self,
+            Role::AttnNorm
+                | Role::FfnNorm
+                | Role::QNorm
+                | Role::KNorm
+                | Role::Bq
+                | Role::Bk
+                | Role::Bv
+                | Role::Bo
+        )
+    }
+}
