@@ -167,6 +167,13 @@ pub fn build_attn<'c>(
     let mask = ctx
         .view_2d(ext.mask, s.n_kv as i64, n, s.n_kv as usize * 2, 0)
         .named("kq_mask_view");
+    // the step's inputs first, as llama.cpp's graph has them (inputs, not
+    // nodes between the ops): ggml-cuda fuses RMS_NORM, MUL, ROPE (and the
+    // KV store after it) only where they are adjacent in the graph, and the
+    // fused kernels round as llama.cpp's computation does
+    g.expand(pos);
+    g.expand(kv_idx);
+    g.expand(mask);
 
     let cur = rms_norm(
         ctx,
