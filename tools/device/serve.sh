@@ -4,7 +4,8 @@
 # `strata bench -B 64` and llama.cpp's batched decode at ngl=24 (its default
 # settings) in the same run.
 #   tools/device/pack.sh VOCAB.gguf   (here), then on the device:
-#   bash tools/device/serve.sh          # CLIENTS (default 64), MAX_TOKENS (32), LLAMA_NGL (24)
+#   bash tools/device/serve.sh          # CLIENTS (default 64), MAX_TOKENS (32), LLAMA_NGL (24),
+#                                       # LLAMA_BEST=1: llama.cpp also under --no-mmap -ub 2048
 # Results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,9 +13,9 @@ source tools/device/lib.sh
 dev_70b || exit 1
 C=${CLIENTS:-64}; N=${MAX_TOKENS:-32}
 {
-  echo "== 12G: strata bench, $C sequences x 8 decode steps after 16-token prompts; llama.cpp ngl=24 (defaults)"
+  echo "== 12G: strata bench, $C sequences x 8 decode steps after 16-token prompts; llama.cpp ngl=${LLAMA_NGL:-24}"
   $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -c 4096 -b 512 -p 0 -n 0 -B $C -r 2 \
-    --llama-ngl ${LLAMA_NGL:-24} 2>&1 | quiet
+    --llama-ngl ${LLAMA_NGL:-24} ${LLAMA_BEST:+--llama-best} 2>&1 | quiet
   echo "== 12G: strata serve --parallel $C, $C streaming clients, 16-token prompts, $N tokens each"
   $bin/strata serve -m "$m" --device gpu --gpu-budget 12G -c 4096 -b 512 --parallel $C --port 8080 \
     > "$out/serve_log.txt" 2>&1 &
