@@ -32,6 +32,7 @@ use crate::model::ModelSpec;
 use crate::paging::gemm;
 use crate::paging::sizes;
 use crate::paging::Budgets;
+use crate::paging::ComputeRate;
 use crate::paging::GemmPlan;
 use crate::paging::GroupInfo;
 use crate::paging::KvShape;
@@ -120,12 +121,11 @@ impl Engine {
         let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
         // which kernels multiply large steps; before the compute probe,
         // which then measures the chosen path
-        let gemm = probe::matmul_paths(&spec, device, n_batch, cfg.paging.gemm)?.map(
-            |(rows, elements)| GemmPlan {
-                mmq_max_rows: rows,
-                scratch_bytes: gemm::scratch_bytes(&dims.hp, n_batch, elements),
-            },
-        );
+        let paths = probe::matmul_paths(&spec, device, n_batch, cfg.paging.gemm)?;
+        let gemm = paths.map(|p| GemmPlan {
+            mmq_max_rows: p.mmq_max_rows,
+            scratch_bytes: gemm::scratch_bytes(&dims.hp, n_batch, p.elements),
+        });
         let mut input = MemoryInput {
             groups: spec
                 .groups
@@ -165,6 +165,32 @@ impl Engine {
             },
         };
         let mut plan = crate::paging::memory_plan(&input)?;
+        // the scratch against the resident groups it displaces: GEMM only
+        // where its plan predicts the larger step faster
+        if let (Some(p), Some(ratio), Some(c)) =
+            (paths, paths.and_then(|p| p.mmq_over_gemm), input.compute)
+        {
+            let mmq = MemoryInput {
+                gemm: None,
+                compute: Some(ComputeRate {
+                    s_per_byte_n: c.s_per_byte_n * ratio,
+                    ..c
+                }),
+                ..input.clone()
+            };
+            let without = crate::paging::memory_plan(&mmq)?;
+            if !gemm::pays(&plan.placement, &without.placement, n_batch) {
+                tracing::info!(
+                    "GEMM for steps over {} rows does not pay here: a {n_batch}-token step {:.1} ms with it, {:.1} ms without",
+                    p.mmq_max_rows,
+                    plan.placement.floor_s(n_batch) * 1e3,
+                    without.placement.floor_s(n_batch) * 1e3
+                );
+                probe::drop_gemm(device, p.elements);
+                input = mmq;
+                plan = without;
+            }
+        }
         let mut cpu_cal = None;
         if let Some(c) =
             probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?

@@ -186,21 +186,31 @@ fn largest_matrix(spec: &ModelSpec) -> Option<(crate::dtype::GgmlType, [i64; 2])
         .map(|w| (w.ty, [w.ne[0], w.ne[1]]))
 }
 
+/// What [`matmul_paths`] chose.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MatmulPaths {
+    /// Products of more rows than this go through GEMM.
+    pub mmq_max_rows: u32,
+    /// Elements of the largest layer matrix (the scratch GEMM needs).
+    pub elements: u64,
+    /// MMQ's time over GEMM's at a step of `n_batch` rows, as probed; None
+    /// where the path was given or chosen by an earlier engine.
+    pub mmq_over_gemm: Option<f64>,
+}
+
 /// Chooses which kernels multiply each step size on `device` and sets
 /// ggml's switch (see `paging::gemm`): under [`Gemm::Auto`] the model's
 /// largest layer matrix is timed through ggml's quantized kernels and
 /// through dequantize + BF16 GEMM at each of [`PATH_ROWS`] up to
-/// `n_batch`, and GEMM takes the sizes from the crossover up. Returns
-/// the most rows a product keeps the quantized kernels for and the
-/// largest matrix's elements (the scratch GEMM needs); None where every
-/// size keeps them (no switch in the device's module, steps too small,
-/// [`Gemm::Off`], or GEMM never faster).
+/// `n_batch`, and GEMM takes the sizes from the crossover up. None where
+/// every size keeps the quantized kernels (no switch in the device's
+/// module, steps too small, [`Gemm::Off`], or GEMM never faster).
 pub(super) fn matmul_paths(
     spec: &ModelSpec,
     device: Device,
     n_batch: u32,
     gemm: Gemm,
-) -> Result<Option<(u32, u64)>, EngineError> {
+) -> Result<Option<MatmulPaths>, EngineError> {
     let Some((ty, ne)) = largest_matrix(spec) else {
         return Ok(None);
     };
@@ -209,11 +219,19 @@ pub(super) fn matmul_paths(
     }
     let elements = (ne[0] * ne[1]) as u64;
     let mut decided = PATH_LIMIT.lock().unwrap_or_else(|e| e.into_inner());
+    let chosen = |limit: Option<u32>, ratio: Option<f64>| {
+        limit.filter(|&r| n_batch > r).map(|r| MatmulPaths {
+            mmq_max_rows: r,
+            elements,
+            mmq_over_gemm: ratio,
+        })
+    };
     if let Some((probed, limit)) = *decided {
         if probed >= elements {
-            return Ok(limit.filter(|&r| n_batch > r).map(|r| (r, elements)));
+            return Ok(chosen(limit, None));
         }
     }
+    let mut ratio = None;
     let limit = match gemm {
         Gemm::Off => None,
         Gemm::Above(r) => Some(r),
@@ -243,6 +261,7 @@ pub(super) fn matmul_paths(
                 });
             }
             let limit = crate::paging::choose_mmq_max_rows(&table);
+            ratio = table.last().map(|p| p.mmq_s / p.gemm_s);
             // per weight byte, as the compute probe reports
             let bytes = crate::ggml::row_size(ty, ne[0]) as f64 * ne[1] as f64;
             let tflops = |s: f64, rows: u32| 2.0 * elements as f64 * rows as f64 / s / 1e12;
@@ -272,7 +291,15 @@ pub(super) fn matmul_paths(
     };
     device.set_mmq_max_rows(limit);
     *decided = Some((elements, limit));
-    Ok(limit.filter(|&r| n_batch > r).map(|r| (r, elements)))
+    Ok(chosen(limit, ratio))
+}
+
+/// The memory plan decided the GEMM path does not pay (see
+/// `paging::gemm::pays`): ggml's kernels at every size for this process.
+pub(super) fn drop_gemm(device: Device, elements: u64) {
+    let mut decided = PATH_LIMIT.lock().unwrap_or_else(|e| e.into_inner());
+    device.set_mmq_max_rows(None);
+    *decided = Some((elements, None));
 }
 
 /// Measures host-to-device copy bandwidth (bytes/s) from pinned memory on a

@@ -7,6 +7,7 @@
 //! same product timed both ways at several step sizes. This file decides
 //! from that table and sizes the scratch the GEMM path takes. Plain Rust.
 
+use super::plan::Plan;
 use crate::model::Hparams;
 
 /// One row of the probe: seconds of one product of `rows` rows through
@@ -48,6 +49,15 @@ pub fn choose_mmq_max_rows(table: &[PathTiming]) -> Option<u32> {
     })
 }
 
+/// Whether the GEMM path pays at steps of `n` rows: its plan (the scratch
+/// taken from the budget, so fewer groups resident, and GEMM's compute
+/// rate) predicts a step at least `MARGIN` faster than the plan without it.
+/// Where a large step is bound by the bus either way (a tight budget, a
+/// step of a few hundred rows), the scratch only costs resident groups.
+pub fn pays(with: &Plan, without: &Plan, n: u32) -> bool {
+    with.floor_s(n) < without.floor_s(n) * MARGIN
+}
+
 /// Extra bytes cuBLAS takes beside the scratch: its workspace and handle
 /// (32 MiB of workspace on Hopper) with room to spare.
 const CUBLAS_BYTES: u64 = 64 << 20;
@@ -65,6 +75,7 @@ pub fn scratch_bytes(hp: &Hparams, n_batch: u32, largest_matrix: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::plan::ComputeRate;
     use super::*;
 
     fn row(rows: u32, mmq_s: f64, gemm_s: f64) -> PathTiming {
@@ -127,6 +138,36 @@ mod tests {
             row(2048, f64::INFINITY, 1.0),
         ];
         assert_eq!(choose_mmq_max_rows(&t), Some(511));
+    }
+
+    fn placed(copy_s: f64, compute_s_per_byte: f64) -> Plan {
+        Plan {
+            resident: vec![],
+            slots: (0, 0),
+            resident_bytes: 0,
+            slot_bytes: 0,
+            streamed_bytes_per_step: 0,
+            fixed_bytes: 0,
+            predicted_copy_s: copy_s,
+            compute: Some(ComputeRate {
+                s_per_byte_1: 0.0,
+                s_per_byte_n: compute_s_per_byte,
+                n: 512,
+            }),
+            total_bytes: 1000,
+            hybrid: None,
+        }
+    }
+
+    #[test]
+    fn gemm_pays_only_where_a_large_step_is_compute_bound() {
+        // bus-bound either way: the scratch costs copies, nothing is won
+        // (70B at 12G, 512-token steps: 0.609 s against 0.587 s)
+        assert!(!pays(&placed(0.609, 2.5e-4), &placed(0.587, 3.3e-4), 512));
+        // compute-bound with MMQ (70B at 12G, 2048-token steps)
+        assert!(pays(&placed(0.556, 5.1e-4), &placed(0.543, 1.3e-3), 512));
+        // all resident: no copies at all
+        assert!(pays(&placed(0.0, 5.0e-4), &placed(0.0, 1.3e-3), 512));
     }
 
     #[test]
