@@ -176,7 +176,7 @@ pub fn reset_matmul_path() {
     *decided = None;
 }
 
-/// The model's largest layer matrix: its type, shape and elements.
+/// The model's largest layer matrix: its type and shape.
 fn largest_matrix(spec: &ModelSpec) -> Option<(crate::dtype::GgmlType, [i64; 2])> {
     spec.groups
         .iter()
