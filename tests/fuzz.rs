@@ -716,6 +716,7 @@ fn fuzz_hf_checkpoints() {
             eps: 1e-5,
             llama3: None,
             dtype: "F16",
+            qwen3_head_dim: None,
         },
         7,
     );

@@ -26,6 +26,7 @@ fn tiny(class: &'static str, dtype: &'static str, vocab: usize) -> TinyConfig {
         eps: 1e-5,
         llama3: None,
         dtype,
+        qwen3_head_dim: None,
     }
 }
 
@@ -167,6 +168,43 @@ fn hf_qwen2_bf16_sharded_matches_reference() {
     );
     cs::assert_same_tokenizer(&out, &vocab);
     cs::assert_same_tokens(&out, &vocab, &TEXTS);
+}
+
+#[test]
+fn hf_qwen3_bf16_matches_reference() {
+    let Some(vocab) = model(common::QWEN2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut c = tiny("Qwen3ForCausalLM", "BF16", 151936);
+    // as every Qwen3: a head dimension of its own (here 64, not 128 / 4)
+    c.qwen3_head_dim = Some(64);
+    c.theta = 1000000.0;
+    c.eps = 1e-6;
+    let m = TinyModel::new(c, 4);
+    m.write(dir.path(), 1);
+    let pre = cs::split_pre(
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    );
+    let style = TokenizerStyle {
+        pre_tokenizer: pre,
+        pair_merges: true,
+        bos_via_config: true,
+    };
+    let bos = cs::write_tokenizer(&vocab, dir.path(), &style);
+    let mut cfg = m.config_json();
+    cfg["bos_token_id"] = serde_json::json!(bos);
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).expect("config");
+    let out = hf_matches_reference(dir.path(), &m, None, 1e-4);
+    let f = GgufFile::open(&out).expect("open");
+    assert_eq!(f.get_str("general.architecture").expect("arch"), "qwen3");
+    assert_eq!(
+        f.require_tensor("blk.1.attn_k_norm.weight")
+            .expect("k norm")
+            .ne,
+        vec![64]
+    );
+    assert!(f.tensor("blk.0.attn_q.bias").is_none());
 }
 
 /// A protobuf `ModelProto` with `pieces` (text, score, type) and a

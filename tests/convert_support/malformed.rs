@@ -25,6 +25,7 @@ fn checkpoint(dir: &Path) -> TinyModel {
         eps: 1e-5,
         llama3: None,
         dtype: "F32",
+        qwen3_head_dim: None,
     };
     let m = TinyModel::new(c, 9);
     m.write(dir, 1);

@@ -2,7 +2,9 @@
 //! safetensors) and an independent f64 forward pass of it, written from the
 //! transformers modeling code (modeling_llama.py / modeling_qwen2.py), not
 //! from llama.cpp: RMSNorm, rotate-half RoPE on the *unpermuted* HF weights
-//! (with llama3 frequency scaling), GQA causal attention, SwiGLU. strata's
+//! (with llama3 frequency scaling), GQA causal attention, SwiGLU; for Qwen3
+//! (modeling_qwen3.py) an explicit head_dim and per-head RMSNorm of Q and K
+//! before RoPE. strata's
 //! logits on the converted GGUF are compared against it.
 
 use half::{bf16, f16};
@@ -27,11 +29,13 @@ pub struct TinyConfig {
     pub llama3: Option<(f64, f64, f64, f64)>,
     /// "F32", "F16" or "BF16"
     pub dtype: &'static str,
+    /// Qwen3: an explicit head_dim (config.json `head_dim`) and Q/K norms.
+    pub qwen3_head_dim: Option<usize>,
 }
 
 impl TinyConfig {
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.n_head
+        self.qwen3_head_dim.unwrap_or(self.hidden / self.n_head)
     }
 }
 
@@ -99,6 +103,10 @@ impl TinyModel {
             add(p("self_attn.q_proj.weight"), vec![q, h], s, 0.0);
             add(p("self_attn.k_proj.weight"), vec![kv, h], s, 0.0);
             add(p("self_attn.v_proj.weight"), vec![kv, h], s, 0.0);
+            if cfg.qwen3_head_dim.is_some() {
+                add(p("self_attn.q_norm.weight"), vec![hd], 0.1, 1.0);
+                add(p("self_attn.k_norm.weight"), vec![hd], 0.1, 1.0);
+            }
             if cfg.qkv_bias {
                 add(p("self_attn.q_proj.bias"), vec![q], 0.3, 0.0);
                 add(p("self_attn.k_proj.bias"), vec![kv], 0.3, 0.0);
@@ -139,6 +147,9 @@ impl TinyModel {
             "tie_word_embeddings": c.tie,
             "torch_dtype": "float32",
         });
+        if let Some(hd) = c.qwen3_head_dim {
+            j["head_dim"] = json!(hd);
+        }
         if let Some((factor, low, high, orig)) = c.llama3 {
             j["rope_scaling"] = json!({"rope_type": "llama3", "factor": factor,
                 "low_freq_factor": low, "high_freq_factor": high,
@@ -268,6 +279,17 @@ impl TinyModel {
                     &matvec(self.t(&p("self_attn.v_proj.weight")), &hn),
                     &bias("self_attn.v_proj.bias", kv_dim),
                 );
+                if c.qwen3_head_dim.is_some() {
+                    let norm = |v: &mut Vec<f64>, w: &str| {
+                        let w = self.t(&p(w));
+                        *v = v
+                            .chunks_exact(hd)
+                            .flat_map(|h| rms_norm(h, w, c.eps))
+                            .collect();
+                    };
+                    norm(&mut q, "self_attn.q_norm.weight");
+                    norm(&mut k, "self_attn.k_norm.weight");
+                }
                 rope(&mut q, pos);
                 rope(&mut k, pos);
                 qs.push(q);

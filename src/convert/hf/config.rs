@@ -45,6 +45,8 @@ pub struct HfConfig {
     pub qkv_bias: bool,
     /// Output projection bias (Llama with `attention_bias`).
     pub o_bias: bool,
+    /// Per-head RMS norms of Q and K (Qwen3: `self_attn.q_norm`, `k_norm`).
+    pub qk_norm: bool,
     pub rope: RopeScaling,
     pub name: String,
     pub json: Json,
@@ -104,7 +106,8 @@ impl HfConfig {
         let (class, arch) = match classes.first().copied() {
             Some(c @ ("LlamaForCausalLM" | "MistralForCausalLM")) => (c, Arch::Llama),
             Some(c @ "Qwen2ForCausalLM") => (c, Arch::Qwen2),
-            Some(c) => return Err(ConvertError::Unsupported(format!("architecture {c} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"))),
+            Some(c @ "Qwen3ForCausalLM") => (c, Arch::Qwen3),
+            Some(c) => return Err(ConvertError::Unsupported(format!("architecture {c} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"))),
             None => return Err(cfg_err("no 'architectures' list".into())),
         };
         // the ranges strata's model check accepts: nothing is allocated from
@@ -209,6 +212,7 @@ impl HfConfig {
                 .unwrap_or(false),
             qkv_bias: arch == Arch::Qwen2 || attn_bias,
             o_bias: arch == Arch::Llama && attn_bias,
+            qk_norm: arch == Arch::Qwen3,
             rope,
             name,
             json: j,
@@ -217,8 +221,8 @@ impl HfConfig {
 
     /// Whether Q/K rows are permuted from Hugging Face's rotate-half layout
     /// to the interleaved pairs llama.cpp's NORM rope expects
-    /// (convert_hf_to_gguf.py `LlamaModel.permute`). Qwen2 uses NEOX rope on
-    /// the original layout.
+    /// (convert_hf_to_gguf.py `LlamaModel.permute`). Qwen2 and Qwen3 use
+    /// NEOX rope on the original layout.
     pub fn permute_qk(&self) -> bool {
         self.arch == Arch::Llama
     }

@@ -1,7 +1,7 @@
 //! `strata-convert hf`: a Hugging Face model directory (config.json,
 //! model.safetensors or shards + index, tokenizer.json,
-//! tokenizer_config.json) of LlamaForCausalLM, MistralForCausalLM or
-//! Qwen2ForCausalLM to a strata-aligned GGUF.
+//! tokenizer_config.json) of LlamaForCausalLM, MistralForCausalLM,
+//! Qwen2ForCausalLM or Qwen3ForCausalLM to a strata-aligned GGUF.
 //!
 //! Everything is checked before writing starts: config.json values, every
 //! safetensors header ([`safetensors`]), that each checkpoint tensor maps to
@@ -68,6 +68,8 @@ fn gguf_name(hf: &str, n_layer: u64) -> Result<Option<String>> {
                 "self_attn.q_proj.bias" => "attn_q.bias",
                 "self_attn.k_proj.weight" => "attn_k.weight",
                 "self_attn.k_proj.bias" => "attn_k.bias",
+                "self_attn.q_norm.weight" => "attn_q_norm.weight",
+                "self_attn.k_norm.weight" => "attn_k_norm.weight",
                 "self_attn.v_proj.weight" => "attn_v.weight",
                 "self_attn.v_proj.bias" => "attn_v.bias",
                 "self_attn.o_proj.weight" => "attn_output.weight",
@@ -121,6 +123,18 @@ fn expected(c: &HfConfig) -> Vec<(String, String, Vec<u64>)> {
             t("self_attn.q_proj.bias", "attn_q.bias", vec![q]);
             t("self_attn.k_proj.bias", "attn_k.bias", vec![kv]);
             t("self_attn.v_proj.bias", "attn_v.bias", vec![kv]);
+        }
+        if c.qk_norm {
+            t(
+                "self_attn.q_norm.weight",
+                "attn_q_norm.weight",
+                vec![c.head_dim],
+            );
+            t(
+                "self_attn.k_norm.weight",
+                "attn_k_norm.weight",
+                vec![c.head_dim],
+            );
         }
         t("self_attn.o_proj.weight", "attn_output.weight", vec![h, q]);
         if c.o_bias {
