@@ -26,6 +26,9 @@ fn dims(arch: Arch) -> Dims {
             rope_freq_scale: 1.0,
             n_ctx_orig: 8192,
             kq_scale: 0.125,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
         },
         Arch::Qwen2 => Hparams {
             n_vocab: 151936,
@@ -42,6 +45,9 @@ fn dims(arch: Arch) -> Dims {
             rope_freq_scale: 1.0,
             n_ctx_orig: 32768,
             kq_scale: 0.125,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
         },
         Arch::Qwen3 => Hparams {
             n_vocab: 151936,
@@ -58,6 +64,29 @@ fn dims(arch: Arch) -> Dims {
             rope_freq_scale: 1.0,
             n_ctx_orig: 40960,
             kq_scale: 1.0 / (128f32).sqrt(),
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
+        },
+        // Qwen3-30B-A3B-like: 128 experts of width 768, 8 used
+        Arch::Qwen3Moe => Hparams {
+            n_vocab: 151936,
+            n_ctx_train: 40960,
+            n_embd: 2048,
+            n_layer: 48,
+            n_ff: 6144,
+            n_head: 32,
+            n_head_kv: 4,
+            head_dim: 128,
+            n_rot: 128,
+            rms_eps: 1e-6,
+            rope_freq_base: 1000000.0,
+            rope_freq_scale: 1.0,
+            n_ctx_orig: 40960,
+            kq_scale: 1.0 / (128f32).sqrt(),
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 768,
         },
     };
     Dims {
@@ -65,6 +94,36 @@ fn dims(arch: Arch) -> Dims {
         hp,
         has_rope_freqs: false,
     }
+}
+
+/// A Mixtral-8x7B-like `llama` file: 8 experts of width 14336, 2 used.
+fn mixtral_dims() -> Dims {
+    let mut d = dims(Arch::Llama);
+    d.hp = Hparams {
+        n_embd: 4096,
+        n_ff: 14336,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_rot: 128,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 14336,
+        ..d.hp
+    };
+    d
+}
+
+/// The FFN of a mixture of experts: the router F32 (as llama.cpp keeps
+/// it), the experts Q4_K with down Q6_K.
+fn moe_sig() -> Vec<(Role, GgmlType)> {
+    vec![
+        (Role::FfnNorm, GgmlType::F32),
+        (Role::GateInp, GgmlType::F32),
+        (Role::GateExps, GgmlType::Q4_K),
+        (Role::UpExps, GgmlType::Q4_K),
+        (Role::DownExps, GgmlType::Q6_K),
+    ]
 }
 
 /// The architecture's required attention tensors (model/arch/): matrices
@@ -101,9 +160,15 @@ const LIM: Limits = Limits {
 };
 
 fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
-    let d = dims(arch);
-    let ctx = Context::new(512, 256).expect("context");
+    let d = match kind {
+        "mixtral_ffn" => mixtral_dims(),
+        _ => dims(arch),
+    };
+    let ctx = Context::new(1024, 1024).expect("context");
     let b = match kind {
+        "moe_ffn" | "mixtral_ffn" => build_ffn(&ctx, &d, &moe_sig(), s, LIM),
+        // two chunks of four rows: the routing and experts once per chunk
+        "moe_ffn_chunked" => build_ffn(&ctx, &d, &moe_sig(), s, Limits { ffn_rows: 4, ..LIM }),
         "attn" => build_attn(&ctx, &d, &attn_sig(arch), s, LIM),
         "ffn" => build_ffn(&ctx, &d, &ffn_sig(), s, LIM),
         // a step larger than ffn_rows: the FFN over chunks of rows
@@ -190,5 +255,21 @@ fn qwen3_layouts() {
     for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
         check(Arch::Qwen3, "attn", label, s);
         check(Arch::Qwen3, "ffn", label, s);
+    }
+}
+
+#[test]
+fn qwen3moe_layouts() {
+    for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
+        check(Arch::Qwen3Moe, "attn", label, s);
+        check(Arch::Qwen3Moe, "moe_ffn", label, s);
+    }
+    check(Arch::Qwen3Moe, "moe_ffn_chunked", "prefill", PREFILL);
+}
+
+#[test]
+fn mixtral_layouts() {
+    for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
+        check(Arch::Llama, "mixtral_ffn", label, s);
     }
 }

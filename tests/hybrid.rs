@@ -152,3 +152,29 @@ fn qwen2_repacked_hybrid_stays_close() {
     assert!(worst <= 5e-3, "NMSE {worst} repacked hybrid vs plain");
     assert_eq!(diff, None, "tokens differ");
 }
+
+/// A mixture of experts on the host: the CPU computes the router and the
+/// experts of the FFN groups the plan gives it (stacked expert matrices in
+/// plain host memory) as the device does.
+#[test]
+fn moe_hybrid_equals_resident() {
+    use strata::convert::{quant, synth};
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    for preset in ["mixtral-tiny", "qwen3moe-tiny"] {
+        let path = dir.path().join(format!("{preset}.gguf"));
+        let opts = synth::SynthOptions {
+            preset: synth::preset(preset).expect("preset"),
+            target: quant::parse_type("q4_0").expect("type"),
+            layers: None,
+            vocab_from: vocab.clone(),
+            seed: 5,
+            threads: 2,
+            progress: false,
+        };
+        synth::synth(&opts, &path).expect("synth");
+        hybrid_equals_resident_at(&path, preset, |n| vec![1, n]);
+    }
+}

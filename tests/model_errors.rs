@@ -183,3 +183,77 @@ fn block_count_below_the_layers_present_is_refused() {
     );
     assert!(e.to_string().contains("llama.block_count = 1"), "{e}");
 }
+
+/// The tiny model with a mixture of 4 experts (2 used) in each FFN.
+fn tiny_moe(
+    edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, GgmlType)>),
+) -> ModelSpecResult {
+    tiny(|kv, ts| {
+        kv.push(("llama.expert_count".into(), Value::U32(4)));
+        kv.push(("llama.expert_used_count".into(), Value::U32(2)));
+        ts.retain(|(n, _, _)| !n.contains("ffn_gate.") && !n.contains("ffn_up.") && !n.contains("ffn_down."));
+        for l in 0..2 {
+            for (n, s) in [
+                ("ffn_gate_inp.weight", vec![E, 4]),
+                ("ffn_gate_exps.weight", vec![E, FF, 4]),
+                ("ffn_up_exps.weight", vec![E, FF, 4]),
+                ("ffn_down_exps.weight", vec![FF, E, 4]),
+            ] {
+                ts.push((format!("blk.{l}.{n}"), s, GgmlType::F32));
+            }
+        }
+        edit(kv, ts);
+    })
+}
+
+fn set(kv: &mut [(String, Value)], key: &str, v: Value) {
+    kv.iter_mut().find(|(k, _)| k == key).expect("key").1 = v;
+}
+
+#[test]
+fn mixture_of_experts_is_read_and_checked() {
+    let spec = tiny_moe(|_, _| {}).expect("a valid Mixtral-style file");
+    assert_eq!((spec.hp.n_expert, spec.hp.n_expert_used, spec.hp.n_ff_exp), (4, 2, FF as u32));
+    let ffn = &spec.groups[1];
+    assert_eq!(ffn.weights.len(), 5);
+    assert_eq!(ffn.weights[2].ne, [E as i64, FF as i64, 4, 1]);
+
+    let err = |e: ModelSpecResult| e.expect_err("refused").to_string();
+    // used experts out of range
+    let e = err(tiny_moe(|kv, _| set(kv, "llama.expert_used_count", Value::U32(5))));
+    assert!(e.contains("expert_used_count"), "{e}");
+    let e = err(tiny_moe(|kv, _| set(kv, "llama.expert_used_count", Value::U32(0))));
+    assert!(e.contains("expert_used_count"), "{e}");
+    // the count disagrees with the tensors
+    let e = err(tiny_moe(|kv, _| set(kv, "llama.expert_count", Value::U32(8))));
+    assert!(e.contains("ffn_gate_inp"), "{e}");
+    // experts without a count: refused by tensor name
+    let e = err(tiny_moe(|kv, _| kv.retain(|(k, _)| !k.starts_with("llama.expert"))));
+    assert!(e.contains("ffn_gate_inp") && e.contains("mixture of experts"), "{e}");
+    // routing strata does not compute, by key
+    for (key, v, says) in [
+        ("llama.expert_shared_count", Value::U32(1), "shared experts"),
+        ("llama.expert_group_count", Value::U32(4), "grouped"),
+        ("llama.expert_gating_func", Value::U32(2), "softmax"),
+        ("llama.expert_weights_norm", Value::Bool(false), "renormalized"),
+        ("llama.expert_weights_scale", Value::F32(2.5), "scaled"),
+    ] {
+        let e = err(tiny_moe(|kv, _| kv.push((key.into(), v.clone()))));
+        assert!(e.contains(key) && e.contains(says), "{key}: {e}");
+    }
+    // the values these architectures compute are accepted
+    for (key, v) in [
+        ("llama.expert_gating_func", Value::U32(1)),
+        ("llama.expert_weights_norm", Value::Bool(true)),
+        ("llama.expert_weights_scale", Value::F32(1.0)),
+        ("llama.expert_shared_count", Value::U32(0)),
+    ] {
+        tiny_moe(|kv, _| kv.push((key.into(), v.clone()))).expect(key);
+    }
+    // one tensor per expert (old Mixtral conversions): named, with the fix
+    let e = err(tiny_moe(|_, ts| ts.push(("blk.0.ffn_gate.3.weight".into(), vec![E, FF], GgmlType::F32))));
+    assert!(e.contains("blk.0.ffn_gate.3.weight") && e.contains("one tensor per expert"), "{e}");
+    // a dense FFN tensor beside the experts is not silently ignored
+    let e = err(tiny_moe(|_, ts| ts.push(("blk.1.ffn_up.weight".into(), vec![E, FF], GgmlType::F32))));
+    assert!(e.contains("blk.1.ffn_up.weight"), "{e}");
+}

@@ -87,6 +87,67 @@ fn qwen3_matches_llama_cpp() {
     parity("qwen3-tiny");
 }
 
+/// Mixtral-style: `llama` with 8 experts, 2 used per token.
+#[test]
+fn mixtral_matches_llama_cpp() {
+    parity("mixtral-tiny");
+}
+
+/// Qwen3-MoE: 16 experts of their own width, 4 used per token.
+#[test]
+fn qwen3moe_matches_llama_cpp() {
+    parity("qwen3moe-tiny");
+}
+
+/// Replaces every occurrence of `from` by `to` (same length) in a file.
+fn patched(path: &Path, out: &Path, from: &[u8], to: &[u8]) {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = std::fs::read(path).expect("read");
+    let mut n = 0;
+    for i in 0..bytes.len() - from.len() {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+            n += 1;
+        }
+    }
+    assert!(n > 0, "{:?} not in the file", String::from_utf8_lossy(from));
+    std::fs::write(out, bytes).expect("write");
+}
+
+fn load_error(path: &Path) -> String {
+    match Engine::load(path, &common::cpu_cfg()) {
+        Ok(_) => panic!("{} must be refused", path.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// A mixture of experts in an architecture strata reads without experts,
+/// or without its expert count, is refused naming what is wrong (the keys
+/// strata's router does not implement: tests/model_errors.rs).
+#[test]
+fn expert_files_strata_cannot_run_are_refused() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let moe = synth_file(dir.path(), "qwen3moe-tiny", &vocab);
+    // Qwen3-MoE's tensors declared as dense Qwen3 (same length name)
+    let p = dir.path().join("as-qwen3.gguf");
+    patched(&moe, &p, b"qwen3moe", b"qwen3xxx");
+    let err = load_error(&p);
+    assert!(err.contains("qwen3xxx"), "{err}");
+    // declared qwen2 with the key names following: qwen2 has no experts
+    let p = dir.path().join("as-qwen2.gguf");
+    patched(&moe, &p, b"qwen3moe", b"qwen2moe");
+    let err = load_error(&p);
+    assert!(err.contains("qwen2moe"), "{err}");
+    // the expert count renamed away: the experts are refused by name
+    let p = dir.path().join("no-count.gguf");
+    patched(&moe, &p, b"qwen3moe.expert_count", b"qwen3moe.expert_cnt_x");
+    let err = load_error(&p);
+    assert!(err.contains("expert_count"), "{err}");
+}
+
 #[test]
 fn tensors_strata_does_not_read_are_refused_by_name() {
     let Some(vocab) = model(common::SMOLLM2) else {

@@ -6,7 +6,7 @@
 use super::check::check_layout;
 use super::error::Result;
 use crate::gguf::{Array, Value};
-use crate::model::ModelSpec;
+use crate::model::{ModelSpec, Role};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -122,6 +122,29 @@ pub fn inspect(path: &Path) -> Result<String> {
         spec.groups.len(),
         mib(spec.layer_bytes())
     );
+    let hp = &spec.hp;
+    if hp.is_moe() {
+        // one expert's bytes: its slice of each stacked matrix
+        let ffn = spec.group(0, crate::model::GroupKind::Ffn);
+        let exps = [Role::GateExps, Role::UpExps, Role::DownExps];
+        let per_expert: u64 = exps
+            .iter()
+            .filter_map(|&r| ffn.weight(r))
+            .map(|w| w.size / hp.n_expert as u64)
+            .sum();
+        let router = ffn.weight(Role::GateInp).map_or(0, |w| w.size);
+        let _ = writeln!(
+            o,
+            "experts: {} per layer, {} used per token, expert width {} (layer 0: {} per expert, router {}; a token reads {} of the layer's {} expert bytes)",
+            hp.n_expert,
+            hp.n_expert_used,
+            hp.n_ff_exp,
+            mib(per_expert),
+            mib(router),
+            mib(per_expert * hp.n_expert_used as u64),
+            mib(per_expert * hp.n_expert as u64),
+        );
+    }
     let _ = writeln!(
         o,
         "groups (tensors as found; extent = declared by strata.*):"

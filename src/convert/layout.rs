@@ -58,7 +58,16 @@ const ATTN_ROLES: [Role; 11] = [
     Role::Wo,
     Role::Bo,
 ];
-const FFN_ROLES: [Role; 4] = [Role::FfnNorm, Role::Gate, Role::Up, Role::Down];
+const FFN_ROLES: [Role; 8] = [
+    Role::FfnNorm,
+    Role::Gate,
+    Role::Up,
+    Role::Down,
+    Role::GateInp,
+    Role::GateExps,
+    Role::UpExps,
+    Role::DownExps,
+];
 
 impl Slot {
     /// The slot of a GGUF tensor name (llama.cpp naming).

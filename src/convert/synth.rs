@@ -50,7 +50,17 @@ pub struct Preset {
     pub rms_eps: f32,
     /// Llama 3.1 rope frequency factors (`rope_freqs.weight`).
     pub llama3_rope: bool,
+    /// Experts per FFN (0: dense) and experts used per token.
+    pub n_expert: u32,
+    pub n_expert_used: u32,
+    /// One expert's hidden width where it is not `n_ff` (Qwen3-MoE's
+    /// `expert_feed_forward_length`); 0: `n_ff`, written as Mixtral's
+    /// files have it (no key).
+    pub n_ff_exp: u32,
 }
+
+/// No experts: a dense FFN.
+const DENSE: (u32, u32, u32) = (0, 0, 0);
 
 const fn llama(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_ff: u32) -> Preset {
     Preset {
@@ -66,11 +76,66 @@ const fn llama(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_ff:
         rope_base: 500000.0,
         rms_eps: 1e-5,
         llama3_rope: true,
+        n_expert: DENSE.0,
+        n_expert_used: DENSE.1,
+        n_ff_exp: DENSE.2,
+    }
+}
+
+/// A Qwen3-MoE shape (head dimension 128, as every Qwen3).
+#[allow(clippy::too_many_arguments)]
+const fn qwen3moe(
+    name: &'static str,
+    n_embd: u32,
+    n_layer: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    n_ff: u32,
+    n_ff_exp: u32,
+    (n_expert, n_expert_used): (u32, u32),
+) -> Preset {
+    Preset {
+        name,
+        arch: Arch::Qwen3Moe,
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        n_ff,
+        head_dim: 128,
+        n_ctx: 40960,
+        rope_base: 1000000.0,
+        rms_eps: 1e-6,
+        llama3_rope: false,
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+    }
+}
+
+/// A Mixtral shape: `llama` with experts, no llama3 rope factors.
+const fn mixtral(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_head_kv: u32, n_ff: u32) -> Preset {
+    Preset {
+        name,
+        arch: Arch::Llama,
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        n_ff,
+        head_dim: 0,
+        n_ctx: 32768,
+        rope_base: 1000000.0,
+        rms_eps: 1e-5,
+        llama3_rope: false,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 0,
     }
 }
 
 /// The presets: a tiny one for tests and the shapes of real models.
-pub const PRESETS: [Preset; 7] = [
+pub const PRESETS: [Preset; 12] = [
     Preset {
         name: "tiny",
         arch: Arch::Llama,
@@ -84,6 +149,9 @@ pub const PRESETS: [Preset; 7] = [
         rope_base: 10000.0,
         rms_eps: 1e-5,
         llama3_rope: false,
+        n_expert: DENSE.0,
+        n_expert_used: DENSE.1,
+        n_ff_exp: DENSE.2,
     },
     // the draft model of the Llama 3 family's speculative decoding
     llama("llama3.2-1b", 2048, 16, 32, 8192),
@@ -102,6 +170,9 @@ pub const PRESETS: [Preset; 7] = [
         rope_base: 1000000.0,
         rms_eps: 1e-6,
         llama3_rope: false,
+        n_expert: DENSE.0,
+        n_expert_used: DENSE.1,
+        n_ff_exp: DENSE.2,
     },
     // Qwen3 for tests: a head dimension wider than n_embd / n_head, as in
     // every Qwen3
@@ -118,6 +189,9 @@ pub const PRESETS: [Preset; 7] = [
         rope_base: 1000000.0,
         rms_eps: 1e-6,
         llama3_rope: false,
+        n_expert: DENSE.0,
+        n_expert_used: DENSE.1,
+        n_ff_exp: DENSE.2,
     },
     Preset {
         name: "qwen3-32b",
@@ -132,7 +206,18 @@ pub const PRESETS: [Preset; 7] = [
         rope_base: 1000000.0,
         rms_eps: 1e-6,
         llama3_rope: false,
+        n_expert: DENSE.0,
+        n_expert_used: DENSE.1,
+        n_ff_exp: DENSE.2,
     },
+    // mixtures of experts for tests: Mixtral-style (llama with 8 experts,
+    // 2 used) and Qwen3-MoE (16 experts, 4 used, a narrower expert width)
+    mixtral("mixtral-tiny", 256, 2, 4, 2, 512),
+    qwen3moe("qwen3moe-tiny", 256, 2, 4, 2, 768, 256, (16, 4)),
+    // the real shapes (Mixtral-8x7B-v0.1, Qwen3-30B-A3B, Qwen3-235B-A22B)
+    mixtral("mixtral-8x7b", 4096, 32, 32, 8, 14336),
+    qwen3moe("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 768, (128, 8)),
+    qwen3moe("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 1536, (128, 8)),
 ];
 
 pub fn preset(name: &str) -> Result<Preset> {
@@ -335,6 +420,13 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
         hp("attention.value_length", Value::U32(hd as u32));
     }
     hp("vocab_size", Value::U32(n_vocab as u32));
+    if p.n_expert > 0 {
+        hp("expert_count", Value::U32(p.n_expert));
+        hp("expert_used_count", Value::U32(p.n_expert_used));
+        if p.n_ff_exp != 0 {
+            hp("expert_feed_forward_length", Value::U32(p.n_ff_exp));
+        }
+    }
     md.extend(
         vocab
             .metadata
@@ -369,9 +461,21 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
         rope_freq_scale: 1.0,
         n_ctx_orig: p.n_ctx,
         kq_scale: 1.0 / (hd as f32).sqrt(),
+        n_expert: p.n_expert,
+        n_expert_used: p.n_expert_used,
+        n_ff_exp: if p.n_ff_exp == 0 { p.n_ff } else { p.n_ff_exp },
     };
+    let spec = p.arch.spec();
+    let ffn = spec.ffn_tensors(p.n_expert).ok_or_else(|| {
+        ConvertError::Unsupported(format!(
+            "preset {}: {} with {} experts",
+            p.name,
+            p.arch.name(),
+            p.n_expert
+        ))
+    })?;
     for l in 0..n_layer {
-        for x in p.arch.layer_tensors() {
+        for x in spec.attn.iter().chain(ffn) {
             if x.need != Need::Required {
                 continue;
             }

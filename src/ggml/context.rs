@@ -85,6 +85,43 @@ impl Context {
         }
         t
     }
+    /// `as[ids] · b`: for each of `b`'s rows and each of its `ids`, the
+    /// product with that expert's matrix. `as` F32/quantized
+    /// [k, m, n_expert], `b` F32 [k, n_used or 1, n_tokens], `ids` I32
+    /// [n_used, n_tokens]; result F32 [m, n_used, n_tokens].
+    pub fn mul_mat_id<'a>(&'a self, w: Tensor<'a>, x: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_mul_mat_id(self.raw(), w.raw(), x.raw(), ids.raw()) })
+    }
+    /// Softmax along rows (ne0).
+    pub fn soft_max<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_soft_max(self.raw(), a.raw()) })
+    }
+    /// I32 indices of the `k` largest values of each row, largest first.
+    pub fn argsort_top_k<'a>(&'a self, a: Tensor<'a>, k: i32) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_argsort_top_k(self.raw(), a.raw(), k) })
+    }
+    /// Each row's sum: [1, ne1, ...].
+    pub fn sum_rows<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_sum_rows(self.raw(), a.raw()) })
+    }
+    pub fn clamp<'a>(&'a self, a: Tensor<'a>, min: f32, max: f32) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_clamp(self.raw(), a.raw(), min, max) })
+    }
+    /// `a / b`, `b` broadcast along `a`'s rows where it is narrower.
+    pub fn div<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_div(self.raw(), a.raw(), b.raw()) })
+    }
+    /// A contiguous copy of a view.
+    pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_cont(self.raw(), a.raw()) })
+    }
     pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_mul(self.raw(), a.raw(), b.raw()) })

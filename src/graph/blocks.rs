@@ -1,5 +1,6 @@
 //! The blocks of a Llama-family layer: attention group, FFN group, head.
 
+use super::moe::{moe_ffn, Experts};
 use super::shape::Dims;
 use super::shape::StepShape;
 use crate::dtype::GgmlType;
@@ -266,7 +267,8 @@ pub fn build_attn<'c>(
     }
 }
 
-/// FFN group: x += down · swiglu(gate·norm(x), up·norm(x)).
+/// FFN group: x += down · swiglu(gate·norm(x), up·norm(x)), or for a
+/// mixture of experts the routed experts' weighted sum (graph/moe.rs).
 pub fn build_ffn<'c>(
     ctx: &'c Context,
     d: &Dims,
@@ -277,6 +279,13 @@ pub fn build_ffn<'c>(
     let ext = Externals::new(ctx, d, lim, false);
     let w = weights(ctx, d, sig);
     let role = |r| find(sig, &w, r).expect("ffn weight");
+    // a mixture of experts where the group has a router
+    let experts = find(sig, &w, Role::GateInp).map(|gate_inp| Experts {
+        gate_inp,
+        gate: role(Role::GateExps),
+        up: role(Role::UpExps),
+        down: role(Role::DownExps),
+    });
     let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
     // chunks of at most lim.ffn_rows rows, in order: each reads and writes
     // only its own rows, and the allocator reuses one chunk's memory for
@@ -294,10 +303,15 @@ pub fn build_ffn<'c>(
         let n = chunk.min(s.n_tokens - r0);
         let x = rows_at(ctx, ext.x, r0, n).named("ffn_in");
         let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
-        let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
-        let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");
-        let act = ctx.swiglu_split(gate, up).named("ffn_swiglu");
-        let down = ctx.mul_mat(role(Role::Down), act).named("ffn_down");
+        let down = match &experts {
+            Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur),
+            None => {
+                let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
+                let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");
+                let act = ctx.swiglu_split(gate, up).named("ffn_swiglu");
+                ctx.mul_mat(role(Role::Down), act).named("ffn_down")
+            }
+        };
         let res = ctx.add(down, x).named("l_out");
         let o = ctx
             .cpy(res, rows_at(ctx, ext.x, r0, n).named("x_out"))

@@ -13,6 +13,7 @@
 //! index, so [`crate::ggml::Graph::snapshot`] prints a layer-independent layout.
 
 mod blocks;
+mod moe;
 mod shape;
 mod template;
 

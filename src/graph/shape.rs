@@ -23,5 +23,7 @@ pub struct Dims {
     pub has_rope_freqs: bool,
 }
 
-/// Nodes a group graph may hold at most (llama.cpp uses far fewer per layer).
-pub const GRAPH_NODES: usize = 256;
+/// Nodes a group graph may hold at most (llama.cpp uses far fewer per
+/// layer; a mixture-of-experts FFN over several row chunks needs a few
+/// hundred).
+pub const GRAPH_NODES: usize = 1024;

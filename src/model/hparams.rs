@@ -23,6 +23,13 @@ pub struct Hparams {
     pub n_ctx_orig: u32,
     /// Attention scale; llama.cpp default 1/sqrt(head_dim).
     pub kq_scale: f32,
+    /// Experts per FFN (0: a dense FFN), as `expert_count`.
+    pub n_expert: u32,
+    /// Experts each token is routed to (`expert_used_count`).
+    pub n_expert_used: u32,
+    /// Hidden width of one expert: `expert_feed_forward_length`, else
+    /// `feed_forward_length` (Mixtral's files carry only that).
+    pub n_ff_exp: u32,
 }
 
 impl Hparams {
@@ -34,6 +41,87 @@ impl Hparams {
     pub fn n_embd_q(&self) -> u32 {
         self.head_dim * self.n_head
     }
+    /// Whether the FFN is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.n_expert > 0
+    }
+}
+
+/// Most experts per FFN (llama.cpp's LLAMA_MAX_EXPERTS).
+pub const MAX_EXPERTS: u32 = 1024;
+
+/// The expert keys of `f` (`{arch}.expert_*`): (n_expert, n_expert_used,
+/// n_ff_exp). What strata's router does not compute is refused by key:
+/// Llama-style and Qwen3-MoE routing is softmax over the router's logits,
+/// top-k, the k weights renormalized to sum 1, no scale, no shared or
+/// grouped experts (llama.cpp's build_moe_ffn for these architectures).
+fn experts(f: &GgufFile, arch: &str, n_ff: u32) -> Result<(u32, u32, u32), ModelError> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let n_expert = f.get_u32_opt(&k("expert_count"))?.unwrap_or(0);
+    if n_expert == 0 {
+        return Ok((0, 0, 0));
+    }
+    if n_expert > MAX_EXPERTS {
+        return Err(bad(&k("expert_count"), n_expert, "must be at most 1024"));
+    }
+    let used = f.get_u32(&k("expert_used_count"))?;
+    if used == 0 || used > n_expert {
+        return Err(bad(
+            &k("expert_used_count"),
+            used,
+            "must be in 1..=expert_count",
+        ));
+    }
+    let n_ff_exp = f
+        .get_u32_opt(&k("expert_feed_forward_length"))?
+        .unwrap_or(n_ff);
+    if n_ff_exp == 0 || n_ff_exp > 1 << 20 {
+        return Err(bad(
+            &k("expert_feed_forward_length"),
+            n_ff_exp,
+            "must be in 1..=2^20",
+        ));
+    }
+    if let Some(n) = f.get_u32_opt(&k("expert_shared_count"))? {
+        if n > 0 {
+            return Err(ModelError::Unsupported(format!(
+                "{} = {n}: shared experts",
+                k("expert_shared_count")
+            )));
+        }
+    }
+    if let Some(n) = f.get_u32_opt(&k("expert_group_count"))? {
+        if n > 1 {
+            return Err(ModelError::Unsupported(format!(
+                "{} = {n}: grouped expert selection",
+                k("expert_group_count")
+            )));
+        }
+    }
+    // 0 (none given) and 1 (softmax) are what these architectures compute
+    if let Some(g) = f.get_u32_opt(&k("expert_gating_func"))? {
+        if g > 1 {
+            return Err(ModelError::Unsupported(format!(
+                "{} = {g}: routing other than softmax",
+                k("expert_gating_func")
+            )));
+        }
+    }
+    if f.get_bool_opt(&k("expert_weights_norm"))? == Some(false) {
+        return Err(ModelError::Unsupported(format!(
+            "{} = false: top-k weights not renormalized",
+            k("expert_weights_norm")
+        )));
+    }
+    if let Some(s) = f.get_f32_opt(&k("expert_weights_scale"))? {
+        if s != 0.0 && s != 1.0 {
+            return Err(ModelError::Unsupported(format!(
+                "{} = {s}: scaled expert weights",
+                k("expert_weights_scale")
+            )));
+        }
+    }
+    Ok((n_expert, used, n_ff_exp))
 }
 
 pub(super) fn bad(key: &str, value: impl ToString, why: &'static str) -> ModelError {
@@ -148,6 +236,7 @@ impl Hparams {
         } else {
             scale
         };
+        let (n_expert, n_expert_used, n_ff_exp) = experts(f, a, n_ff)?;
         Ok(Hparams {
             n_vocab: 0, // filled from the embedding table by ModelSpec
             n_ctx_train,
@@ -163,6 +252,9 @@ impl Hparams {
             rope_freq_scale,
             n_ctx_orig,
             kq_scale,
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
         })
     }
 }

@@ -20,6 +20,13 @@ pub enum Role {
     Gate,
     Up,
     Down,
+    /// The router of a mixture of experts: [n_embd, n_expert].
+    GateInp,
+    /// Every expert's gate, up and down matrices, stacked:
+    /// [n_embd, n_ff_exp, n_expert] and [n_ff_exp, n_embd, n_expert].
+    GateExps,
+    UpExps,
+    DownExps,
 }
 
 impl Role {
@@ -41,6 +48,10 @@ impl Role {
             Role::Gate => "ffn_gate.weight",
             Role::Up => "ffn_up.weight",
             Role::Down => "ffn_down.weight",
+            Role::GateInp => "ffn_gate_inp.weight",
+            Role::GateExps => "ffn_gate_exps.weight",
+            Role::UpExps => "ffn_up_exps.weight",
+            Role::DownExps => "ffn_down_exps.weight",
         }
     }
     pub fn is_norm_or_bias(self) -> bool {

@@ -175,8 +175,17 @@ fn check_type(t: &TensorInfo, norm_or_bias: bool) -> Result<(), ModelError> {
 /// What a tensor strata does not read usually means, for the error.
 fn unsupported_hint(name: &str) -> &'static str {
     let has = |s: &str| name.contains(s);
-    if has("_exps") || has("ffn_gate_inp") || has("_shexp") {
-        ": a mixture of experts"
+    let per_expert = ["ffn_gate.", "ffn_up.", "ffn_down."].iter().any(|p| {
+        name.split_once(p)
+            .and_then(|(_, r)| r.split('.').next())
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if has("_shexp") {
+        ": shared experts"
+    } else if per_expert {
+        ": one tensor per expert (an old Mixtral conversion; llama.cpp's convert_hf_to_gguf.py writes them stacked as ffn_*_exps)"
+    } else if has("_exps") || has("ffn_gate_inp") {
+        ": a mixture of experts (without an expert_count key, or in an architecture strata reads without experts)"
     } else if has("attn_qkv") {
         ": fused QKV"
     } else if has("ffn_gate.bias") || has("ffn_up.bias") || has("ffn_down.bias") {
@@ -258,9 +267,28 @@ impl ModelSpec {
             "output.weight",
             "rope_freqs.weight",
         ];
+        let spec = arch.spec();
+        // the FFN is dense or a mixture of experts as the file's
+        // expert_count says
+        let ffn = spec.ffn_tensors(hp.n_expert).ok_or_else(|| {
+            let key = format!("{}.expert_count", arch.name());
+            if hp.is_moe() {
+                ModelError::Unsupported(format!(
+                    "{key} = {}: {} files strata reads have no experts",
+                    hp.n_expert,
+                    arch.name()
+                ))
+            } else {
+                bad(&key, 0, "this architecture is a mixture of experts: must be > 0")
+            }
+        })?;
         for t in &f.tensors {
             let known = match t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
-                Some((_, suffix)) => arch.layer_tensors().any(|x| x.role.suffix() == suffix),
+                Some((_, suffix)) => spec
+                    .attn
+                    .iter()
+                    .chain(ffn)
+                    .any(|x| x.role.suffix() == suffix),
                 None => top.contains(&t.name.as_str()),
             };
             if !known {
@@ -272,10 +300,9 @@ impl ModelSpec {
                 )));
             }
         }
-        let spec = arch.spec();
         let mut groups = Vec::with_capacity(2 * l as usize);
         for layer in 0..l {
-            for (kind, table) in [(GroupKind::Attn, spec.attn), (GroupKind::Ffn, spec.ffn)] {
+            for (kind, table) in [(GroupKind::Attn, spec.attn), (GroupKind::Ffn, ffn)] {
                 let mut weights = Vec::new();
                 for x in table {
                     let n = format!("blk.{layer}.{}", x.role.suffix());

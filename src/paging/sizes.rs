@@ -90,10 +90,23 @@ fn row_bytes(hp: &Hparams) -> [u64; 3] {
     [
         // norm, Q, K, V, attention output (flash attention: no KQ matrix)
         4 * (2 * hp.n_embd as u64 + 2 * hp.n_embd_q() as u64 + 2 * hp.n_embd_kv() as u64),
-        // norm, gate, up, their product
-        4 * (2 * hp.n_embd as u64 + 3 * hp.n_ff as u64),
+        ffn_row_bytes(hp),
         4 * (2 * hp.n_embd as u64 + hp.n_vocab as u64),
     ]
+}
+
+/// Activation bytes per row of the FFN graph: norm, gate, up and their
+/// product; for a mixture of experts, the router's logits and
+/// probabilities, and per expert used its gate, up, product and output
+/// (before the weighted sum), the routing ids and weights.
+fn ffn_row_bytes(hp: &Hparams) -> u64 {
+    let e = hp.n_embd as u64;
+    if hp.is_moe() {
+        let (x, k, ff) = (hp.n_expert as u64, hp.n_expert_used as u64, hp.n_ff_exp as u64);
+        4 * (2 * e + 2 * x + k * (3 * ff + 2 * e + 4))
+    } else {
+        4 * (2 * e + 3 * hp.n_ff as u64)
+    }
 }
 
 /// Activation bytes of the largest step, used to plan before the graphs

@@ -57,5 +57,8 @@ pub fn hparams_70b() -> Hparams {
         rope_freq_scale: 1.0,
         n_ctx_orig: 8192,
         kq_scale: 1.0 / (128f32).sqrt(),
+        n_expert: 0,
+        n_expert_used: 0,
+        n_ff_exp: 0,
     }
 }

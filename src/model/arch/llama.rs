@@ -1,8 +1,10 @@
 //! Llama 1/2/3, Mistral, SmolLM2 (llama.cpp's src/models/llama.cpp):
 //! pre-norm attention with NORM RoPE (llama 3's frequency factors in
-//! `rope_freqs.weight` when present), optional biases, SwiGLU FFN.
+//! `rope_freqs.weight` when present), optional biases, SwiGLU FFN; or,
+//! where the file has `llama.expert_count`, a mixture of experts with
+//! softmax routing (Mixtral: `ffn_gate_inp` and stacked `ffn_*_exps`).
 
-use super::table::{t, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
+use super::table::{t, Arch, ArchSpec, Need::*, Shape::*, MOE_FFN, SWIGLU_FFN};
 use crate::model::role::Role;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -21,4 +23,5 @@ pub const SPEC: ArchSpec = ArchSpec {
         t(Role::Bo, Optional, Embd),
     ],
     ffn: &SWIGLU_FFN,
+    moe_ffn: &MOE_FFN,
 };

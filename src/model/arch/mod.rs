@@ -10,9 +10,10 @@
 mod llama;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 mod table;
 
-pub use table::{Arch, ArchSpec, Need, Shape, Tensor, ALL};
+pub use table::{Arch, ArchSpec, Need, Shape, Tensor, ALL, MOE_FFN};
 
 use super::error::ModelError;
 
@@ -22,6 +23,7 @@ impl Arch {
             Arch::Llama => &llama::SPEC,
             Arch::Qwen2 => &qwen2::SPEC,
             Arch::Qwen3 => &qwen3::SPEC,
+            Arch::Qwen3Moe => &qwen3moe::SPEC,
         }
     }
     pub fn from_name(name: &str) -> Result<Arch, ModelError> {
@@ -36,10 +38,11 @@ impl Arch {
     pub fn rope_mode(self) -> i32 {
         self.spec().rope_mode
     }
-    /// Every tensor of a layer this architecture reads, both groups.
+    /// Every tensor of a layer this architecture reads, both groups, dense
+    /// FFN and mixture of experts.
     pub fn layer_tensors(self) -> impl Iterator<Item = &'static Tensor> {
         let s = self.spec();
-        s.attn.iter().chain(s.ffn.iter())
+        s.attn.iter().chain(s.ffn.iter()).chain(s.moe_ffn.iter())
     }
 }
 
@@ -53,7 +56,12 @@ mod tests {
         for a in ALL {
             assert_eq!(Arch::from_name(a.name()).unwrap(), a);
             assert_eq!(a.spec().arch, a);
-            let roles: Vec<Role> = a.layer_tensors().map(|t| t.role).collect();
+            // FfnNorm is in both FFN tables; every other role once
+            let roles: Vec<Role> = a
+                .layer_tensors()
+                .map(|t| t.role)
+                .filter(|&r| r != Role::FfnNorm)
+                .collect();
             let mut dedup = roles.clone();
             dedup.sort();
             dedup.dedup();
@@ -66,7 +74,11 @@ mod tests {
                     .iter()
                     .any(|t| t.role == r && t.need == Need::Required));
             }
+            assert!(a.spec().ffn_tensors(0).is_some() || a.spec().ffn_tensors(8).is_some());
         }
+        assert!(Arch::Qwen3Moe.spec().ffn_tensors(0).is_none());
+        assert!(Arch::Qwen2.spec().ffn_tensors(8).is_none());
+        assert!(Arch::Llama.spec().ffn_tensors(8).is_some());
         assert!(Arch::from_name("gemma3").is_err());
     }
 }

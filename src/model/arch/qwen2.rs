@@ -20,4 +20,5 @@ pub const SPEC: ArchSpec = ArchSpec {
         t(Role::Bo, Optional, Embd),
     ],
     ffn: &SWIGLU_FFN,
+    moe_ffn: &[],
 };

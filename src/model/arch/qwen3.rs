@@ -20,4 +20,5 @@ pub const SPEC: ArchSpec = ArchSpec {
         t(Role::Wo, Required, QEmbd),
     ],
     ffn: &SWIGLU_FFN,
+    moe_ffn: &[],
 };

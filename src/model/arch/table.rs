@@ -14,10 +14,12 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (dense): per-head Q/K RMS norms, no biases.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, a mixture-of-experts FFN.
+    Qwen3Moe,
 }
 
 /// Every architecture, in the order errors list them.
-pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3];
+pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe];
 
 /// Whether a tensor must be in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,12 @@ pub enum Shape {
     EmbdFf,
     /// [n_ff, n_embd]
     FfEmbd,
+    /// [n_embd, n_expert]: the router
+    EmbdExperts,
+    /// [n_embd, n_ff_exp, n_expert]: every expert's gate or up
+    EmbdFfExperts,
+    /// [n_ff_exp, n_embd, n_expert]: every expert's down
+    FfEmbdExperts,
 }
 
 impl Shape {
@@ -54,6 +62,7 @@ impl Shape {
     pub fn ne(self, hp: &Hparams) -> Vec<u64> {
         let (e, hd) = (hp.n_embd as u64, hp.head_dim as u64);
         let (q, kv, ff) = (hp.n_embd_q() as u64, hp.n_embd_kv() as u64, hp.n_ff as u64);
+        let (x, fx) = (hp.n_expert as u64, hp.n_ff_exp as u64);
         match self {
             Shape::Embd => vec![e],
             Shape::HeadDim => vec![hd],
@@ -64,6 +73,9 @@ impl Shape {
             Shape::QEmbd => vec![q, e],
             Shape::EmbdFf => vec![e, ff],
             Shape::FfEmbd => vec![ff, e],
+            Shape::EmbdExperts => vec![e, x],
+            Shape::EmbdFfExperts => vec![e, fx, x],
+            Shape::FfEmbdExperts => vec![fx, e, x],
         }
     }
 }
@@ -90,8 +102,22 @@ pub struct ArchSpec {
     pub rope_mode: i32,
     /// The attention group's tensors, in the order the group lists them.
     pub attn: &'static [Tensor],
-    /// The FFN group's tensors.
+    /// The FFN group's tensors when the file has no experts
+    /// (`expert_count` 0); empty where the architecture is always a
+    /// mixture of experts.
     pub ffn: &'static [Tensor],
+    /// The FFN group's tensors when the file has experts; empty where the
+    /// architecture has none.
+    pub moe_ffn: &'static [Tensor],
+}
+
+impl ArchSpec {
+    /// The FFN group's tensors for a file with `n_expert` experts per FFN,
+    /// or None where the architecture has no FFN of that kind.
+    pub fn ffn_tensors(&self, n_expert: u32) -> Option<&'static [Tensor]> {
+        let t = if n_expert > 0 { self.moe_ffn } else { self.ffn };
+        (!t.is_empty()).then_some(t)
+    }
 }
 
 /// The Llama family's FFN: SwiGLU over gate and up.
@@ -100,4 +126,14 @@ pub const SWIGLU_FFN: [Tensor; 4] = [
     t(Role::Gate, Need::Required, Shape::EmbdFf),
     t(Role::Up, Need::Required, Shape::EmbdFf),
     t(Role::Down, Need::Required, Shape::FfEmbd),
+];
+
+/// A mixture of experts with softmax routing (graph/moe.rs): the router
+/// and every expert's SwiGLU matrices, stacked.
+pub const MOE_FFN: [Tensor; 5] = [
+    t(Role::FfnNorm, Need::Required, Shape::Embd),
+    t(Role::GateInp, Need::Required, Shape::EmbdExperts),
+    t(Role::GateExps, Need::Required, Shape::EmbdFfExperts),
+    t(Role::UpExps, Need::Required, Shape::EmbdFfExperts),
+    t(Role::DownExps, Need::Required, Shape::FfEmbdExperts),
 ];

@@ -1,0 +1,99 @@
+//! The routed experts of a mixture-of-experts FFN (Mixtral-style `llama`
+//! files, Qwen3-MoE): llama.cpp's `build_moe_ffn` (src/llama-graph.cpp)
+//! for softmax gating, in its order, so that ggml-cuda's fused top-k-MoE
+//! kernel sees the nodes it fuses and both engines round alike:
+//!
+//! 1. router logits `gate_inp · x`, softmax over the experts;
+//! 2. the `n_expert_used` most probable experts (argsort, top k) and their
+//!    probabilities, renormalized to sum 1 (clamped below at F16's
+//!    smallest normal so a sum of zeros cannot divide by zero);
+//! 3. each token through its experts only (`mul_mat_id`): SwiGLU of gate
+//!    and up, then down;
+//! 4. the experts' outputs weighted and summed.
+//!
+//! The router and every expert are one layer group: the engine pages it
+//! like a dense FFN group (all experts move together).
+
+use super::shape::Dims;
+use crate::ggml::{Context, Graph, Tensor};
+
+/// The expert tensors of one FFN group.
+pub struct Experts<'c> {
+    /// [n_embd, n_expert]
+    pub gate_inp: Tensor<'c>,
+    /// [n_embd, n_ff_exp, n_expert]
+    pub gate: Tensor<'c>,
+    /// [n_embd, n_ff_exp, n_expert]
+    pub up: Tensor<'c>,
+    /// [n_ff_exp, n_embd, n_expert]
+    pub down: Tensor<'c>,
+}
+
+/// F16's smallest normal value: the floor of the routing weights' sum.
+const WEIGHT_SUM_MIN: f32 = 6.103_515_6e-5;
+
+/// The experts' combined output, F32 [n_embd, n_tokens], for `cur`, the
+/// FFN-normed rows F32 [n_embd, n_tokens].
+pub fn moe_ffn<'c>(
+    ctx: &'c Context,
+    g: &mut Graph<'c>,
+    d: &Dims,
+    w: &Experts<'c>,
+    cur: Tensor<'c>,
+) -> Tensor<'c> {
+    let hp = &d.hp;
+    let (e, n) = (hp.n_embd as i64, cur.ne()[1]);
+    let (n_exp, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
+
+    // F32 [n_expert, n_tokens]
+    let logits = ctx.mul_mat(w.gate_inp, cur).named("ffn_moe_logits");
+    let probs = ctx.soft_max(logits).named("ffn_moe_probs");
+    // I32 [n_used, n_tokens]
+    let selected = ctx.argsort_top_k(probs, k as i32).named("ffn_moe_topk");
+    // F32 [1, n_used, n_tokens]: the chosen experts' probabilities
+    let probs3 = ctx.reshape_3d(probs, 1, n_exp, n).named("ffn_moe_probs_3d");
+    let weights = ctx.get_rows(probs3, selected).named("ffn_moe_weights");
+    let weights = ctx.reshape_2d(weights, k, n).named("ffn_moe_weights_2d");
+    let sum = ctx.sum_rows(weights).named("ffn_moe_weights_sum");
+    let sum = ctx
+        .clamp(sum, WEIGHT_SUM_MIN, f32::INFINITY)
+        .named("ffn_moe_weights_sum_clamped");
+    let weights = ctx.div(weights, sum).named("ffn_moe_weights_norm");
+    let weights = ctx.reshape_3d(weights, 1, k, n).named("ffn_moe_weights_3d");
+    // the routing first, as llama.cpp expands it, so the fused top-k-MoE
+    // kernel can take it
+    g.expand(weights);
+
+    // F32 [n_embd, 1, n_tokens]
+    let cur = ctx.reshape_3d(cur, e, 1, n).named("ffn_moe_in");
+    // F32 [n_ff_exp, n_used, n_tokens]
+    let up = ctx.mul_mat_id(w.up, cur, selected).named("ffn_moe_up");
+    let gate = ctx.mul_mat_id(w.gate, cur, selected).named("ffn_moe_gate");
+    let act = ctx.swiglu_split(gate, up).named("ffn_moe_swiglu");
+    // F32 [n_embd, n_used, n_tokens]
+    let experts = ctx.mul_mat_id(w.down, act, selected).named("ffn_moe_down");
+    let experts = ctx.mul(experts, weights).named("ffn_moe_weighted");
+    g.expand(experts);
+
+    // the views before the adds, as llama.cpp orders them
+    let [_, nb1, nb2, _] = experts.nb();
+    let views: Vec<Tensor<'c>> = (0..k as usize)
+        .map(|i| {
+            let v = ctx
+                .view_2d(experts, e, n, nb2, i * nb1)
+                .named("ffn_moe_expert");
+            g.expand(v);
+            v
+        })
+        .collect();
+    let mut out = views[0];
+    for &v in &views[1..] {
+        out = ctx.add(out, v).named("ffn_moe_sum");
+        g.expand(out);
+    }
+    if k == 1 {
+        // a view of one expert is not contiguous
+        out = ctx.cont(out);
+    }
+    out.named("ffn_moe_out")
+}
