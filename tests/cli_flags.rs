@@ -434,3 +434,191 @@ fn bench_llama_best_times_both_configurations() {
     assert!(out.contains("/ llama.cpp ngl=0 no-mmap ub=2048:"), "{out}");
     assert!(out.contains("best  pp8"), "{out}");
 }
+
+/// A 2-layer mixture of experts (llama architecture, Mixtral's layout: 4
+/// experts, 2 used; zero F32 weights) with SmolLM2's vocabulary, for
+/// llama.cpp only.
+fn tiny_moe(dir: &std::path::Path, vocab: &std::path::Path) -> std::path::PathBuf {
+    use strata::gguf::{GgmlType, GgufFile, GgufWriter, Value};
+    let (e, ff, kv, n_exp) = (64u64, 128u64, 32u64, 4u64);
+    let f = GgufFile::open(vocab).expect("vocab gguf");
+    let n_vocab = f
+        .get_str_array("tokenizer.ggml.tokens")
+        .expect("tokens")
+        .len() as u64;
+    let mut w = GgufWriter::new(32);
+    for (k, v) in [
+        ("general.architecture", Value::Str("llama".into())),
+        ("llama.embedding_length", Value::U32(e as u32)),
+        ("llama.block_count", Value::U32(2)),
+        ("llama.feed_forward_length", Value::U32(ff as u32)),
+        ("llama.attention.head_count", Value::U32(4)),
+        ("llama.attention.head_count_kv", Value::U32(2)),
+        ("llama.context_length", Value::U32(4096)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("llama.expert_count", Value::U32(n_exp as u32)),
+        ("llama.expert_used_count", Value::U32(2)),
+    ] {
+        w.set(k, v);
+    }
+    for (k, v) in f
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+    {
+        w.set(k, v.clone());
+    }
+    let mut ts: Vec<(String, Vec<u64>)> = vec![
+        ("token_embd.weight".into(), vec![e, n_vocab]),
+        ("output_norm.weight".into(), vec![e]),
+    ];
+    for l in 0..2 {
+        for (n, s) in [
+            ("attn_norm.weight", vec![e]),
+            ("attn_q.weight", vec![e, e]),
+            ("attn_k.weight", vec![e, kv]),
+            ("attn_v.weight", vec![e, kv]),
+            ("attn_output.weight", vec![e, e]),
+            ("ffn_norm.weight", vec![e]),
+            ("ffn_gate_inp.weight", vec![e, n_exp]),
+            ("ffn_gate_exps.weight", vec![e, ff, n_exp]),
+            ("ffn_down_exps.weight", vec![ff, e, n_exp]),
+            ("ffn_up_exps.weight", vec![e, ff, n_exp]),
+        ] {
+            ts.push((format!("blk.{l}.{n}"), s));
+        }
+    }
+    for (n, s) in ts {
+        let bytes = vec![0u8; 4 * s.iter().product::<u64>() as usize];
+        w.add_tensor(&n, &s, GgmlType::F32, bytes)
+            .expect("add tensor");
+    }
+    let out = dir.join("tiny-moe.gguf");
+    w.write_file(&out).expect("write");
+    out
+}
+
+/// `bench --llama-n-cpu-moe N` / `--llama-cpu-moe`: llama.cpp's
+/// `--n-cpu-moe N` / `--cpu-moe` (expert tensors kept in CPU memory through
+/// its tensor buffer-type overrides) time rows named with them, and
+/// `--llama-best` adds `ngl=99` with them on a mixture of experts. A model
+/// without experts, a missing `--llama-ngl`, a non-number and both flags
+/// together are refused naming the flag.
+#[test]
+fn bench_llama_n_cpu_moe_times_a_row_named_with_it() {
+    let Some(smol) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let moe = tiny_moe(dir.path(), &smol);
+    let m = moe.to_str().unwrap();
+    let (lines, out) = bench_json(
+        m,
+        &[
+            "--no-strata",
+            "--llama-ngl",
+            "0",
+            "--llama-n-cpu-moe",
+            "1",
+            "--llama-best",
+        ],
+    );
+    let engines: Vec<&str> = lines.iter().filter_map(|v| v["engine"].as_str()).collect();
+    assert_eq!(
+        engines,
+        [
+            "llama.cpp ngl=0 n-cpu-moe=1",
+            "llama.cpp ngl=0 n-cpu-moe=1",
+            "llama.cpp ngl=0 n-cpu-moe=1 no-mmap ub=2048",
+            "llama.cpp ngl=0 n-cpu-moe=1 no-mmap ub=2048",
+            "llama.cpp ngl=99 n-cpu-moe=1",
+            "llama.cpp ngl=99 n-cpu-moe=1",
+        ],
+        "{out}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|v| v["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0)),
+        "{out}"
+    );
+    let (lines, out) = bench_json(m, &["--no-strata", "--llama-ngl", "0", "--llama-cpu-moe"]);
+    let engines: Vec<&str> = lines.iter().filter_map(|v| v["engine"].as_str()).collect();
+    assert_eq!(
+        engines,
+        ["llama.cpp ngl=0 cpu-moe", "llama.cpp ngl=0 cpu-moe"],
+        "{out}"
+    );
+
+    // the placement reaches libllama: its loader logs each tensor moved
+    #[rustfmt::skip]
+    let run = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench", "-m", m, "--device", "cpu", "-t", "2", "-p", "8", "-n", "0", "-B", "0",
+            "-r", "1", "--no-strata", "--llama-ngl", "0", "--llama-n-cpu-moe", "1",
+        ])
+        .env("STRATA_LLAMA_LOG", "1")
+        .output()
+        .expect("strata runs");
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    let moved = |t: &str| {
+        log.lines()
+            .any(|l| l.starts_with(&format!("tensor {t} ")) && l.ends_with("overridden to CPU"))
+    };
+    for t in ["gate", "down", "up"] {
+        assert!(moved(&format!("blk.0.ffn_{t}_exps.weight")), "{t}: {log}");
+        assert!(!moved(&format!("blk.1.ffn_{t}_exps.weight")), "{t}: {log}");
+    }
+    assert!(!moved("blk.0.ffn_gate_inp.weight"), "{log}");
+
+    let s = smol.to_str().unwrap();
+    let bench = |model: &str, extra: &[&str]| {
+        let mut args = vec![
+            "bench", "-m", model, "--device", "cpu", "-p", "8", "-n", "0",
+        ];
+        args.extend_from_slice(extra);
+        strata(&args)
+    };
+    for (model, extra, says) in [
+        (
+            s,
+            &["--llama-ngl", "0", "--llama-n-cpu-moe", "4"][..],
+            "--llama-n-cpu-moe",
+        ),
+        (
+            s,
+            &["--llama-ngl", "0", "--llama-cpu-moe"][..],
+            "--llama-cpu-moe",
+        ),
+        (m, &["--llama-n-cpu-moe", "1"][..], "--llama-ngl"),
+        (
+            m,
+            &["--llama-ngl", "0", "--llama-n-cpu-moe", "abc"][..],
+            "--llama-n-cpu-moe",
+        ),
+        (
+            m,
+            &["--llama-ngl", "0", "--llama-n-cpu-moe", "2.5"][..],
+            "--llama-n-cpu-moe",
+        ),
+        (
+            m,
+            &[
+                "--llama-ngl",
+                "0",
+                "--llama-n-cpu-moe",
+                "1",
+                "--llama-cpu-moe",
+            ][..],
+            "cannot be used with",
+        ),
+    ] {
+        let (ok, _, err) = bench(model, extra);
+        assert!(!ok, "{extra:?} was accepted");
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let (_, _, err) = bench(s, &["--llama-ngl", "0", "--llama-n-cpu-moe", "4"]);
+    assert!(err.contains("not a mixture of experts"), "{err}");
+    let (_, _, err) = bench(m, &["--llama-ngl", "0", "--llama-n-cpu-moe", "abc"]);
+    assert!(err.contains("invalid value 'abc'"), "{err}");
+}

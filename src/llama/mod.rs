@@ -7,6 +7,6 @@ mod fill;
 mod model;
 #[cfg(feature = "reference")]
 mod reference;
-pub use model::{builtin_chat_template, LlamaError, LlamaModel, LoadOptions};
+pub use model::{builtin_chat_template, CpuExperts, LlamaError, LlamaModel, LoadOptions};
 #[cfg(feature = "reference")]
 pub use reference::{Reference, ReferenceConfig};

@@ -1,4 +1,9 @@
 //! A model loaded by libllama: its vocabulary, tokenizer and chat template.
+//!
+//! Loading takes llama.cpp's model options as its command-line flags set
+//! them ([`LoadOptions`]), expert placement (`--n-cpu-moe`, `--cpu-moe`)
+//! included: that becomes libllama's tensor buffer-type overrides, whose
+//! pattern strings and array this module owns until the load returns.
 
 use crate::sys;
 use std::ffi::{CStr, CString};
@@ -62,6 +67,43 @@ pub struct LoadOptions {
     /// Memory-mapped weights (its default; `--no-mmap` reads them into
     /// host buffers, pinned where a GPU is loaded).
     pub mmap: bool,
+    /// Which layers' expert tensors of a mixture of experts stay in CPU
+    /// memory whatever `n_gpu_layers` says (`--n-cpu-moe N`, `--cpu-moe`).
+    pub cpu_experts: CpuExperts,
+}
+
+/// Where llama.cpp keeps a mixture of experts' expert tensors
+/// (`blk.{i}.ffn_{up,down,gate,gate_up}_{,ch}exps`): with their layer, as
+/// `-ngl` places it, or in CPU memory. Everything else follows `-ngl`. On a
+/// model without experts no tensor matches and the choice changes nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuExperts {
+    /// Every tensor follows `-ngl` (llama.cpp's default).
+    #[default]
+    None,
+    /// The experts of the first N layers stay on the CPU (`--n-cpu-moe N`).
+    FirstLayers(u32),
+    /// Every layer's experts stay on the CPU (`--cpu-moe`).
+    All,
+}
+
+/// llama.cpp's pattern of every expert tensor (common/arg.cpp, `--cpu-moe`).
+const EXPS_REGEX: &str = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps";
+
+impl CpuExperts {
+    /// The tensor-name patterns (regex, searched) of the expert tensors
+    /// this choice keeps on the CPU, as llama.cpp's `--n-cpu-moe` and
+    /// `--cpu-moe` write them: one per layer, or one for all. `n_layer`
+    /// (the model's block count) bounds N: N at or above it is all layers.
+    pub fn patterns(self, n_layer: u32) -> Vec<String> {
+        match self {
+            CpuExperts::None | CpuExperts::FirstLayers(0) => Vec::new(),
+            CpuExperts::FirstLayers(n) if n < n_layer => {
+                (0..n).map(|i| format!(r"blk\.{i}{EXPS_REGEX}")).collect()
+            }
+            CpuExperts::FirstLayers(_) | CpuExperts::All => vec![EXPS_REGEX.to_string()],
+        }
+    }
 }
 
 /// An owned `llama_model`.
@@ -104,12 +146,14 @@ impl LlamaModel {
             n_gpu_layers,
             repack,
             mmap: true,
+            cpu_experts: CpuExperts::None,
         };
         Self::load_with_options(path, vocab_only, &opts)
     }
 
     /// Loads a model with llama.cpp's model options as its command-line
-    /// flags set them (`-ngl`, `--no-repack`, `--no-mmap`).
+    /// flags set them (`-ngl`, `--no-repack`, `--no-mmap`, `--n-cpu-moe`,
+    /// `--cpu-moe`).
     pub fn load_with_options(
         path: &Path,
         vocab_only: bool,
@@ -136,9 +180,57 @@ impl LlamaModel {
         if !o.mmap {
             p.load_mode = sys::LLAMA_LOAD_MODE_NONE;
         }
+        // --n-cpu-moe / --cpu-moe: expert tensors overridden to the CPU
+        // device's buffer type. libllama reads the NULL-terminated array
+        // (and the strings it points to) during the load only (the model's
+        // copy of the params keeps the pointer, unread after); both live in
+        // this frame until the load returns.
+        let n_layer = match o.cpu_experts {
+            CpuExperts::None => 0,
+            _ => f
+                .get_str("general.architecture")
+                .and_then(|a| f.get_u32(&format!("{a}.block_count")))
+                .map_err(|e| invalid(e.to_string()))?,
+        };
+        let patterns = o
+            .cpu_experts
+            .patterns(n_layer)
+            .into_iter()
+            .map(|s| CString::new(s).map_err(|_| LlamaError::Nul))
+            .collect::<Result<Vec<_>, _>>()?;
+        // SAFETY: plain query of a constant.
+        let max_overrides = unsafe { sys::llama_max_tensor_buft_overrides() };
+        if patterns.len() >= max_overrides {
+            return Err(invalid(format!(
+                "{} expert-placement patterns exceed libllama's {} tensor overrides",
+                patterns.len(),
+                max_overrides - 1
+            )));
+        }
+        let mut overrides: Vec<sys::llama_model_tensor_buft_override> = Vec::new();
+        if !patterns.is_empty() {
+            let cpu = crate::ggml::cpu_device()?.buffer_type().raw();
+            overrides.extend(
+                patterns
+                    .iter()
+                    .map(|pat| sys::llama_model_tensor_buft_override {
+                        pattern: pat.as_ptr(),
+                        buft: cpu,
+                    }),
+            );
+            overrides.push(sys::llama_model_tensor_buft_override {
+                pattern: std::ptr::null(),
+                buft: std::ptr::null_mut(),
+            });
+            p.tensor_buft_overrides = overrides.as_ptr();
+        }
         quiet_logs();
-        // SAFETY: c is a valid path string; params are valid.
+        // SAFETY: c is a valid path string; params are valid; the override
+        // array (NULL-pattern terminated) and its pattern strings outlive
+        // the call, the only time libllama reads them.
         let m = unsafe { sys::llama_model_load_from_file(c.as_ptr(), p) };
+        drop(overrides);
+        drop(patterns);
         NonNull::new(m)
             .map(|ptr| LlamaModel { ptr })
             .ok_or_else(|| LlamaError::Load(path.display().to_string()))
@@ -326,5 +418,28 @@ pub(crate) fn quiet_logs() {
     if std::env::var_os("STRATA_LLAMA_LOG").is_none() {
         // SAFETY: the callback is a valid function for the program's lifetime.
         unsafe { sys::llama_log_set(Some(silent), std::ptr::null_mut()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CpuExperts;
+
+    #[test]
+    fn expert_patterns_are_llama_cpps() {
+        assert!(CpuExperts::None.patterns(24).is_empty());
+        assert!(CpuExperts::FirstLayers(0).patterns(24).is_empty());
+        assert_eq!(
+            CpuExperts::FirstLayers(2).patterns(24),
+            [
+                r"blk\.0\.ffn_(up|down|gate|gate_up)_(ch|)exps",
+                r"blk\.1\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+            ]
+        );
+        let all = [r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"];
+        assert_eq!(CpuExperts::All.patterns(24), all);
+        // N at or above the block count is every layer
+        assert_eq!(CpuExperts::FirstLayers(24).patterns(24), all);
+        assert_eq!(CpuExperts::FirstLayers(u32::MAX).patterns(24), all);
     }
 }

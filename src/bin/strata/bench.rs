@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use strata::engine::timeline::{write_chrome_trace, Overlap, Span, Stream};
 use strata::engine::{BatchToken, Engine, EngineConfig};
-use strata::llama::LlamaModel;
+use strata::llama::{CpuExperts, LlamaModel};
 #[cfg(feature = "reference")]
 use strata::llama::{Reference, ReferenceConfig};
 
@@ -70,10 +70,25 @@ pub struct BenchArgs {
     /// llama.cpp keeps its CPU weights in plain memory (its --no-repack).
     #[arg(long = "llama-no-repack")]
     pub llama_no_repack: bool,
+    /// llama.cpp keeps the expert tensors of the first N layers of a
+    /// mixture of experts in CPU memory, everything else placed by
+    /// --llama-ngl (its --n-cpu-moe N). Refused on a model without experts.
+    #[arg(
+        long = "llama-n-cpu-moe",
+        value_name = "N",
+        conflicts_with = "llama_cpu_moe"
+    )]
+    pub llama_n_cpu_moe: Option<u32>,
+    /// llama.cpp keeps every layer's expert tensors in CPU memory (its
+    /// --cpu-moe). Refused on a model without experts.
+    #[arg(long = "llama-cpu-moe")]
+    pub llama_cpu_moe: bool,
     /// Time llama.cpp under its default settings and under the flags its
     /// users pick for big batches at partial offload (--no-mmap -ub 2048),
     /// each test under both; ratios are also printed against the faster of
-    /// them that used no more GPU memory than strata.
+    /// them that used no more GPU memory than strata. On a mixture of
+    /// experts with --llama-n-cpu-moe N (or --llama-cpu-moe), also every
+    /// layer on the GPU but those experts (ngl 99 --n-cpu-moe N).
     #[arg(long = "llama-best")]
     pub llama_best: bool,
     /// Skip strata (time llama.cpp only).
@@ -309,6 +324,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         anyhow::bail!("--no-strata times llama.cpp only: give it --llama-ngl N");
     }
     super::check_model_path(&a.model.model, "model file")?;
+    check_expert_flags(&a)?;
     let mut cfg = super::engine_config(&a.model, true);
     let max_pp = a.pp.iter().copied().max().unwrap_or(0);
     let max_seqs = a.batched.iter().copied().max().unwrap_or(1);
@@ -430,8 +446,49 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Times llama.cpp at each `--llama-ngl` on the same tests, adding a row
-/// per test.
+/// The expert placement `--llama-n-cpu-moe N` or `--llama-cpu-moe` asks
+/// of llama.cpp, with the flag that asked.
+fn expert_flag(a: &BenchArgs) -> Option<(&'static str, CpuExperts)> {
+    match (a.llama_n_cpu_moe, a.llama_cpu_moe) {
+        (Some(n), _) => Some(("--llama-n-cpu-moe", CpuExperts::FirstLayers(n))),
+        (None, true) => Some(("--llama-cpu-moe", CpuExperts::All)),
+        (None, false) => None,
+    }
+}
+
+/// Refuses the expert-placement flags where they could not change what is
+/// timed: without `--llama-ngl` (no llama.cpp row) or on a model without
+/// experts (`{arch}.expert_count` absent or 0).
+fn check_expert_flags(a: &BenchArgs) -> Result<()> {
+    let Some((flag, _)) = expert_flag(a) else {
+        return Ok(());
+    };
+    if a.llama_ngl.is_empty() {
+        anyhow::bail!("{flag} places llama.cpp's expert tensors: give it --llama-ngl N");
+    }
+    let path = &a.model.model;
+    let f = strata::gguf::GgufFile::open(path)
+        .with_context(|| format!("{flag}: reading {}", path.display()))?;
+    let arch = f
+        .get_str("general.architecture")
+        .with_context(|| format!("{flag}: {}", path.display()))?;
+    let key = format!("{arch}.expert_count");
+    let n = f
+        .get_u32_opt(&key)
+        .with_context(|| format!("{flag}: {}", path.display()))?
+        .unwrap_or(0);
+    if n == 0 {
+        anyhow::bail!(
+            "{flag}: {} is not a mixture of experts ({key} is {}), so it has no expert tensors to keep on the CPU",
+            path.display(),
+            if f.get(&key).is_some() { "0" } else { "absent" }
+        );
+    }
+    Ok(())
+}
+
+/// Times llama.cpp in each configuration the flags ask for (each
+/// `--llama-ngl`, ...) on the same tests, adding a row per test.
 #[cfg(feature = "reference")]
 fn llama_rows(
     a: &BenchArgs,
@@ -442,10 +499,8 @@ fn llama_rows(
     rows: &mut Vec<Row>,
     json: Option<&RunInfo>,
 ) -> Result<()> {
-    for &ngl in &a.llama_ngl {
-        for c in llama_configs(a) {
-            llama_config_rows(a, cfg, max_seqs, gpu, ngl, &c, tests, rows, json)?;
-        }
+    for c in llama_configs(a) {
+        llama_config_rows(a, cfg, max_seqs, gpu, &c, tests, rows, json)?;
     }
     Ok(())
 }
@@ -455,19 +510,30 @@ fn llama_rows(
 #[cfg(feature = "reference")]
 #[derive(Clone, Debug, PartialEq)]
 struct LlamaConfig {
+    ngl: i32,
+    cpu_experts: CpuExperts,
     mmap: bool,
     repack: bool,
     ubatch: u32,
     label: String,
 }
 
-/// The configurations `--llama-*` ask for: the one the flags set, and with
-/// `--llama-best` also its users' flags for big batches at partial offload
-/// (--no-mmap -ub 2048) where they differ.
+/// The configurations `--llama-*` ask for, at each `--llama-ngl`: the one
+/// the flags set, and with `--llama-best` also its users' flags for big
+/// batches at partial offload (--no-mmap -ub 2048) where they differ. On a
+/// mixture of experts with `--llama-n-cpu-moe N` (or `--llama-cpu-moe`),
+/// `--llama-best` adds what its users run such a model with: every layer
+/// on the GPU (ngl 99) but those expert tensors, unless an `--llama-ngl`
+/// already timed it.
 #[cfg(feature = "reference")]
 fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
+    let experts = expert_flag(a).map_or(CpuExperts::None, |(_, e)| e);
     let label = |mmap: bool, repack: bool, ubatch: u32| {
-        let mut l = String::new();
+        let mut l = match experts {
+            CpuExperts::None => String::new(),
+            CpuExperts::FirstLayers(n) => format!(" n-cpu-moe={n}"),
+            CpuExperts::All => " cpu-moe".to_string(),
+        };
         if !mmap {
             l += " no-mmap";
         }
@@ -480,21 +546,34 @@ fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
         l
     };
     let repack = !a.llama_no_repack && !a.llama_match;
-    let mut v = vec![LlamaConfig {
+    let flags = |ngl: i32| LlamaConfig {
+        ngl,
+        cpu_experts: experts,
         mmap: !a.llama_no_mmap,
         repack,
         ubatch: a.llama_ubatch,
         label: label(!a.llama_no_mmap, repack, a.llama_ubatch),
-    }];
-    if a.llama_best {
-        let best = LlamaConfig {
-            mmap: false,
-            repack,
-            ubatch: 2048,
-            label: label(false, repack, 2048),
-        };
-        if best != v[0] {
-            v.push(best);
+    };
+    let mut v = Vec::new();
+    for &ngl in &a.llama_ngl {
+        v.push(flags(ngl));
+        if a.llama_best {
+            let best = LlamaConfig {
+                mmap: false,
+                ubatch: 2048,
+                label: label(false, repack, 2048),
+                ..flags(ngl)
+            };
+            if !v.contains(&best) {
+                v.push(best);
+            }
+        }
+    }
+    // (experts other than None passed check_expert_flags: the model has them)
+    if a.llama_best && experts != CpuExperts::None && !v.is_empty() {
+        let moe = flags(99);
+        if !v.contains(&moe) {
+            v.push(moe);
         }
     }
     v
@@ -507,7 +586,6 @@ fn llama_config_rows(
     cfg: &EngineConfig,
     max_seqs: u32,
     gpu: Option<strata::ggml::Device>,
-    ngl: i32,
     c: &LlamaConfig,
     tests: &mut Vec<(String, Workload)>,
     rows: &mut Vec<Row>,
@@ -519,9 +597,10 @@ fn llama_config_rows(
     // llama.cpp as its users run it (flash attention auto; repacking and
     // mapping as the configuration says); --llama-match: as strata computes
     let opts = strata::llama::LoadOptions {
-        n_gpu_layers: ngl,
+        n_gpu_layers: c.ngl,
         repack: c.repack,
         mmap: c.mmap,
+        cpu_experts: c.cpu_experts,
     };
     let lm =
         LlamaModel::load_with_options(&a.model.model, false, &opts).context("loading llama.cpp")?;
@@ -550,7 +629,8 @@ fn llama_config_rows(
         let mut s = all.clone();
         rows.push(Row {
             engine: format!(
-                "llama.cpp ngl={ngl}{}{}{}",
+                "llama.cpp ngl={}{}{}{}",
+                c.ngl,
                 c.label,
                 if a.llama_nkvo { " nkvo" } else { "" },
                 if a.llama_match { " match" } else { "" }
