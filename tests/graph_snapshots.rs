@@ -26,6 +26,11 @@ fn dims(arch: Arch) -> Dims {
             rope_freq_scale: 1.0,
             n_ctx_orig: 8192,
             kq_scale: 0.125,
+            n_swa: 0,
+            swa_pattern: 1,
+            rope_freq_base_swa: 10000.0,
+            q_scale: 1.0,
+            embd_scale: 1.0,
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
@@ -45,6 +50,11 @@ fn dims(arch: Arch) -> Dims {
             rope_freq_scale: 1.0,
             n_ctx_orig: 32768,
             kq_scale: 0.125,
+            n_swa: 0,
+            swa_pattern: 1,
+            rope_freq_base_swa: 10000.0,
+            q_scale: 1.0,
+            embd_scale: 1.0,
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
@@ -64,6 +74,11 @@ fn dims(arch: Arch) -> Dims {
             rope_freq_scale: 1.0,
             n_ctx_orig: 40960,
             kq_scale: 1.0 / (128f32).sqrt(),
+            n_swa: 0,
+            swa_pattern: 1,
+            rope_freq_base_swa: 10000.0,
+            q_scale: 1.0,
+            embd_scale: 1.0,
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
@@ -84,9 +99,40 @@ fn dims(arch: Arch) -> Dims {
             rope_freq_scale: 1.0,
             n_ctx_orig: 40960,
             kq_scale: 1.0 / (128f32).sqrt(),
+            n_swa: 0,
+            swa_pattern: 1,
+            rope_freq_base_swa: 10000.0,
+            q_scale: 1.0,
+            embd_scale: 1.0,
             n_expert: 128,
             n_expert_used: 8,
             n_ff_exp: 768,
+        },
+        // Gemma 3 270M: head_dim 256 over 4 heads of a 640-wide stream,
+        // sliding windows of 512 on five of every six layers
+        Arch::Gemma3 => Hparams {
+            n_vocab: 262144,
+            n_ctx_train: 32768,
+            n_embd: 640,
+            n_layer: 18,
+            n_ff: 2048,
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim: 256,
+            n_rot: 256,
+            rms_eps: 1e-6,
+            rope_freq_base: 1000000.0,
+            rope_freq_scale: 1.0,
+            n_ctx_orig: 32768,
+            kq_scale: 1.0,
+            n_swa: 512,
+            swa_pattern: 6,
+            rope_freq_base_swa: 10000.0,
+            q_scale: 1.0 / 16.0,
+            embd_scale: (640f32).sqrt(),
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
         },
     };
     Dims {
@@ -106,6 +152,11 @@ fn mixtral_dims() -> Dims {
         n_head_kv: 8,
         head_dim: 128,
         n_rot: 128,
+        n_swa: 0,
+        swa_pattern: 1,
+        rope_freq_base_swa: 10000.0,
+        q_scale: 1.0,
+        embd_scale: 1.0,
         n_expert: 8,
         n_expert_used: 2,
         n_ff_exp: 14336,
@@ -144,6 +195,22 @@ fn attn_sig(arch: Arch) -> Vec<(Role, GgmlType)> {
         .collect()
 }
 
+/// The architecture's dense FFN: norms F32, matrices Q4_K, down Q6_K.
+fn ffn_sig_of(arch: Arch) -> Vec<(Role, GgmlType)> {
+    arch.spec()
+        .ffn
+        .iter()
+        .map(|t| {
+            let ty = match t.role {
+                r if r.is_norm_or_bias() => GgmlType::F32,
+                Role::Down => GgmlType::Q6_K,
+                _ => GgmlType::Q4_K,
+            };
+            (t.role, ty)
+        })
+        .collect()
+}
+
 fn ffn_sig() -> Vec<(Role, GgmlType)> {
     vec![
         (Role::FfnNorm, GgmlType::F32),
@@ -167,6 +234,7 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
     let ctx = Context::new(1024, 1024).expect("context");
     let b = match kind {
         "moe_ffn" | "mixtral_ffn" => build_ffn(&ctx, &d, &moe_sig(), s, LIM),
+        "arch_ffn" => build_ffn(&ctx, &d, &ffn_sig_of(arch), s, LIM),
         // two chunks of four rows: the routing and experts once per chunk
         "moe_ffn_chunked" => build_ffn(&ctx, &d, &moe_sig(), s, Limits { ffn_rows: 4, ..LIM }),
         "attn" => build_attn(&ctx, &d, &attn_sig(arch), s, LIM),
@@ -208,24 +276,28 @@ const PREFILL: StepShape = StepShape {
     n_kv: 256,
     n_out: 7,
     last_layer: false,
+    swa: false,
 };
 const DECODE: StepShape = StepShape {
     n_tokens: 1,
     n_kv: 256,
     n_out: 1,
     last_layer: false,
+    swa: false,
 };
 const BIG: StepShape = StepShape {
     n_tokens: 512,
     n_kv: 512,
     n_out: 1,
     last_layer: false,
+    swa: false,
 };
 const LAST: StepShape = StepShape {
     n_tokens: 7,
     n_kv: 256,
     n_out: 1,
     last_layer: true,
+    swa: false,
 };
 
 #[test]
@@ -272,4 +344,16 @@ fn mixtral_layouts() {
     for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
         check(Arch::Llama, "mixtral_ffn", label, s);
     }
+}
+
+/// Gemma 3: a sliding-window layer (its mask after the full one, its own
+/// RoPE base), a full-context layer, the GeGLU FFN with its post-norm.
+#[test]
+fn gemma3_layouts() {
+    for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
+        check(Arch::Gemma3, "attn", label, s);
+        check(Arch::Gemma3, "attn", &format!("{label}_swa"), StepShape { swa: true, ..s });
+        check(Arch::Gemma3, "arch_ffn", label, s);
+    }
+    check(Arch::Gemma3, "attn", "prefill_last_layer", LAST);
 }

@@ -178,3 +178,9 @@ fn moe_hybrid_equals_resident() {
         hybrid_equals_resident_at(&path, preset, |n| vec![1, n]);
     }
 }
+
+/// Gemma 3: the host computes GeGLU FFN groups with their post-norms.
+#[test]
+fn gemma3_hybrid_equals_resident() {
+    hybrid_equals_resident(common::GEMMA3, |n| vec![n / 2]);
+}

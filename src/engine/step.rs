@@ -119,7 +119,14 @@ impl Engine {
         self.embed(toks)?;
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
         self.persistent.tensor(buffers::POS).set_i32(&pos)?;
-        self.kv.fill_mask(&sp, n_kv as usize, &mut self.mask);
+        // the full-context mask, then the sliding-window layers' after it
+        self.mask.clear();
+        self.kv.fill_mask(&sp, n_kv as usize, None, &mut self.mask);
+        let n_swa = self.spec.hp.n_swa;
+        if n_swa > 0 {
+            self.kv
+                .fill_mask(&sp, n_kv as usize, Some(n_swa), &mut self.mask);
+        }
         self.persistent
             .tensor(buffers::MASK)
             .set_bytes(bytemuck::cast_slice(&self.mask), 0)?;
@@ -145,6 +152,7 @@ impl Engine {
                         n_kv,
                         n_out: n,
                         last_layer: false,
+                        swa: self.spec.hp.is_swa(l),
                     },
                 ));
                 break;
@@ -158,6 +166,7 @@ impl Engine {
                     n_kv,
                     n_out: rows,
                     last_layer: last,
+                    swa: self.spec.hp.is_swa(l),
                 },
             ));
             order.push((
@@ -168,6 +177,7 @@ impl Engine {
                     n_kv: 0,
                     n_out: rows,
                     last_layer: false,
+                    swa: false,
                 },
             ));
         }
@@ -276,6 +286,11 @@ impl Engine {
         for (i, t) in toks.iter().enumerate() {
             let r = &bytes[t.token as usize * row..(t.token as usize + 1) * row];
             ggml::dequantize_row(w.ty, r, &mut self.embd[i * e..(i + 1) * e])?;
+        }
+        let scale = self.spec.hp.embd_scale;
+        if scale != 1.0 {
+            // Gemma: as llama.cpp's ggml_scale of the rows, in F32
+            self.embd.iter_mut().for_each(|v| *v *= scale);
         }
         self.persistent
             .tensor(buffers::X)

@@ -93,6 +93,16 @@ impl Context {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_mul_mat_id(self.raw(), w.raw(), x.raw(), ids.raw()) })
     }
+    /// `a * s`.
+    pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_scale(self.raw(), a.raw(), s) })
+    }
+    /// GELU(gate) * up, GELU by its tanh approximation.
+    pub fn geglu_split<'a>(&'a self, gate: Tensor<'a>, up: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_geglu_split(self.raw(), gate.raw(), up.raw()) })
+    }
     /// Softmax along rows (ne0).
     pub fn soft_max<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.

@@ -5,6 +5,7 @@ use super::shape::Dims;
 use super::shape::StepShape;
 use crate::dtype::GgmlType;
 use crate::ggml::{Context, Graph, RopeParams, Tensor, TensorSpec};
+use crate::model::arch::Act;
 use crate::model::Role;
 use crate::paging::Limits;
 
@@ -15,7 +16,9 @@ pub struct Externals<'c> {
     pub x: Tensor<'c>,
     /// I32 [n_batch]: token positions.
     pub pos: Tensor<'c>,
-    /// F16 [n_ctx * n_batch]: KQ mask, packed as [n_kv, n_tokens].
+    /// F16 [n_ctx * n_batch] (twice that with sliding-window layers): the
+    /// KQ mask, packed as [n_kv, n_tokens], then the sliding-window
+    /// layers' mask packed likewise right after it.
     pub mask: Tensor<'c>,
     /// I64 [n_batch]: KV cell of each token.
     pub kv_idx: Tensor<'c>,
@@ -33,7 +36,7 @@ impl<'c> Externals<'c> {
         [
             TensorSpec::new(GgmlType::F32, &[e, b]).named("x"),
             TensorSpec::new(GgmlType::I32, &[b]).named("inp_pos"),
-            TensorSpec::new(GgmlType::F16, &[lim.n_ctx as i64 * b]).named("kq_mask"),
+            TensorSpec::new(GgmlType::F16, &[lim.n_ctx as i64 * b * masks(d)]).named("kq_mask"),
             TensorSpec::new(GgmlType::I64, &[b]).named("kv_idxs"),
             TensorSpec::new(GgmlType::I32, &[b]).named("out_ids"),
         ]
@@ -62,6 +65,16 @@ impl<'c> Externals<'c> {
         let mut v = vec![self.x, self.pos, self.mask, self.kv_idx, self.out_ids];
         v.extend(self.rope_freqs);
         v
+    }
+}
+
+/// Masks the mask tensor holds: two where layers attend over a sliding
+/// window.
+fn masks(d: &Dims) -> i64 {
+    if d.hp.n_swa > 0 {
+        2
+    } else {
+        1
     }
 }
 
@@ -122,11 +135,18 @@ fn rms_norm<'c>(
     ctx.mul(n, w).named(name)
 }
 
-fn rope_params(d: &Dims) -> RopeParams {
+/// RoPE of a layer: a sliding-window layer has its own base, unscaled
+/// (llama.cpp's get_rope_freq_base/scale).
+fn rope_params(d: &Dims, swa: bool) -> RopeParams {
+    let (freq_base, freq_scale) = if swa {
+        (d.hp.rope_freq_base_swa, 1.0)
+    } else {
+        (d.hp.rope_freq_base, d.hp.rope_freq_scale)
+    };
     RopeParams {
         n_ctx_orig: d.hp.n_ctx_orig as i32,
-        freq_base: d.hp.rope_freq_base,
-        freq_scale: d.hp.rope_freq_scale,
+        freq_base,
+        freq_scale,
         ext_factor: 0.0,
         attn_factor: 1.0,
         beta_fast: 32.0,
@@ -164,10 +184,11 @@ pub fn build_attn<'c>(
     let x = rows(ctx, ext.x, s.n_tokens).named("inp");
     let pos = ctx.view_1d(ext.pos, n, 0).named("pos");
     let kv_idx = ctx.view_1d(ext.kv_idx, n, 0).named("k_idxs");
-    // F16 [n_kv, n_tokens]
+    // F16 [n_kv, n_tokens]; a sliding-window layer's right after it
+    let mask_at = if s.swa { s.n_kv as usize * n as usize * 2 } else { 0 };
     let mask = ctx
-        .view_2d(ext.mask, s.n_kv as i64, n, s.n_kv as usize * 2, 0)
-        .named("kq_mask_view");
+        .view_2d(ext.mask, s.n_kv as i64, n, s.n_kv as usize * 2, mask_at)
+        .named(if s.swa { "kq_mask_swa_view" } else { "kq_mask_view" });
     // the step's inputs first, as llama.cpp's graph has them (inputs, not
     // nodes between the ops): ggml-cuda fuses RMS_NORM, MUL, ROPE (and the
     // KV store after it) only where they are adjacent in the graph, and the
@@ -201,11 +222,15 @@ pub fn build_attn<'c>(
     let q = proj(Role::Wq, Role::Bq, Some(Role::QNorm), nh, "Qcur");
     let k = proj(Role::Wk, Role::Bk, Some(Role::KNorm), nkv, "Kcur");
     let v = proj(Role::Wv, Role::Bv, None, nkv, "Vcur");
-    let rp = rope_params(d);
+    let rp = rope_params(d, s.swa);
     let mode = d.arch.rope_mode();
-    let q = ctx
+    let mut q = ctx
         .rope_ext(q, pos, ext.rope_freqs, hp.n_rot as i32, mode, &rp)
         .named("Qcur_rope");
+    if hp.q_scale != 1.0 {
+        // Gemma 3: Q scaled here, attention then scales by kq_scale = 1
+        q = ctx.scale(q, hp.q_scale).named("Qcur_scaled");
+    }
     let k = ctx
         .rope_ext(k, pos, ext.rope_freqs, hp.n_rot as i32, mode, &rp)
         .named("Kcur_rope");
@@ -252,6 +277,9 @@ pub fn build_attn<'c>(
         cur = ctx.get_rows(cur, ids).named("attn_out_sel");
         inp_sa = ctx.get_rows(x, ids).named("inp_sel");
         n_rows = s.n_out;
+    }
+    if let Some(w) = role(Role::AttnPostNorm) {
+        cur = rms_norm(ctx, cur, w, hp.rms_eps, "attn_post_norm");
     }
     let res = ctx.add(cur, inp_sa).named("ffn_inp");
     let out = ctx
@@ -308,9 +336,16 @@ pub fn build_ffn<'c>(
             None => {
                 let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
                 let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");
-                let act = ctx.swiglu_split(gate, up).named("ffn_swiglu");
+                let act = match d.arch.spec().ffn_act {
+                    Act::Silu => ctx.swiglu_split(gate, up).named("ffn_swiglu"),
+                    Act::GeluTanh => ctx.geglu_split(gate, up).named("ffn_geglu"),
+                };
                 ctx.mul_mat(role(Role::Down), act).named("ffn_down")
             }
+        };
+        let down = match find(sig, &w, Role::FfnPostNorm) {
+            Some(pn) => rms_norm(ctx, down, pn, d.hp.rms_eps, "ffn_post_norm"),
+            None => down,
         };
         let res = ctx.add(down, x).named("l_out");
         let o = ctx

@@ -13,6 +13,9 @@ pub struct StepShape {
     pub n_out: u32,
     /// Whether this attention group is the last layer's (selects rows).
     pub last_layer: bool,
+    /// Whether this attention group's layer attends over a sliding window
+    /// (its own mask and RoPE base; `Hparams::is_swa`).
+    pub swa: bool,
 }
 
 /// What graph builders need to know about the model.

@@ -117,6 +117,7 @@ impl Template {
                         n_kv: 0,
                         n_out: *n_rows,
                         last_layer: false,
+                        swa: false,
                     };
                     build_head(&ctx, d, *out_ty, s, *row0, lim)
                 }

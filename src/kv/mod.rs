@@ -237,17 +237,26 @@ impl KvCells {
         self.seqs[c] & (1u64 << seq) != 0 && self.pos[c] <= pos
     }
 
-    /// Fills `mask` ([n_kv, n_tokens] row-major by token) with 0 for visible
-    /// cells and -inf otherwise, as f16 bit patterns.
-    pub fn fill_mask(&self, tokens: &[(u32, i32)], n_kv: usize, mask: &mut Vec<u16>) {
+    /// Appends to `mask` an [n_kv, n_tokens] mask (row-major by token): 0
+    /// for visible cells and -inf otherwise, as f16 bit patterns. With a
+    /// `window`, a token sees only the cells less than `window` positions
+    /// behind it (llama.cpp's LLAMA_SWA_TYPE_STANDARD).
+    pub fn fill_mask(
+        &self,
+        tokens: &[(u32, i32)],
+        n_kv: usize,
+        window: Option<u32>,
+        mask: &mut Vec<u16>,
+    ) {
         const ZERO: u16 = 0x0000;
         const NEG_INF: u16 = 0xFC00;
-        mask.clear();
-        mask.resize(n_kv * tokens.len(), NEG_INF);
+        let start = mask.len();
+        mask.resize(start + n_kv * tokens.len(), NEG_INF);
         for (i, &(s, p)) in tokens.iter().enumerate() {
-            let row = &mut mask[i * n_kv..(i + 1) * n_kv];
+            let row = &mut mask[start + i * n_kv..start + (i + 1) * n_kv];
             for (c, m) in row.iter_mut().enumerate() {
-                if self.visible(c, s, p) {
+                let near = window.is_none_or(|w| (p as i64 - self.pos[c] as i64) < w as i64);
+                if self.visible(c, s, p) && near {
                     *m = ZERO;
                 }
             }
@@ -326,11 +335,28 @@ mod tests {
         let toks = [(0, 0), (1, 0), (0, 1)];
         kv.place(&toks).unwrap();
         let mut m = Vec::new();
-        kv.fill_mask(&toks, 4, &mut m);
+        kv.fill_mask(&toks, 4, None, &mut m);
         let vis = |i: usize| -> Vec<bool> { m[i * 4..i * 4 + 4].iter().map(|&b| b == 0).collect() };
         assert_eq!(vis(0), [true, false, false, false]);
         assert_eq!(vis(1), [false, true, false, false]);
         assert_eq!(vis(2), [true, false, true, false]);
+    }
+
+    #[test]
+    fn sliding_window_mask_sees_only_the_window() {
+        let mut kv = KvCells::new(8);
+        let toks: Vec<_> = (0..6).map(|p| (0, p)).collect();
+        kv.place(&toks).unwrap();
+        // appended after a full mask, window of 3: position p sees p-2..=p
+        let mut m = vec![7u16; 3];
+        kv.fill_mask(&toks, 8, Some(3), &mut m);
+        assert_eq!(&m[..3], [7, 7, 7], "what was there is kept");
+        let vis = |i: usize| -> Vec<usize> {
+            (0..8).filter(|&c| m[3 + i * 8 + c] == 0).collect()
+        };
+        assert_eq!(vis(0), [0]);
+        assert_eq!(vis(2), [0, 1, 2]);
+        assert_eq!(vis(5), [3, 4, 5]);
     }
 
     #[test]

@@ -7,8 +7,9 @@ use crate::gguf::GgufError;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2)")]
-    UnknownArch(String),
+    /// `general.architecture` names none of `supported` (comma-separated).
+    #[error("unsupported architecture '{name}' (supported: {supported})")]
+    UnknownArch { name: String, supported: String },
     #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
     BadShape {
         name: String,

@@ -1,6 +1,7 @@
 //! Hyperparameters as llama.cpp's src/llama-model.cpp loads them from the
 //! `{arch}.*` keys, validated.
 
+use super::arch::Arch;
 use super::error::ModelError;
 use crate::gguf::GgufFile;
 
@@ -27,6 +28,19 @@ pub struct Hparams {
     pub n_expert: u32,
     /// Experts each token is routed to (`expert_used_count`).
     pub n_expert_used: u32,
+    /// Sliding-window attention: the window in tokens (0: every layer
+    /// attends over the whole context), and its layer pattern: layer `l`
+    /// attends over the window unless `l % swa_pattern == swa_pattern - 1`
+    /// (llama.cpp's set_swa_pattern; Gemma 3: five of every six layers).
+    pub n_swa: u32,
+    pub swa_pattern: u32,
+    /// RoPE base of the sliding-window layers.
+    pub rope_freq_base_swa: f32,
+    /// Factor Q is scaled by after RoPE, before attention (Gemma 3's
+    /// query_pre_attn_scalar; 1: none, the scale is `kq_scale`).
+    pub q_scale: f32,
+    /// Factor the token embeddings are scaled by (Gemma: sqrt(n_embd)).
+    pub embd_scale: f32,
     /// Hidden width of one expert: `expert_feed_forward_length`, else
     /// `feed_forward_length` (Mixtral's files carry only that).
     pub n_ff_exp: u32,
@@ -40,6 +54,10 @@ impl Hparams {
     /// Q width: head_dim * n_head.
     pub fn n_embd_q(&self) -> u32 {
         self.head_dim * self.n_head
+    }
+    /// Whether layer `l` attends over a sliding window.
+    pub fn is_swa(&self, l: u32) -> bool {
+        self.n_swa > 0 && l % self.swa_pattern < self.swa_pattern - 1
     }
     /// Whether the FFN is a mixture of experts.
     pub fn is_moe(&self) -> bool {
@@ -133,9 +151,17 @@ pub(super) fn bad(key: &str, value: impl ToString, why: &'static str) -> ModelEr
 }
 
 impl Hparams {
-    /// From the `{arch}.*` keys of `f`, `arch` being the architecture's name.
-    pub fn from_gguf(f: &GgufFile, arch: &str) -> Result<Hparams, ModelError> {
-        let a = arch;
+    /// From the `{arch}.*` keys of `f`: the keys every architecture shares,
+    /// then the architecture's own (`ArchSpec::read_hparams`).
+    pub fn from_gguf(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
+        let mut hp = Self::shared(f, arch.name())?;
+        if let Some(read) = arch.spec().read_hparams {
+            read(f, &mut hp)?;
+        }
+        Ok(hp)
+    }
+
+    fn shared(f: &GgufFile, a: &str) -> Result<Hparams, ModelError> {
         let k = |s: &str| format!("{a}.{s}");
         let n_embd = f.get_u32(&k("embedding_length"))?;
         let n_layer = f.get_u32(&k("block_count"))?;
@@ -252,6 +278,11 @@ impl Hparams {
             rope_freq_scale,
             n_ctx_orig,
             kq_scale,
+            n_swa: 0,
+            swa_pattern: 1,
+            rope_freq_base_swa: rope_freq_base,
+            q_scale: 1.0,
+            embd_scale: 1.0,
             n_expert,
             n_expert_used,
             n_ff_exp,

@@ -16,10 +16,14 @@ pub enum Role {
     Bv,
     Wo,
     Bo,
+    /// RMS norm of the attention output before the residual add (Gemma 3).
+    AttnPostNorm,
     FfnNorm,
     Gate,
     Up,
     Down,
+    /// RMS norm of the FFN output before the residual add (Gemma 3).
+    FfnPostNorm,
     /// The router of a mixture of experts: [n_embd, n_expert].
     GateInp,
     /// Every expert's gate, up and down matrices, stacked:
@@ -44,6 +48,8 @@ impl Role {
             Role::Bv => "attn_v.bias",
             Role::Wo => "attn_output.weight",
             Role::Bo => "attn_output.bias",
+            Role::AttnPostNorm => "post_attention_norm.weight",
+            Role::FfnPostNorm => "post_ffw_norm.weight",
             Role::FfnNorm => "ffn_norm.weight",
             Role::Gate => "ffn_gate.weight",
             Role::Up => "ffn_up.weight",
@@ -59,6 +65,8 @@ impl Role {
             self,
             Role::AttnNorm
                 | Role::FfnNorm
+                | Role::AttnPostNorm
+                | Role::FfnPostNorm
                 | Role::QNorm
                 | Role::KNorm
                 | Role::Bq

@@ -201,7 +201,7 @@ impl ModelSpec {
     /// Reads and validates the model description of a GGUF file.
     pub fn from_gguf(f: &GgufFile) -> Result<ModelSpec, ModelError> {
         let arch = Arch::from_name(f.get_str("general.architecture")?)?;
-        let mut hp = Hparams::from_gguf(f, arch.name())?;
+        let mut hp = Hparams::from_gguf(f, arch)?;
         let name = f.get_str_opt("general.name")?.unwrap_or("").to_string();
         super::vocab::validate_vocab(f)?;
         // a block_count below the layers present would silently drop them

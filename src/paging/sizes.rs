@@ -80,9 +80,11 @@ pub fn kv_bytes(hp: &Hparams, cells: u64) -> u64 {
 
 /// Device bytes of the persistent step tensors: the residual stream
 /// (F32 [n_embd, n_batch]), positions, KV indices and output ids, and the
-/// F16 mask [n_ctx, n_batch].
+/// F16 mask [n_ctx, n_batch] (two where layers attend over a sliding
+/// window).
 pub fn persistent_bytes(hp: &Hparams, lim: Limits) -> u64 {
-    lim.n_batch as u64 * (hp.n_embd as u64 * 4 + 16 + lim.n_ctx as u64 * 2)
+    let masks = if hp.n_swa > 0 { 2 } else { 1 };
+    lim.n_batch as u64 * (hp.n_embd as u64 * 4 + 16 + masks * lim.n_ctx as u64 * 2)
 }
 
 /// Activation bytes per row of the attention, FFN and head graphs.

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const QWEN2: &str = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+/// Gemma 3 270M (gemma3: sliding-window layers, post-norms, GeGLU).
+pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 /// The speculative-decoding target (QWEN2 drafts for it).
 pub const QWEN15: &str = "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf";
 

@@ -7,12 +7,27 @@
 #   tools/device/pack.sh VOCAB.gguf        (here), then on the device:
 #   bash tools/device/zoo.sh qwen3      # Qwen3-32B shape (17.5 GB): 8G budget; llama.cpp ngl=20
 #   bash tools/device/zoo.sh qwen3-check  # its CUDA parity with --hybrid off at 8G, and all resident
+#   bash tools/device/zoo.sh qwen3moe   # Qwen3-30B-A3B shape (16.6 GB): parity at 8G --hybrid off, bench at 8G
+#                                       # beside llama.cpp ngl=20 and ngl=99 --n-cpu-moe 30
+#   bash tools/device/zoo.sh mixtral    # Mixtral-8x7B shape (24.6 GB): parity at 12G --hybrid off, bench at 12G
+#                                       # beside llama.cpp ngl=12 and ngl=99 --n-cpu-moe 20
+# The module is fetched (restored or built) while the first model is written;
+# a module built here comes back in $OUT/cuda (copy it to .carry-cache/).
 # Results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/lib.sh
 dev_machine
-dev_module || exit 1
+dev_module_start
+case ${1:-qwen3} in
+  qwen3|qwen3-check) first=qwen3-32b ;;
+  qwen3moe) first=qwen3-30b-a3b ;;
+  mixtral) first=mixtral-8x7b ;;
+  *) first= ;;
+esac
+[ -n "$first" ] && dev_synth $first >/dev/null
+dev_module_wait || exit 1
+dev_keep_module
 for what in ${@:-qwen3}; do
 case $what in
   qwen3)
@@ -30,6 +45,19 @@ case $what in
       | tee "$out/zoo_qwen3_check_nohybrid.txt"
     timeout 200 $bin/strata check -m "$s" --device gpu -n 16 2>&1 | quiet | tee "$out/zoo_qwen3_check_resident.txt"
     ;;
-  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check)" >&2; exit 2 ;;
+  qwen3moe|mixtral)
+    # CUDA parity with every group on the device, at a budget that streams
+    # more than half of them, then strata bench beside llama.cpp: its
+    # defaults and --no-mmap -ub 2048 at a layer count under strata's GPU
+    # memory, and every layer on the GPU but the first N layers' experts
+    # (--n-cpu-moe N, what its users run a mixture of experts with)
+    if [ $what = qwen3moe ]; then s=$(dev_synth qwen3-30b-a3b); b=8G; ngl=20; ncm=30
+    else s=$(dev_synth mixtral-8x7b); b=12G; ngl=12; ncm=20; fi
+    timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget $b --hybrid off -n 16 2>&1 | quiet \
+      | tee "$out/zoo_${what}_check.txt"
+    timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget $b -p 512 -n 16 -B 0 -r 2 \
+      --llama-ngl $ngl --llama-best --llama-n-cpu-moe $ncm 2>&1 | quiet | tee "$out/zoo_${what}_bench.txt"
+    ;;
+  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, mixtral)" >&2; exit 2 ;;
 esac
 done

@@ -7,13 +7,14 @@
 //! models all read [`ArchSpec`]. Adding an architecture: a file here with
 //! its `SPEC`, a variant of [`Arch`], its graph snapshot and its parity test.
 
+mod gemma3;
 mod llama;
 mod qwen2;
 mod qwen3;
 mod qwen3moe;
 mod table;
 
-pub use table::{Arch, ArchSpec, Need, Shape, Tensor, ALL, MOE_FFN};
+pub use table::{Act, Arch, ArchSpec, Need, ReadHparams, Shape, Tensor, ALL, MOE_FFN};
 
 use super::error::ModelError;
 
@@ -24,12 +25,16 @@ impl Arch {
             Arch::Qwen2 => &qwen2::SPEC,
             Arch::Qwen3 => &qwen3::SPEC,
             Arch::Qwen3Moe => &qwen3moe::SPEC,
+            Arch::Gemma3 => &gemma3::SPEC,
         }
     }
     pub fn from_name(name: &str) -> Result<Arch, ModelError> {
         ALL.into_iter()
             .find(|a| a.name() == name)
-            .ok_or_else(|| ModelError::UnknownArch(name.to_string()))
+            .ok_or_else(|| ModelError::UnknownArch {
+                name: name.to_string(),
+                supported: ALL.map(|a| a.name()).join(", "),
+            })
     }
     pub fn name(self) -> &'static str {
         self.spec().name
@@ -79,6 +84,6 @@ mod tests {
         assert!(Arch::Qwen3Moe.spec().ffn_tensors(0).is_none());
         assert!(Arch::Qwen2.spec().ffn_tensors(8).is_none());
         assert!(Arch::Llama.spec().ffn_tensors(8).is_some());
-        assert!(Arch::from_name("gemma3").is_err());
+        assert!(Arch::from_name("gemma2").is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! Qwen2 and Qwen2.5 (llama.cpp's src/models/qwen2.cpp): Llama with Q/K/V
 //! biases always present and NEOX RoPE.
 
-use super::table::{t, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
+use super::table::{Act, t, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
 use crate::model::role::Role;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -21,4 +21,6 @@ pub const SPEC: ArchSpec = ArchSpec {
     ],
     ffn: &SWIGLU_FFN,
     moe_ffn: &[],
+    ffn_act: Act::Silu,
+    read_hparams: None,
 };

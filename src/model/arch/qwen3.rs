@@ -3,7 +3,7 @@
 //! the projection and before NEOX RoPE. The head dimension is its own key
 //! (`attention.key_length`), so n_embd_q may differ from n_embd.
 
-use super::table::{t, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
+use super::table::{Act, t, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
 use crate::model::role::Role;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -21,4 +21,6 @@ pub const SPEC: ArchSpec = ArchSpec {
     ],
     ffn: &SWIGLU_FFN,
     moe_ffn: &[],
+    ffn_act: Act::Silu,
+    read_hparams: None,
 };

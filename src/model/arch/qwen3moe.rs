@@ -5,7 +5,7 @@
 //! width is `qwen3moe.expert_feed_forward_length`.
 
 use super::qwen3;
-use super::table::{Arch, ArchSpec, MOE_FFN};
+use super::table::{Act, Arch, ArchSpec, MOE_FFN};
 
 pub const SPEC: ArchSpec = ArchSpec {
     arch: Arch::Qwen3Moe,
@@ -14,4 +14,6 @@ pub const SPEC: ArchSpec = ArchSpec {
     attn: qwen3::SPEC.attn,
     ffn: &[],
     moe_ffn: &MOE_FFN,
+    ffn_act: Act::Silu,
+    read_hparams: None,
 };

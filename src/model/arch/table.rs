@@ -2,6 +2,8 @@
 //! tensors of a layer group and their shapes, and [`ArchSpec`], which each
 //! architecture's file fills in.
 
+use crate::gguf::GgufFile;
+use crate::model::error::ModelError;
 use crate::model::hparams::Hparams;
 use crate::model::role::Role;
 
@@ -16,10 +18,31 @@ pub enum Arch {
     Qwen3,
     /// Qwen3-MoE: Qwen3's attention, a mixture-of-experts FFN.
     Qwen3Moe,
+    /// Gemma 3 (text): post-norms, GELU FFN, sliding-window layers.
+    Gemma3,
 }
 
 /// Every architecture, in the order errors list them.
-pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe];
+pub const ALL: [Arch; 5] = [
+    Arch::Llama,
+    Arch::Qwen2,
+    Arch::Qwen3,
+    Arch::Qwen3Moe,
+    Arch::Gemma3,
+];
+
+/// The FFN's gated activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// SiLU(gate) * up (SwiGLU): the Llama family.
+    Silu,
+    /// GELU(gate) * up, GELU by its tanh approximation (GeGLU): Gemma.
+    GeluTanh,
+}
+
+/// An architecture's own hyperparameters, read after the shared ones
+/// (llama.cpp's load_arch_hparams): sets what only it has.
+pub type ReadHparams = fn(&GgufFile, &mut Hparams) -> Result<(), ModelError>;
 
 /// Whether a tensor must be in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +132,10 @@ pub struct ArchSpec {
     /// The FFN group's tensors when the file has experts; empty where the
     /// architecture has none.
     pub moe_ffn: &'static [Tensor],
+    /// The dense FFN's activation.
+    pub ffn_act: Act,
+    /// Its own hyperparameters, where it has some.
+    pub read_hparams: Option<ReadHparams>,
 }
 
 impl ArchSpec {
