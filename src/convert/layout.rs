@@ -45,7 +45,7 @@ pub enum Slot {
 }
 
 /// Every architecture's attention tensors (model/arch/), in write order.
-const ATTN_ROLES: [Role; 11] = [
+const ATTN_ROLES: [Role; 12] = [
     Role::AttnNorm,
     Role::Wq,
     Role::Bq,
@@ -57,12 +57,14 @@ const ATTN_ROLES: [Role; 11] = [
     Role::Bv,
     Role::Wo,
     Role::Bo,
+    Role::AttnPostNorm,
 ];
-const FFN_ROLES: [Role; 8] = [
+const FFN_ROLES: [Role; 9] = [
     Role::FfnNorm,
     Role::Gate,
     Role::Up,
     Role::Down,
+    Role::FfnPostNorm,
     Role::GateInp,
     Role::GateExps,
     Role::UpExps,
@@ -195,6 +197,30 @@ pub fn plan(items: &[(Slot, u64)], n_layer: u32, alignment: u64) -> Result<Layou
 
 #[cfg(test)]
 mod tests {
+    /// Every tensor of every architecture has its place in its group's
+    /// extent (a missing role would leave the group interleaved with others).
+    #[test]
+    fn every_architecture_tensor_has_a_slot_in_its_group() {
+        use crate::model::arch::ALL;
+        for a in ALL {
+            let s = a.spec();
+            for (kind, ts) in [
+                (GroupKind::Attn, s.attn),
+                (GroupKind::Ffn, s.ffn),
+                (GroupKind::Ffn, s.moe_ffn),
+            ] {
+                for t in ts {
+                    let name = format!("blk.3.{}", t.role.suffix());
+                    assert!(
+                        matches!(Slot::of(&name), Slot::Group { layer: 3, kind: k, .. } if k == kind),
+                        "{}: {name}",
+                        a.name()
+                    );
+                }
+            }
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

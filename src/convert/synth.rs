@@ -57,6 +57,11 @@ pub struct Preset {
     /// `expert_feed_forward_length`); 0: `n_ff`, written as Mixtral's
     /// files have it (no key).
     pub n_ff_exp: u32,
+    /// Sliding-window attention (Gemma 3: five of every six layers), its
+    /// window in tokens; 0: none.
+    pub n_swa: u32,
+    /// Linear RoPE scaling factor of the full-context layers (1: none).
+    pub rope_linear: f32,
 }
 
 /// No experts: a dense FFN.
@@ -79,6 +84,8 @@ const fn llama(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_ff:
         n_expert: DENSE.0,
         n_expert_used: DENSE.1,
         n_ff_exp: DENSE.2,
+        n_swa: 0,
+        rope_linear: 1.0,
     }
 }
 
@@ -110,6 +117,8 @@ const fn qwen3moe(
         n_expert,
         n_expert_used,
         n_ff_exp,
+        n_swa: 0,
+        rope_linear: 1.0,
     }
 }
 
@@ -131,11 +140,13 @@ const fn mixtral(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_h
         n_expert: 8,
         n_expert_used: 2,
         n_ff_exp: 0,
+        n_swa: 0,
+        rope_linear: 1.0,
     }
 }
 
 /// The presets: a tiny one for tests and the shapes of real models.
-pub const PRESETS: [Preset; 12] = [
+pub const PRESETS: [Preset; 13] = [
     Preset {
         name: "tiny",
         arch: Arch::Llama,
@@ -152,6 +163,8 @@ pub const PRESETS: [Preset; 12] = [
         n_expert: DENSE.0,
         n_expert_used: DENSE.1,
         n_ff_exp: DENSE.2,
+        n_swa: 0,
+        rope_linear: 1.0,
     },
     // the draft model of the Llama 3 family's speculative decoding
     llama("llama3.2-1b", 2048, 16, 32, 8192),
@@ -173,6 +186,8 @@ pub const PRESETS: [Preset; 12] = [
         n_expert: DENSE.0,
         n_expert_used: DENSE.1,
         n_ff_exp: DENSE.2,
+        n_swa: 0,
+        rope_linear: 1.0,
     },
     // Qwen3 for tests: a head dimension wider than n_embd / n_head, as in
     // every Qwen3
@@ -192,6 +207,8 @@ pub const PRESETS: [Preset; 12] = [
         n_expert: DENSE.0,
         n_expert_used: DENSE.1,
         n_ff_exp: DENSE.2,
+        n_swa: 0,
+        rope_linear: 1.0,
     },
     Preset {
         name: "qwen3-32b",
@@ -209,6 +226,8 @@ pub const PRESETS: [Preset; 12] = [
         n_expert: DENSE.0,
         n_expert_used: DENSE.1,
         n_ff_exp: DENSE.2,
+        n_swa: 0,
+        rope_linear: 1.0,
     },
     // mixtures of experts for tests: Mixtral-style (llama with 8 experts,
     // 2 used) and Qwen3-MoE (16 experts, 4 used, a narrower expert width)
@@ -218,6 +237,27 @@ pub const PRESETS: [Preset; 12] = [
     mixtral("mixtral-8x7b", 4096, 32, 32, 8, 14336),
     qwen3moe("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 768, (128, 8)),
     qwen3moe("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 1536, (128, 8)),
+    // Gemma-3-27B: head_dim 128 under 32 heads of a 5376-wide stream,
+    // windows of 1024 tokens, full-context layers' RoPE scaled 8x
+    Preset {
+        name: "gemma3-27b",
+        arch: Arch::Gemma3,
+        n_embd: 5376,
+        n_layer: 62,
+        n_head: 32,
+        n_head_kv: 16,
+        n_ff: 21504,
+        head_dim: 128,
+        n_ctx: 131072,
+        rope_base: 1000000.0,
+        rms_eps: 1e-6,
+        llama3_rope: false,
+        n_expert: DENSE.0,
+        n_expert_used: DENSE.1,
+        n_ff_exp: DENSE.2,
+        n_swa: 1024,
+        rope_linear: 8.0,
+    },
 ];
 
 pub fn preset(name: &str) -> Result<Preset> {
@@ -420,6 +460,13 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
         hp("attention.value_length", Value::U32(hd as u32));
     }
     hp("vocab_size", Value::U32(n_vocab as u32));
+    if p.n_swa > 0 {
+        hp("attention.sliding_window", Value::U32(p.n_swa));
+    }
+    if p.rope_linear != 1.0 {
+        hp("rope.scaling.type", Value::Str("linear".into()));
+        hp("rope.scaling.factor", Value::F32(p.rope_linear));
+    }
     if p.n_expert > 0 {
         hp("expert_count", Value::U32(p.n_expert));
         hp("expert_used_count", Value::U32(p.n_expert_used));
