@@ -525,12 +525,16 @@ fn bench_llama_n_cpu_moe_times_a_row_named_with_it() {
     assert_eq!(
         engines,
         [
-            "llama.cpp ngl=0 n-cpu-moe=1",
-            "llama.cpp ngl=0 n-cpu-moe=1",
-            "llama.cpp ngl=0 n-cpu-moe=1 no-mmap ub=2048",
-            "llama.cpp ngl=0 n-cpu-moe=1 no-mmap ub=2048",
+            // partial offload keeps llama.cpp's default placement
+            "llama.cpp ngl=0",
+            "llama.cpp ngl=0",
+            "llama.cpp ngl=0 no-mmap ub=2048",
+            "llama.cpp ngl=0 no-mmap ub=2048",
+            // every layer on the GPU but the experts, under both settings
             "llama.cpp ngl=99 n-cpu-moe=1",
             "llama.cpp ngl=99 n-cpu-moe=1",
+            "llama.cpp ngl=99 n-cpu-moe=1 no-mmap ub=2048",
+            "llama.cpp ngl=99 n-cpu-moe=1 no-mmap ub=2048",
         ],
         "{out}"
     );
@@ -540,11 +544,11 @@ fn bench_llama_n_cpu_moe_times_a_row_named_with_it() {
             .all(|v| v["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0)),
         "{out}"
     );
-    let (lines, out) = bench_json(m, &["--no-strata", "--llama-ngl", "0", "--llama-cpu-moe"]);
+    let (lines, out) = bench_json(m, &["--no-strata", "--llama-ngl", "99", "--llama-cpu-moe"]);
     let engines: Vec<&str> = lines.iter().filter_map(|v| v["engine"].as_str()).collect();
     assert_eq!(
         engines,
-        ["llama.cpp ngl=0 cpu-moe", "llama.cpp ngl=0 cpu-moe"],
+        ["llama.cpp ngl=99 cpu-moe", "llama.cpp ngl=99 cpu-moe"],
         "{out}"
     );
 
@@ -553,7 +557,7 @@ fn bench_llama_n_cpu_moe_times_a_row_named_with_it() {
     let run = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args([
             "bench", "-m", m, "--device", "cpu", "-t", "2", "-p", "8", "-n", "0", "-B", "0",
-            "-r", "1", "--no-strata", "--llama-ngl", "0", "--llama-n-cpu-moe", "1",
+            "-r", "1", "--no-strata", "--llama-ngl", "99", "--llama-n-cpu-moe", "1",
         ])
         .env("STRATA_LLAMA_LOG", "1")
         .output()

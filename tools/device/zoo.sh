@@ -11,9 +11,12 @@
 #                                       # beside llama.cpp ngl=20 and ngl=99 --n-cpu-moe 30
 #   bash tools/device/zoo.sh mixtral    # Mixtral-8x7B shape (24.6 GB): parity at 12G --hybrid off, bench at 12G
 #                                       # beside llama.cpp ngl=12 and ngl=99 --n-cpu-moe 20
+#   bash tools/device/zoo.sh gemma3     # Gemma-3-27B shape (16.6 GB): parity at 8G --hybrid off, bench at 8G
+#                                       # beside llama.cpp ngl=24
 # The module is fetched (restored or built) while the first model is written;
 # a module built here comes back in $OUT/cuda (copy it to .carry-cache/).
-# Results under $OUT.
+# Results under $OUT (one file per mode: a call returns at most 8 files,
+# four of them the module's when it was built here).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/lib.sh
@@ -23,6 +26,7 @@ case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
   qwen3moe) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
+  gemma3) first=gemma3-27b ;;
   *) first= ;;
 esac
 [ -n "$first" ] && dev_synth $first >/dev/null
@@ -54,10 +58,17 @@ case $what in
     if [ $what = qwen3moe ]; then s=$(dev_synth qwen3-30b-a3b); b=8G; ngl=20; ncm=30
     else s=$(dev_synth mixtral-8x7b); b=12G; ngl=12; ncm=20; fi
     timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget $b --hybrid off -n 16 2>&1 | quiet \
-      | tee "$out/zoo_${what}_check.txt"
+      | tee "$out/zoo_${what}.txt"
     timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget $b -p 512 -n 16 -B 0 -r 2 \
-      --llama-ngl $ngl --llama-best --llama-n-cpu-moe $ncm 2>&1 | quiet | tee "$out/zoo_${what}_bench.txt"
+      --llama-ngl $ngl --llama-best --llama-n-cpu-moe $ncm 2>&1 | quiet | tee -a "$out/zoo_${what}.txt"
     ;;
-  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, mixtral)" >&2; exit 2 ;;
+  gemma3)
+    s=$(dev_synth gemma3-27b)
+    timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget 8G --hybrid off -n 16 2>&1 | quiet \
+      | tee "$out/zoo_gemma3.txt"
+    timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -p 512 -n 16 -B 0 -r 2 \
+      --llama-ngl 24 --llama-best 2>&1 | quiet | tee -a "$out/zoo_gemma3.txt"
+    ;;
+  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, mixtral, gemma3)" >&2; exit 2 ;;
 esac
 done

@@ -72,7 +72,10 @@ pub struct BenchArgs {
     pub llama_no_repack: bool,
     /// llama.cpp keeps the expert tensors of the first N layers of a
     /// mixture of experts in CPU memory, everything else placed by
-    /// --llama-ngl (its --n-cpu-moe N). Refused on a model without experts.
+    /// --llama-ngl (its --n-cpu-moe N), on the rows with every layer on the
+    /// GPU (--llama-ngl 99, and the row --llama-best adds); rows of partial
+    /// offload keep llama.cpp's default placement. Refused on a model
+    /// without experts.
     #[arg(
         long = "llama-n-cpu-moe",
         value_name = "N",
@@ -80,7 +83,8 @@ pub struct BenchArgs {
     )]
     pub llama_n_cpu_moe: Option<u32>,
     /// llama.cpp keeps every layer's expert tensors in CPU memory (its
-    /// --cpu-moe). Refused on a model without experts.
+    /// --cpu-moe), on the rows with every layer on the GPU. Refused on a
+    /// model without experts.
     #[arg(long = "llama-cpu-moe")]
     pub llama_cpu_moe: bool,
     /// Time llama.cpp under its default settings and under the flags its
@@ -88,7 +92,8 @@ pub struct BenchArgs {
     /// each test under both; ratios are also printed against the faster of
     /// them that used no more GPU memory than strata. On a mixture of
     /// experts with --llama-n-cpu-moe N (or --llama-cpu-moe), also every
-    /// layer on the GPU but those experts (ngl 99 --n-cpu-moe N).
+    /// layer on the GPU but those experts (ngl 99 --n-cpu-moe N), under
+    /// both settings.
     #[arg(long = "llama-best")]
     pub llama_best: bool,
     /// Skip strata (time llama.cpp only).
@@ -528,7 +533,7 @@ struct LlamaConfig {
 #[cfg(feature = "reference")]
 fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
     let experts = expert_flag(a).map_or(CpuExperts::None, |(_, e)| e);
-    let label = |mmap: bool, repack: bool, ubatch: u32| {
+    let label = |experts: CpuExperts, mmap: bool, repack: bool, ubatch: u32| {
         let mut l = match experts {
             CpuExperts::None => String::new(),
             CpuExperts::FirstLayers(n) => format!(" n-cpu-moe={n}"),
@@ -546,23 +551,30 @@ fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
         l
     };
     let repack = !a.llama_no_repack && !a.llama_match;
-    let flags = |ngl: i32| LlamaConfig {
-        ngl,
-        cpu_experts: experts,
-        mmap: !a.llama_no_mmap,
-        repack,
-        ubatch: a.llama_ubatch,
-        label: label(!a.llama_no_mmap, repack, a.llama_ubatch),
+    // the expert placement goes with every layer on the GPU (ngl >= 99),
+    // as llama.cpp's users run --n-cpu-moe; rows of partial offload keep
+    // its default placement, so they stay llama.cpp's defaults
+    let flags = |ngl: i32| {
+        let cpu_experts = if ngl >= ALL_LAYERS { experts } else { CpuExperts::None };
+        LlamaConfig {
+            ngl,
+            cpu_experts,
+            mmap: !a.llama_no_mmap,
+            repack,
+            ubatch: a.llama_ubatch,
+            label: label(cpu_experts, !a.llama_no_mmap, repack, a.llama_ubatch),
+        }
     };
     let mut v = Vec::new();
     for &ngl in &a.llama_ngl {
         v.push(flags(ngl));
         if a.llama_best {
+            let base = flags(ngl);
             let best = LlamaConfig {
                 mmap: false,
                 ubatch: 2048,
-                label: label(false, repack, 2048),
-                ..flags(ngl)
+                label: label(base.cpu_experts, false, repack, 2048),
+                ..base
             };
             if !v.contains(&best) {
                 v.push(best);
@@ -571,13 +583,24 @@ fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
     }
     // (experts other than None passed check_expert_flags: the model has them)
     if a.llama_best && experts != CpuExperts::None && !v.is_empty() {
-        let moe = flags(99);
-        if !v.contains(&moe) {
-            v.push(moe);
+        let moe = flags(ALL_LAYERS);
+        let best = LlamaConfig {
+            mmap: false,
+            ubatch: 2048,
+            label: label(experts, false, repack, 2048),
+            ..moe.clone()
+        };
+        for c in [moe, best] {
+            if !v.contains(&c) {
+                v.push(c);
+            }
         }
     }
     v
 }
+
+/// llama.cpp's -ngl for every layer on the GPU.
+const ALL_LAYERS: i32 = 99;
 
 #[cfg(feature = "reference")]
 #[allow(clippy::too_many_arguments)]
