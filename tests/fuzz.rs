@@ -717,6 +717,7 @@ fn fuzz_hf_checkpoints() {
             llama3: None,
             dtype: "F16",
             qwen3_head_dim: None,
+            moe: None,
         },
         7,
     );

@@ -27,6 +27,7 @@ fn tiny(class: &'static str, dtype: &'static str, vocab: usize) -> TinyConfig {
         llama3: None,
         dtype,
         qwen3_head_dim: None,
+        moe: None,
     }
 }
 
@@ -205,6 +206,94 @@ fn hf_qwen3_bf16_matches_reference() {
         vec![64]
     );
     assert!(f.tensor("blk.0.attn_q.bias").is_none());
+}
+
+/// Mixtral: 4 experts, 2 used, in Mistral's layout (Q/K permuted for
+/// NORM RoPE); the experts' matrices land stacked, expert after expert.
+#[test]
+fn hf_mixtral_f32_matches_reference() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut c = tiny("MixtralForCausalLM", "F32", 49152);
+    c.moe = Some((4, 2, 96));
+    let m = TinyModel::new(c, 6);
+    m.write(dir.path(), 2);
+    let style = TokenizerStyle {
+        pre_tokenizer: cs::smollm_pre(),
+        pair_merges: true,
+        bos_via_config: false,
+    };
+    cs::write_tokenizer(&vocab, dir.path(), &style);
+    let out = hf_matches_reference(dir.path(), &m, None, 1e-4);
+    let f = GgufFile::open(&out).expect("open");
+    assert_eq!(f.get_str("general.architecture").expect("arch"), "llama");
+    assert_eq!(f.get_u32("llama.expert_count").expect("experts"), 4);
+    assert_eq!(f.get_u32("llama.expert_used_count").expect("used"), 2);
+    let down = f.require_tensor("blk.1.ffn_down_exps.weight").expect("down");
+    assert_eq!(down.ne, vec![96, 128, 4]);
+    assert_eq!(
+        f.require_tensor("blk.0.ffn_gate_inp.weight").expect("router").ne,
+        vec![128, 4]
+    );
+    // and requantized to q8_0 (the router stays F32, as llama.cpp keeps it)
+    let q = hf_matches_reference(dir.path(), &m, Some(GgmlType::Q8_0), 1e-2);
+    let f = GgufFile::open(&q).expect("open");
+    assert_eq!(f.require_tensor("blk.0.ffn_gate_inp.weight").expect("router").ty, GgmlType::F32);
+    assert_eq!(f.require_tensor("blk.0.ffn_up_exps.weight").expect("up").ty, GgmlType::Q8_0);
+}
+
+/// Qwen3-MoE: Qwen3's attention, 8 experts of their own width, 2 used, the
+/// top-k weights renormalized (norm_topk_prob), BF16.
+#[test]
+fn hf_qwen3moe_bf16_matches_reference() {
+    let Some(vocab) = model(common::QWEN2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut c = tiny("Qwen3MoeForCausalLM", "BF16", 151936);
+    c.qwen3_head_dim = Some(64);
+    c.theta = 1000000.0;
+    c.eps = 1e-6;
+    c.moe = Some((8, 2, 64));
+    let m = TinyModel::new(c, 7);
+    m.write(dir.path(), 1);
+    let pre = cs::split_pre(
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    );
+    let style = TokenizerStyle {
+        pre_tokenizer: pre,
+        pair_merges: true,
+        bos_via_config: true,
+    };
+    let bos = cs::write_tokenizer(&vocab, dir.path(), &style);
+    let mut cfg = m.config_json();
+    cfg["bos_token_id"] = serde_json::json!(bos);
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).expect("config");
+    let out = hf_matches_reference(dir.path(), &m, None, 1e-4);
+    let f = GgufFile::open(&out).expect("open");
+    assert_eq!(f.get_str("general.architecture").expect("arch"), "qwen3moe");
+    assert_eq!(f.get_u32("qwen3moe.expert_feed_forward_length").expect("width"), 64);
+    assert_eq!(
+        f.require_tensor("blk.0.ffn_gate_exps.weight").expect("gate").ne,
+        vec![128, 64, 8]
+    );
+    // a checkpoint whose top-k weights are not renormalized is refused
+    cfg["norm_topk_prob"] = serde_json::json!(false);
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).expect("config");
+    let err = hf::convert_hf(
+        dir.path(),
+        &dir.path().join("refused.gguf"),
+        &hf::HfOptions {
+            target: None,
+            pre: None,
+            threads: 2,
+            progress: false,
+        },
+    )
+    .expect_err("refused");
+    assert!(err.to_string().contains("norm_topk_prob"), "{err}");
 }
 
 /// A protobuf `ModelProto` with `pieces` (text, score, type) and a

@@ -26,6 +26,7 @@ fn checkpoint(dir: &Path) -> TinyModel {
         llama3: None,
         dtype: "F32",
         qwen3_head_dim: None,
+        moe: None,
     };
     let m = TinyModel::new(c, 9);
     m.write(dir, 1);

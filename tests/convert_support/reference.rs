@@ -4,7 +4,9 @@
 //! from llama.cpp: RMSNorm, rotate-half RoPE on the *unpermuted* HF weights
 //! (with llama3 frequency scaling), GQA causal attention, SwiGLU; for Qwen3
 //! (modeling_qwen3.py) an explicit head_dim and per-head RMSNorm of Q and K
-//! before RoPE. strata's
+//! before RoPE; for Mixtral and Qwen3-MoE (modeling_mixtral.py,
+//! modeling_qwen3_moe.py) a router softmax, the top-k experts' weights
+//! renormalized, and their SwiGLU outputs weighted and summed. strata's
 //! logits on the converted GGUF are compared against it.
 
 use half::{bf16, f16};
@@ -31,11 +33,30 @@ pub struct TinyConfig {
     pub dtype: &'static str,
     /// Qwen3: an explicit head_dim (config.json `head_dim`) and Q/K norms.
     pub qwen3_head_dim: Option<usize>,
+    /// A mixture of experts in every FFN: (experts, used per token, one
+    /// expert's width), named as the class names them (Mixtral's
+    /// block_sparse_moe, Qwen3-MoE's mlp.experts).
+    pub moe: Option<(usize, usize, usize)>,
 }
 
 impl TinyConfig {
     pub fn head_dim(&self) -> usize {
         self.qwen3_head_dim.unwrap_or(self.hidden / self.n_head)
+    }
+    fn mixtral(&self) -> bool {
+        self.class == "MixtralForCausalLM"
+    }
+    /// The router's name after `model.layers.N.`.
+    fn router(&self) -> String {
+        if self.mixtral() { "block_sparse_moe.gate.weight" } else { "mlp.gate.weight" }.into()
+    }
+    /// Expert `e`'s gate, up and down names after `model.layers.N.`.
+    fn expert(&self, e: usize) -> [String; 3] {
+        if self.mixtral() {
+            ["w1", "w3", "w2"].map(|w| format!("block_sparse_moe.experts.{e}.{w}.weight"))
+        } else {
+            ["gate_proj", "up_proj", "down_proj"].map(|w| format!("mlp.experts.{e}.{w}.weight"))
+        }
     }
 }
 
@@ -119,6 +140,19 @@ impl TinyModel {
                 0.0,
             );
             add(p("post_attention_layernorm.weight"), vec![h], 0.1, 1.0);
+            if let Some((n_exp, _, fe)) = cfg.moe {
+                let fe = fe as u64;
+                // a router scaled so its logits spread over several units:
+                // no near-ties between the experts chosen and the next
+                add(p(&cfg.router()), vec![n_exp as u64, h], 3.0 * s, 0.0);
+                for e in 0..n_exp {
+                    let [g, u, d] = cfg.expert(e);
+                    add(p(&g), vec![fe, h], s, 0.0);
+                    add(p(&u), vec![fe, h], s, 0.0);
+                    add(p(&d), vec![h, fe], 1.0 / (fe as f64).sqrt(), 0.0);
+                }
+                continue;
+            }
             add(p("mlp.gate_proj.weight"), vec![ff, h], s, 0.0);
             add(p("mlp.up_proj.weight"), vec![ff, h], s, 0.0);
             add(
@@ -149,6 +183,19 @@ impl TinyModel {
         });
         if let Some(hd) = c.qwen3_head_dim {
             j["head_dim"] = json!(hd);
+        }
+        if let Some((n_exp, used, fe)) = c.moe {
+            j["num_experts_per_tok"] = json!(used);
+            if c.mixtral() {
+                j["num_local_experts"] = json!(n_exp);
+                j["intermediate_size"] = json!(fe);
+            } else {
+                j["num_experts"] = json!(n_exp);
+                j["moe_intermediate_size"] = json!(fe);
+                j["norm_topk_prob"] = json!(true);
+                j["decoder_sparse_step"] = json!(1);
+                j["mlp_only_layers"] = json!([]);
+            }
         }
         if let Some((factor, low, high, orig)) = c.llama3 {
             j["rope_scaling"] = json!({"rope_type": "llama3", "factor": factor,
@@ -317,14 +364,39 @@ impl TinyModel {
                 let o = matvec(self.t(&p("self_attn.o_proj.weight")), &attn);
                 xs[i] = add(&xs[i], &o);
                 let hn = rms_norm(&xs[i], self.t(&p("post_attention_layernorm.weight")), c.eps);
-                let g = matvec(self.t(&p("mlp.gate_proj.weight")), &hn);
-                let u = matvec(self.t(&p("mlp.up_proj.weight")), &hn);
-                let a: Vec<f64> = g
-                    .iter()
-                    .zip(&u)
-                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                    .collect();
-                let d = matvec(self.t(&p("mlp.down_proj.weight")), &a);
+                let swiglu = |g: &str, u: &str, d: &str| {
+                    let g = matvec(self.t(&p(g)), &hn);
+                    let u = matvec(self.t(&p(u)), &hn);
+                    let a: Vec<f64> = g
+                        .iter()
+                        .zip(&u)
+                        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                        .collect();
+                    matvec(self.t(&p(d)), &a)
+                };
+                let d = match c.moe {
+                    None => swiglu("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"),
+                    Some((_, used, _)) => {
+                        // softmax over the router's logits, the top-k
+                        // experts, their probabilities renormalized
+                        let logits = matvec(self.t(&p(&c.router())), &hn);
+                        let m = logits.iter().cloned().fold(f64::MIN, f64::max);
+                        let e: Vec<f64> = logits.iter().map(|l| (l - m).exp()).collect();
+                        let mut order: Vec<usize> = (0..e.len()).collect();
+                        order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
+                        let top = &order[..used];
+                        let z: f64 = top.iter().map(|&k| e[k]).sum();
+                        let mut out = vec![0.0; h];
+                        for &k in top {
+                            let [g, u, dn] = c.expert(k);
+                            let y = swiglu(&g, &u, &dn);
+                            for (o, v) in out.iter_mut().zip(y) {
+                                *o += e[k] / z * v;
+                            }
+                        }
+                        out
+                    }
+                };
                 xs[i] = add(&xs[i], &d);
             }
         }

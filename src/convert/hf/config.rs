@@ -23,6 +23,46 @@ pub enum RopeScaling {
     },
 }
 
+/// The experts of a mixture-of-experts checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub n_expert: u64,
+    pub n_used: u64,
+    /// One expert's hidden width.
+    pub inter: u64,
+    /// How the checkpoint names them.
+    pub naming: MoeNaming,
+}
+
+/// Tensor names of a layer's router and experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeNaming {
+    /// Mixtral: `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}`
+    /// (gate, up, down).
+    Mixtral,
+    /// Qwen3-MoE: `mlp.gate`, `mlp.experts.E.{gate,up,down}_proj`.
+    Qwen3Moe,
+}
+
+impl MoeNaming {
+    /// The router's name after `model.layers.N.`.
+    pub fn router(self) -> &'static str {
+        match self {
+            MoeNaming::Mixtral => "block_sparse_moe.gate.weight",
+            MoeNaming::Qwen3Moe => "mlp.gate.weight",
+        }
+    }
+    /// Expert `e`'s gate, up and down names after `model.layers.N.`.
+    pub fn expert(self, e: u64) -> [String; 3] {
+        match self {
+            MoeNaming::Mixtral => ["w1", "w3", "w2"]
+                .map(|w| format!("block_sparse_moe.experts.{e}.{w}.weight")),
+            MoeNaming::Qwen3Moe => ["gate_proj", "up_proj", "down_proj"]
+                .map(|w| format!("mlp.experts.{e}.{w}.weight")),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct HfConfig {
     pub arch: Arch,
@@ -47,10 +87,22 @@ pub struct HfConfig {
     pub o_bias: bool,
     /// Per-head RMS norms of Q and K (Qwen3: `self_attn.q_norm`, `k_norm`).
     pub qk_norm: bool,
+    /// A mixture of experts in every layer's FFN, if the model has one.
+    pub moe: Option<MoeConfig>,
     pub rope: RopeScaling,
     pub name: String,
     pub json: Json,
 }
+
+/// The checkpoint classes `strata-convert hf` reads.
+pub const CLASSES: [&str; 6] = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+];
 
 fn cfg_err(s: String) -> ConvertError {
     ConvertError::Config(s)
@@ -107,7 +159,9 @@ impl HfConfig {
             Some(c @ ("LlamaForCausalLM" | "MistralForCausalLM")) => (c, Arch::Llama),
             Some(c @ "Qwen2ForCausalLM") => (c, Arch::Qwen2),
             Some(c @ "Qwen3ForCausalLM") => (c, Arch::Qwen3),
-            Some(c) => return Err(ConvertError::Unsupported(format!("architecture {c} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"))),
+            Some(c @ "MixtralForCausalLM") => (c, Arch::Llama),
+            Some(c @ "Qwen3MoeForCausalLM") => (c, Arch::Qwen3Moe),
+            Some(c) => return Err(ConvertError::Unsupported(format!("architecture {c} (supported: {})", CLASSES.join(", ")))),
             None => return Err(cfg_err("no 'architectures' list".into())),
         };
         // the ranges strata's model check accepts: nothing is allocated from
@@ -176,6 +230,56 @@ impl HfConfig {
                 }
             }
         };
+        let moe = match class {
+            "MixtralForCausalLM" => Some(MoeConfig {
+                n_expert: bounded("num_local_experts", need_u64(&j, "num_local_experts")?, 1024)?,
+                n_used: need_u64(&j, "num_experts_per_tok")?,
+                inter: need_u64(&j, "intermediate_size")?,
+                naming: MoeNaming::Mixtral,
+            }),
+            "Qwen3MoeForCausalLM" => {
+                // every layer sparse: no dense layers among the experts
+                if get_u64(&j, "decoder_sparse_step")?.is_some_and(|s| s != 1) {
+                    return Err(ConvertError::Unsupported(
+                        "decoder_sparse_step other than 1 (dense layers between the mixtures of experts)".into(),
+                    ));
+                }
+                if j.get("mlp_only_layers")
+                    .and_then(Json::as_array)
+                    .is_some_and(|a| !a.is_empty())
+                {
+                    return Err(ConvertError::Unsupported(
+                        "mlp_only_layers (dense layers between the mixtures of experts)".into(),
+                    ));
+                }
+                // llama.cpp's qwen3moe graph always renormalizes the top-k
+                // weights, as every released Qwen3-MoE asks
+                if j.get("norm_topk_prob").and_then(Json::as_bool) != Some(true) {
+                    return Err(ConvertError::Unsupported(
+                        "norm_topk_prob other than true (top-k routing weights not renormalized)".into(),
+                    ));
+                }
+                Some(MoeConfig {
+                    n_expert: bounded("num_experts", need_u64(&j, "num_experts")?, 1024)?,
+                    n_used: need_u64(&j, "num_experts_per_tok")?,
+                    inter: bounded(
+                        "moe_intermediate_size",
+                        need_u64(&j, "moe_intermediate_size")?,
+                        1 << 20,
+                    )?,
+                    naming: MoeNaming::Qwen3Moe,
+                })
+            }
+            _ => None,
+        };
+        if let Some(m) = moe {
+            if m.n_used > m.n_expert {
+                return Err(cfg_err(format!(
+                    "num_experts_per_tok {} exceeds the {} experts",
+                    m.n_used, m.n_expert
+                )));
+            }
+        }
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -212,7 +316,8 @@ impl HfConfig {
                 .unwrap_or(false),
             qkv_bias: arch == Arch::Qwen2 || attn_bias,
             o_bias: arch == Arch::Llama && attn_bias,
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
+            moe,
             rope,
             name,
             json: j,
@@ -249,6 +354,13 @@ impl HfConfig {
         if self.explicit_head_dim {
             hp("attention.key_length", u(self.head_dim));
             hp("attention.value_length", u(self.head_dim));
+        }
+        if let Some(m) = self.moe {
+            hp("expert_count", u(m.n_expert));
+            hp("expert_used_count", u(m.n_used));
+            if m.naming == MoeNaming::Qwen3Moe {
+                hp("expert_feed_forward_length", u(m.inter));
+            }
         }
         if let RopeScaling::Linear(f) = self.rope {
             hp("rope.scaling.type", Value::Str("linear".into()));

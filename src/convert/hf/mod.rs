@@ -1,7 +1,11 @@
 //! `strata-convert hf`: a Hugging Face model directory (config.json,
 //! model.safetensors or shards + index, tokenizer.json,
 //! tokenizer_config.json) of LlamaForCausalLM, MistralForCausalLM,
-//! Qwen2ForCausalLM or Qwen3ForCausalLM to a strata-aligned GGUF.
+//! MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or
+//! Qwen3MoeForCausalLM to a strata-aligned GGUF. A mixture of experts'
+//! per-expert matrices are stacked into one GGUF tensor per kind
+//! (`ffn_{gate,up,down}_exps`, expert after expert), as
+//! convert_hf_to_gguf.py writes them.
 //!
 //! Everything is checked before writing starts: config.json values, every
 //! safetensors header ([`safetensors`]), that each checkpoint tensor maps to
@@ -19,7 +23,7 @@ pub mod safetensors;
 mod sentencepiece;
 mod tokenizer;
 
-pub use config::{HfConfig, RopeScaling};
+pub use config::{HfConfig, MoeConfig, MoeNaming, RopeScaling, CLASSES};
 pub use tokenizer::detect_pre;
 
 use super::error::ConvertError;
@@ -47,8 +51,9 @@ pub struct HfOptions {
 }
 
 /// The GGUF name of a checkpoint tensor: `Ok(None)` for tensors that carry
-/// no weights (rotary inv_freq), an error for anything unexpected.
-fn gguf_name(hf: &str, n_layer: u64) -> Result<Option<String>> {
+/// no weights (rotary inv_freq), an error for anything unexpected. An
+/// expert's matrix names the stacked tensor it goes into.
+fn gguf_name(hf: &str, c: &HfConfig) -> Result<Option<String>> {
     let unexpected = || ConvertError::UnexpectedTensor(hf.to_string());
     Ok(Some(match hf {
         "model.embed_tokens.weight" => "token_embd.weight".into(),
@@ -58,8 +63,19 @@ fn gguf_name(hf: &str, n_layer: u64) -> Result<Option<String>> {
             let rest = hf.strip_prefix("model.layers.").ok_or_else(unexpected)?;
             let (l, suffix) = rest.split_once('.').ok_or_else(unexpected)?;
             let l: u64 = l.parse().map_err(|_| unexpected())?;
-            if l >= n_layer {
+            if l >= c.n_layer {
                 return Err(unexpected());
+            }
+            if let Some(m) = c.moe {
+                if suffix == m.naming.router() {
+                    return Ok(Some(format!("blk.{l}.ffn_gate_inp.weight")));
+                }
+                for e in 0..m.n_expert {
+                    if let Some(k) = m.naming.expert(e).iter().position(|n| n == suffix) {
+                        let g = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"][k];
+                        return Ok(Some(format!("blk.{l}.{g}.weight")));
+                    }
+                }
             }
             let g = match suffix {
                 "self_attn.rotary_emb.inv_freq" => return Ok(None),
@@ -75,9 +91,9 @@ fn gguf_name(hf: &str, n_layer: u64) -> Result<Option<String>> {
                 "self_attn.o_proj.weight" => "attn_output.weight",
                 "self_attn.o_proj.bias" => "attn_output.bias",
                 "post_attention_layernorm.weight" => "ffn_norm.weight",
-                "mlp.gate_proj.weight" => "ffn_gate.weight",
-                "mlp.up_proj.weight" => "ffn_up.weight",
-                "mlp.down_proj.weight" => "ffn_down.weight",
+                "mlp.gate_proj.weight" if c.moe.is_none() => "ffn_gate.weight",
+                "mlp.up_proj.weight" if c.moe.is_none() => "ffn_up.weight",
+                "mlp.down_proj.weight" if c.moe.is_none() => "ffn_down.weight",
                 _ => return Err(unexpected()),
             };
             format!("blk.{l}.{g}")
@@ -85,23 +101,51 @@ fn gguf_name(hf: &str, n_layer: u64) -> Result<Option<String>> {
     }))
 }
 
-/// Every (HF name, GGUF name, PyTorch shape) the config requires.
-fn expected(c: &HfConfig) -> Vec<(String, String, Vec<u64>)> {
+/// One GGUF tensor and where it comes from: one checkpoint tensor, or
+/// several of one shape stacked (the experts), each of `shape` (PyTorch
+/// order).
+struct Expected {
+    sources: Vec<String>,
+    gguf: String,
+    shape: Vec<u64>,
+    stacked: bool,
+}
+
+impl Expected {
+    /// The GGUF shape (ggml order): a stack adds the sources as the
+    /// outermost dimension.
+    fn ne(&self) -> Vec<u64> {
+        let mut ne: Vec<u64> = self.shape.iter().rev().copied().collect();
+        if self.stacked {
+            ne.push(self.sources.len() as u64);
+        }
+        ne
+    }
+}
+
+/// Every GGUF tensor the config requires and its sources.
+fn expected(c: &HfConfig) -> Vec<Expected> {
+    let one = |hf: String, gguf: String, shape: Vec<u64>| Expected {
+        sources: vec![hf],
+        gguf,
+        shape,
+        stacked: false,
+    };
     let (h, q, kv) = (c.hidden, c.n_head * c.head_dim, c.n_kv * c.head_dim);
     let mut v = vec![
-        (
+        one(
             "model.embed_tokens.weight".into(),
             "token_embd.weight".into(),
             vec![c.vocab, h],
         ),
-        (
+        one(
             "model.norm.weight".into(),
             "output_norm.weight".into(),
             vec![h],
         ),
     ];
     if !c.tie {
-        v.push((
+        v.push(one(
             "lm_head.weight".into(),
             "output.weight".into(),
             vec![c.vocab, h],
@@ -109,7 +153,7 @@ fn expected(c: &HfConfig) -> Vec<(String, String, Vec<u64>)> {
     }
     for l in 0..c.n_layer {
         let mut t = |hf: &str, g: &str, shape: Vec<u64>| {
-            v.push((
+            v.push(one(
                 format!("model.layers.{l}.{hf}"),
                 format!("blk.{l}.{g}"),
                 shape,
@@ -145,9 +189,31 @@ fn expected(c: &HfConfig) -> Vec<(String, String, Vec<u64>)> {
             "ffn_norm.weight",
             vec![h],
         );
-        t("mlp.gate_proj.weight", "ffn_gate.weight", vec![c.inter, h]);
-        t("mlp.up_proj.weight", "ffn_up.weight", vec![c.inter, h]);
-        t("mlp.down_proj.weight", "ffn_down.weight", vec![h, c.inter]);
+        let Some(m) = c.moe else {
+            t("mlp.gate_proj.weight", "ffn_gate.weight", vec![c.inter, h]);
+            t("mlp.up_proj.weight", "ffn_up.weight", vec![c.inter, h]);
+            t("mlp.down_proj.weight", "ffn_down.weight", vec![h, c.inter]);
+            continue;
+        };
+        t(m.naming.router(), "ffn_gate_inp.weight", vec![m.n_expert, h]);
+        // each expert's gate, up, down, stacked expert after expert
+        for (k, (g, shape)) in [
+            ("ffn_gate_exps", vec![m.inter, h]),
+            ("ffn_up_exps", vec![m.inter, h]),
+            ("ffn_down_exps", vec![h, m.inter]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            v.push(Expected {
+                sources: (0..m.n_expert)
+                    .map(|e| format!("model.layers.{l}.{}", m.naming.expert(e)[k]))
+                    .collect(),
+                gguf: format!("blk.{l}.{g}.weight"),
+                shape,
+                stacked: true,
+            });
+        }
     }
     v
 }
@@ -226,40 +292,58 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: &HfOptions) -> Result<WriteSumma
     let c = HfConfig::read(dir)?;
     let ck = Arc::new(safetensors::open_checkpoint(dir)?);
     for name in ck.tensors.keys() {
-        gguf_name(name, c.n_layer)?;
+        gguf_name(name, &c)?;
     }
     let mut tensors = Vec::new();
     let mut src_types = Vec::new();
     let mut exp = expected(&c);
     if c.tie && ck.tensors.contains_key("lm_head.weight") {
-        exp.push((
-            "lm_head.weight".into(),
-            "output.weight".into(),
-            vec![c.vocab, c.hidden],
-        ));
+        exp.push(Expected {
+            sources: vec!["lm_head.weight".into()],
+            gguf: "output.weight".into(),
+            shape: vec![c.vocab, c.hidden],
+            stacked: false,
+        });
     }
-    for (hf, gname, shape) in exp {
-        let t = ck
-            .tensors
-            .get(&hf)
-            .ok_or_else(|| ConvertError::MissingTensor(hf.clone()))?;
-        if t.shape != shape {
-            return Err(ConvertError::ShapeMismatch {
-                tensor: hf,
-                found: t.shape.clone(),
-                expected: shape,
-            });
+    for x in exp {
+        let mut srcs = Vec::with_capacity(x.sources.len());
+        for hf in &x.sources {
+            let t = ck
+                .tensors
+                .get(hf)
+                .ok_or_else(|| ConvertError::MissingTensor(hf.clone()))?;
+            if t.shape != x.shape {
+                return Err(ConvertError::ShapeMismatch {
+                    tensor: hf.clone(),
+                    found: t.shape.clone(),
+                    expected: x.shape.clone(),
+                });
+            }
+            srcs.push(t.clone());
         }
-        let ne: Vec<u64> = shape.iter().rev().copied().collect();
+        let ne = x.ne();
+        let gname = x.gguf;
+        // a stack decodes each source by its own dtype; the output type
+        // follows the first (a checkpoint stores its experts alike)
+        let src_ty = srcs[0].dtype;
         let ty = match opts.target {
             Some(_) => quant::choose_type(&gname, &ne, GgmlType::F32, opts.target),
-            None => quant::choose_type(&gname, &ne, t.dtype.ggml(), None),
+            None => quant::choose_type(&gname, &ne, src_ty.ggml(), None),
         };
         quant::check_target(&gname, ty, ne[0])?;
         let permute = c.permute_qk() && (gname.contains(".attn_q.") || gname.contains(".attn_k."));
         let hd = permute.then_some(c.head_dim as usize);
-        src_types.push(t.dtype);
-        let fill = tensor_fill(ck.clone(), t.clone(), ty, hd, opts.threads);
+        src_types.push(src_ty);
+        let fills: Vec<TensorFill> = srcs
+            .into_iter()
+            .map(|t| tensor_fill(ck.clone(), t, ty, hd, opts.threads))
+            .collect();
+        let fill: TensorFill = if fills.len() == 1 {
+            fills.into_iter().next().expect("one fill")
+        } else {
+            // expert after expert: each a whole number of rows
+            Box::new(move |w| fills.iter().try_for_each(|f| f(w)))
+        };
         tensors.push(OutTensor {
             name: gname,
             ne,
