@@ -352,7 +352,12 @@ fn mixtral_layouts() {
 fn gemma3_layouts() {
     for (label, s) in [("prefill", PREFILL), ("decode", DECODE)] {
         check(Arch::Gemma3, "attn", label, s);
-        check(Arch::Gemma3, "attn", &format!("{label}_swa"), StepShape { swa: true, ..s });
+        check(
+            Arch::Gemma3,
+            "attn",
+            &format!("{label}_swa"),
+            StepShape { swa: true, ..s },
+        );
         check(Arch::Gemma3, "arch_ffn", label, s);
     }
     check(Arch::Gemma3, "attn", "prefill_last_layer", LAST);

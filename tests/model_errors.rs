@@ -191,7 +191,9 @@ fn tiny_moe(
     tiny(|kv, ts| {
         kv.push(("llama.expert_count".into(), Value::U32(4)));
         kv.push(("llama.expert_used_count".into(), Value::U32(2)));
-        ts.retain(|(n, _, _)| !n.contains("ffn_gate.") && !n.contains("ffn_up.") && !n.contains("ffn_down."));
+        ts.retain(|(n, _, _)| {
+            !n.contains("ffn_gate.") && !n.contains("ffn_up.") && !n.contains("ffn_down.")
+        });
         for l in 0..2 {
             for (n, s) in [
                 ("ffn_gate_inp.weight", vec![E, 4]),
@@ -213,29 +215,47 @@ fn set(kv: &mut [(String, Value)], key: &str, v: Value) {
 #[test]
 fn mixture_of_experts_is_read_and_checked() {
     let spec = tiny_moe(|_, _| {}).expect("a valid Mixtral-style file");
-    assert_eq!((spec.hp.n_expert, spec.hp.n_expert_used, spec.hp.n_ff_exp), (4, 2, FF as u32));
+    assert_eq!(
+        (spec.hp.n_expert, spec.hp.n_expert_used, spec.hp.n_ff_exp),
+        (4, 2, FF as u32)
+    );
     let ffn = &spec.groups[1];
     assert_eq!(ffn.weights.len(), 5);
     assert_eq!(ffn.weights[2].ne, [E as i64, FF as i64, 4, 1]);
 
     let err = |e: ModelSpecResult| e.expect_err("refused").to_string();
     // used experts out of range
-    let e = err(tiny_moe(|kv, _| set(kv, "llama.expert_used_count", Value::U32(5))));
+    let e = err(tiny_moe(|kv, _| {
+        set(kv, "llama.expert_used_count", Value::U32(5))
+    }));
     assert!(e.contains("expert_used_count"), "{e}");
-    let e = err(tiny_moe(|kv, _| set(kv, "llama.expert_used_count", Value::U32(0))));
+    let e = err(tiny_moe(|kv, _| {
+        set(kv, "llama.expert_used_count", Value::U32(0))
+    }));
     assert!(e.contains("expert_used_count"), "{e}");
     // the count disagrees with the tensors
-    let e = err(tiny_moe(|kv, _| set(kv, "llama.expert_count", Value::U32(8))));
+    let e = err(tiny_moe(|kv, _| {
+        set(kv, "llama.expert_count", Value::U32(8))
+    }));
     assert!(e.contains("ffn_gate_inp"), "{e}");
     // experts without a count: refused by tensor name
-    let e = err(tiny_moe(|kv, _| kv.retain(|(k, _)| !k.starts_with("llama.expert"))));
-    assert!(e.contains("ffn_gate_inp") && e.contains("mixture of experts"), "{e}");
+    let e = err(tiny_moe(|kv, _| {
+        kv.retain(|(k, _)| !k.starts_with("llama.expert"))
+    }));
+    assert!(
+        e.contains("ffn_gate_inp") && e.contains("mixture of experts"),
+        "{e}"
+    );
     // routing strata does not compute, by key
     for (key, v, says) in [
         ("llama.expert_shared_count", Value::U32(1), "shared experts"),
         ("llama.expert_group_count", Value::U32(4), "grouped"),
         ("llama.expert_gating_func", Value::U32(2), "softmax"),
-        ("llama.expert_weights_norm", Value::Bool(false), "renormalized"),
+        (
+            "llama.expert_weights_norm",
+            Value::Bool(false),
+            "renormalized",
+        ),
         ("llama.expert_weights_scale", Value::F32(2.5), "scaled"),
     ] {
         let e = err(tiny_moe(|kv, _| kv.push((key.into(), v.clone()))));
@@ -251,9 +271,16 @@ fn mixture_of_experts_is_read_and_checked() {
         tiny_moe(|kv, _| kv.push((key.into(), v.clone()))).expect(key);
     }
     // one tensor per expert (old Mixtral conversions): named, with the fix
-    let e = err(tiny_moe(|_, ts| ts.push(("blk.0.ffn_gate.3.weight".into(), vec![E, FF], GgmlType::F32))));
-    assert!(e.contains("blk.0.ffn_gate.3.weight") && e.contains("one tensor per expert"), "{e}");
+    let e = err(tiny_moe(|_, ts| {
+        ts.push(("blk.0.ffn_gate.3.weight".into(), vec![E, FF], GgmlType::F32))
+    }));
+    assert!(
+        e.contains("blk.0.ffn_gate.3.weight") && e.contains("one tensor per expert"),
+        "{e}"
+    );
     // a dense FFN tensor beside the experts is not silently ignored
-    let e = err(tiny_moe(|_, ts| ts.push(("blk.1.ffn_up.weight".into(), vec![E, FF], GgmlType::F32))));
+    let e = err(tiny_moe(|_, ts| {
+        ts.push(("blk.1.ffn_up.weight".into(), vec![E, FF], GgmlType::F32))
+    }));
     assert!(e.contains("blk.1.ffn_up.weight"), "{e}");
 }

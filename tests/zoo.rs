@@ -111,7 +111,8 @@ fn gemma3_matches_llama_cpp() {
     let Some(path) = model(common::GEMMA3) else {
         return;
     };
-    let long = "The history of the lighthouse keeper's family, told one season at a time. ".repeat(40);
+    let long =
+        "The history of the lighthouse keeper's family, told one season at a time. ".repeat(40);
     parity_at(&path, "gemma3-270m", &[PROMPTS[0], PROMPTS[1], &long], 1024);
 }
 

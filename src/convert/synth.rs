@@ -123,7 +123,14 @@ const fn qwen3moe(
 }
 
 /// A Mixtral shape: `llama` with experts, no llama3 rope factors.
-const fn mixtral(name: &'static str, n_embd: u32, n_layer: u32, n_head: u32, n_head_kv: u32, n_ff: u32) -> Preset {
+const fn mixtral(
+    name: &'static str,
+    n_embd: u32,
+    n_layer: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    n_ff: u32,
+) -> Preset {
     Preset {
         name,
         arch: Arch::Llama,

@@ -185,10 +185,18 @@ pub fn build_attn<'c>(
     let pos = ctx.view_1d(ext.pos, n, 0).named("pos");
     let kv_idx = ctx.view_1d(ext.kv_idx, n, 0).named("k_idxs");
     // F16 [n_kv, n_tokens]; a sliding-window layer's right after it
-    let mask_at = if s.swa { s.n_kv as usize * n as usize * 2 } else { 0 };
+    let mask_at = if s.swa {
+        s.n_kv as usize * n as usize * 2
+    } else {
+        0
+    };
     let mask = ctx
         .view_2d(ext.mask, s.n_kv as i64, n, s.n_kv as usize * 2, mask_at)
-        .named(if s.swa { "kq_mask_swa_view" } else { "kq_mask_view" });
+        .named(if s.swa {
+            "kq_mask_swa_view"
+        } else {
+            "kq_mask_view"
+        });
     // the step's inputs first, as llama.cpp's graph has them (inputs, not
     // nodes between the ops): ggml-cuda fuses RMS_NORM, MUL, ROPE (and the
     // KV store after it) only where they are adjacent in the graph, and the

@@ -351,9 +351,7 @@ mod tests {
         let mut m = vec![7u16; 3];
         kv.fill_mask(&toks, 8, Some(3), &mut m);
         assert_eq!(&m[..3], [7, 7, 7], "what was there is kept");
-        let vis = |i: usize| -> Vec<usize> {
-            (0..8).filter(|&c| m[3 + i * 8 + c] == 0).collect()
-        };
+        let vis = |i: usize| -> Vec<usize> { (0..8).filter(|&c| m[3 + i * 8 + c] == 0).collect() };
         assert_eq!(vis(0), [0]);
         assert_eq!(vis(2), [0, 1, 2]);
         assert_eq!(vis(5), [3, 4, 5]);

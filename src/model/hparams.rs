@@ -1,7 +1,6 @@
 //! Hyperparameters as llama.cpp's src/llama-model.cpp loads them from the
 //! `{arch}.*` keys, validated.
 
-use super::arch::Arch;
 use super::error::ModelError;
 use crate::gguf::GgufFile;
 
@@ -151,17 +150,11 @@ pub(super) fn bad(key: &str, value: impl ToString, why: &'static str) -> ModelEr
 }
 
 impl Hparams {
-    /// From the `{arch}.*` keys of `f`: the keys every architecture shares,
-    /// then the architecture's own (`ArchSpec::read_hparams`).
-    pub fn from_gguf(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
-        let mut hp = Self::shared(f, arch.name())?;
-        if let Some(read) = arch.spec().read_hparams {
-            read(f, &mut hp)?;
-        }
-        Ok(hp)
-    }
-
-    fn shared(f: &GgufFile, a: &str) -> Result<Hparams, ModelError> {
+    /// From the `{arch}.*` keys of `f` every architecture shares, `arch`
+    /// being the architecture's name (its own keys: `ArchSpec::read_hparams`,
+    /// which `ModelSpec::from_gguf` applies after).
+    pub fn from_gguf(f: &GgufFile, arch: &str) -> Result<Hparams, ModelError> {
+        let a = arch;
         let k = |s: &str| format!("{a}.{s}");
         let n_embd = f.get_u32(&k("embedding_length"))?;
         let n_layer = f.get_u32(&k("block_count"))?;

@@ -201,7 +201,10 @@ impl ModelSpec {
     /// Reads and validates the model description of a GGUF file.
     pub fn from_gguf(f: &GgufFile) -> Result<ModelSpec, ModelError> {
         let arch = Arch::from_name(f.get_str("general.architecture")?)?;
-        let mut hp = Hparams::from_gguf(f, arch)?;
+        let mut hp = Hparams::from_gguf(f, arch.name())?;
+        if let Some(read) = arch.spec().read_hparams {
+            read(f, &mut hp)?;
+        }
         let name = f.get_str_opt("general.name")?.unwrap_or("").to_string();
         super::vocab::validate_vocab(f)?;
         // a block_count below the layers present would silently drop them
@@ -279,7 +282,11 @@ impl ModelSpec {
                     arch.name()
                 ))
             } else {
-                bad(&key, 0, "this architecture is a mixture of experts: must be > 0")
+                bad(
+                    &key,
+                    0,
+                    "this architecture is a mixture of experts: must be > 0",
+                )
             }
         })?;
         for t in &f.tensors {

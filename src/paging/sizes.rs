@@ -104,7 +104,11 @@ fn row_bytes(hp: &Hparams) -> [u64; 3] {
 fn ffn_row_bytes(hp: &Hparams) -> u64 {
     let e = hp.n_embd as u64;
     if hp.is_moe() {
-        let (x, k, ff) = (hp.n_expert as u64, hp.n_expert_used as u64, hp.n_ff_exp as u64);
+        let (x, k, ff) = (
+            hp.n_expert as u64,
+            hp.n_expert_used as u64,
+            hp.n_ff_exp as u64,
+        );
         4 * (2 * e + 2 * x + k * (3 * ff + 2 * e + 4))
     } else {
         4 * (2 * e + 3 * hp.n_ff as u64)

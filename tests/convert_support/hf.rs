@@ -231,17 +231,29 @@ fn hf_mixtral_f32_matches_reference() {
     assert_eq!(f.get_str("general.architecture").expect("arch"), "llama");
     assert_eq!(f.get_u32("llama.expert_count").expect("experts"), 4);
     assert_eq!(f.get_u32("llama.expert_used_count").expect("used"), 2);
-    let down = f.require_tensor("blk.1.ffn_down_exps.weight").expect("down");
+    let down = f
+        .require_tensor("blk.1.ffn_down_exps.weight")
+        .expect("down");
     assert_eq!(down.ne, vec![96, 128, 4]);
     assert_eq!(
-        f.require_tensor("blk.0.ffn_gate_inp.weight").expect("router").ne,
+        f.require_tensor("blk.0.ffn_gate_inp.weight")
+            .expect("router")
+            .ne,
         vec![128, 4]
     );
     // and requantized to q8_0 (the router stays F32, as llama.cpp keeps it)
     let q = hf_matches_reference(dir.path(), &m, Some(GgmlType::Q8_0), 1e-2);
     let f = GgufFile::open(&q).expect("open");
-    assert_eq!(f.require_tensor("blk.0.ffn_gate_inp.weight").expect("router").ty, GgmlType::F32);
-    assert_eq!(f.require_tensor("blk.0.ffn_up_exps.weight").expect("up").ty, GgmlType::Q8_0);
+    assert_eq!(
+        f.require_tensor("blk.0.ffn_gate_inp.weight")
+            .expect("router")
+            .ty,
+        GgmlType::F32
+    );
+    assert_eq!(
+        f.require_tensor("blk.0.ffn_up_exps.weight").expect("up").ty,
+        GgmlType::Q8_0
+    );
 }
 
 /// Qwen3-MoE: Qwen3's attention, 8 experts of their own width, 2 used, the
@@ -274,9 +286,15 @@ fn hf_qwen3moe_bf16_matches_reference() {
     let out = hf_matches_reference(dir.path(), &m, None, 1e-4);
     let f = GgufFile::open(&out).expect("open");
     assert_eq!(f.get_str("general.architecture").expect("arch"), "qwen3moe");
-    assert_eq!(f.get_u32("qwen3moe.expert_feed_forward_length").expect("width"), 64);
     assert_eq!(
-        f.require_tensor("blk.0.ffn_gate_exps.weight").expect("gate").ne,
+        f.get_u32("qwen3moe.expert_feed_forward_length")
+            .expect("width"),
+        64
+    );
+    assert_eq!(
+        f.require_tensor("blk.0.ffn_gate_exps.weight")
+            .expect("gate")
+            .ne,
         vec![128, 64, 8]
     );
     // a checkpoint whose top-k weights are not renormalized is refused

@@ -48,7 +48,12 @@ impl TinyConfig {
     }
     /// The router's name after `model.layers.N.`.
     fn router(&self) -> String {
-        if self.mixtral() { "block_sparse_moe.gate.weight" } else { "mlp.gate.weight" }.into()
+        if self.mixtral() {
+            "block_sparse_moe.gate.weight"
+        } else {
+            "mlp.gate.weight"
+        }
+        .into()
     }
     /// Expert `e`'s gate, up and down names after `model.layers.N.`.
     fn expert(&self, e: usize) -> [String; 3] {
@@ -375,7 +380,11 @@ impl TinyModel {
                     matvec(self.t(&p(d)), &a)
                 };
                 let d = match c.moe {
-                    None => swiglu("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"),
+                    None => swiglu(
+                        "mlp.gate_proj.weight",
+                        "mlp.up_proj.weight",
+                        "mlp.down_proj.weight",
+                    ),
                     Some((_, used, _)) => {
                         // softmax over the router's logits, the top-k
                         // experts, their probabilities renormalized

@@ -555,7 +555,11 @@ fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
     // as llama.cpp's users run --n-cpu-moe; rows of partial offload keep
     // its default placement, so they stay llama.cpp's defaults
     let flags = |ngl: i32| {
-        let cpu_experts = if ngl >= ALL_LAYERS { experts } else { CpuExperts::None };
+        let cpu_experts = if ngl >= ALL_LAYERS {
+            experts
+        } else {
+            CpuExperts::None
+        };
         LlamaConfig {
             ngl,
             cpu_experts,

@@ -55,10 +55,12 @@ impl MoeNaming {
     /// Expert `e`'s gate, up and down names after `model.layers.N.`.
     pub fn expert(self, e: u64) -> [String; 3] {
         match self {
-            MoeNaming::Mixtral => ["w1", "w3", "w2"]
-                .map(|w| format!("block_sparse_moe.experts.{e}.{w}.weight")),
-            MoeNaming::Qwen3Moe => ["gate_proj", "up_proj", "down_proj"]
-                .map(|w| format!("mlp.experts.{e}.{w}.weight")),
+            MoeNaming::Mixtral => {
+                ["w1", "w3", "w2"].map(|w| format!("block_sparse_moe.experts.{e}.{w}.weight"))
+            }
+            MoeNaming::Qwen3Moe => {
+                ["gate_proj", "up_proj", "down_proj"].map(|w| format!("mlp.experts.{e}.{w}.weight"))
+            }
         }
     }
 }
@@ -161,7 +163,12 @@ impl HfConfig {
             Some(c @ "Qwen3ForCausalLM") => (c, Arch::Qwen3),
             Some(c @ "MixtralForCausalLM") => (c, Arch::Llama),
             Some(c @ "Qwen3MoeForCausalLM") => (c, Arch::Qwen3Moe),
-            Some(c) => return Err(ConvertError::Unsupported(format!("architecture {c} (supported: {})", CLASSES.join(", ")))),
+            Some(c) => {
+                return Err(ConvertError::Unsupported(format!(
+                    "architecture {c} (supported: {})",
+                    CLASSES.join(", ")
+                )))
+            }
             None => return Err(cfg_err("no 'architectures' list".into())),
         };
         // the ranges strata's model check accepts: nothing is allocated from
@@ -232,7 +239,11 @@ impl HfConfig {
         };
         let moe = match class {
             "MixtralForCausalLM" => Some(MoeConfig {
-                n_expert: bounded("num_local_experts", need_u64(&j, "num_local_experts")?, 1024)?,
+                n_expert: bounded(
+                    "num_local_experts",
+                    need_u64(&j, "num_local_experts")?,
+                    1024,
+                )?,
                 n_used: need_u64(&j, "num_experts_per_tok")?,
                 inter: need_u64(&j, "intermediate_size")?,
                 naming: MoeNaming::Mixtral,
@@ -256,7 +267,8 @@ impl HfConfig {
                 // weights, as every released Qwen3-MoE asks
                 if j.get("norm_topk_prob").and_then(Json::as_bool) != Some(true) {
                     return Err(ConvertError::Unsupported(
-                        "norm_topk_prob other than true (top-k routing weights not renormalized)".into(),
+                        "norm_topk_prob other than true (top-k routing weights not renormalized)"
+                            .into(),
                     ));
                 }
                 Some(MoeConfig {

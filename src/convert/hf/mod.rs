@@ -195,7 +195,11 @@ fn expected(c: &HfConfig) -> Vec<Expected> {
             t("mlp.down_proj.weight", "ffn_down.weight", vec![h, c.inter]);
             continue;
         };
-        t(m.naming.router(), "ffn_gate_inp.weight", vec![m.n_expert, h]);
+        t(
+            m.naming.router(),
+            "ffn_gate_inp.weight",
+            vec![m.n_expert, h],
+        );
         // each expert's gate, up, down, stacked expert after expert
         for (k, (g, shape)) in [
             ("ffn_gate_exps", vec![m.inter, h]),

@@ -74,9 +74,7 @@ fn read_hparams(f: &GgufFile, hp: &mut Hparams) -> Result<(), ModelError> {
         if hp.swa_pattern < 2 {
             return Err(bad(&key, hp.swa_pattern, "must be at least 2"));
         }
-        hp.rope_freq_base_swa = f
-            .get_f32_opt(&k("rope.freq_base_swa"))?
-            .unwrap_or(10000.0);
+        hp.rope_freq_base_swa = f.get_f32_opt(&k("rope.freq_base_swa"))?.unwrap_or(10000.0);
         if !(hp.rope_freq_base_swa.is_finite() && hp.rope_freq_base_swa > 0.0) {
             return Err(bad(
                 &k("rope.freq_base_swa"),

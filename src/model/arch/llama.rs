@@ -4,7 +4,7 @@
 //! where the file has `llama.expert_count`, a mixture of experts with
 //! softmax routing (Mixtral: `ffn_gate_inp` and stacked `ffn_*_exps`).
 
-use super::table::{Act, t, Arch, ArchSpec, Need::*, Shape::*, MOE_FFN, SWIGLU_FFN};
+use super::table::{t, Act, Arch, ArchSpec, Need::*, Shape::*, MOE_FFN, SWIGLU_FFN};
 use crate::model::role::Role;
 
 pub const SPEC: ArchSpec = ArchSpec {

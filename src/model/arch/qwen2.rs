@@ -1,7 +1,7 @@
 //! Qwen2 and Qwen2.5 (llama.cpp's src/models/qwen2.cpp): Llama with Q/K/V
 //! biases always present and NEOX RoPE.
 
-use super::table::{Act, t, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
+use super::table::{t, Act, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
 use crate::model::role::Role;
 
 pub const SPEC: ArchSpec = ArchSpec {

@@ -3,7 +3,7 @@
 //! the projection and before NEOX RoPE. The head dimension is its own key
 //! (`attention.key_length`), so n_embd_q may differ from n_embd.
 
-use super::table::{Act, t, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
+use super::table::{t, Act, Arch, ArchSpec, Need::*, Shape::*, SWIGLU_FFN};
 use crate::model::role::Role;
 
 pub const SPEC: ArchSpec = ArchSpec {
