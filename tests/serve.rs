@@ -128,9 +128,17 @@ fn http(port: u16, method: &str, path: &str, body: &[u8]) -> Option<(u16, Vec<u8
     Some((status, out[split + 4..].to_vec()))
 }
 
+/// curl with a JSON content type (the server refuses POST bodies of
+/// other types).
 fn curl(args: &[&str]) -> (String, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "300"])
+        .args([
+            "-sS",
+            "--max-time",
+            "300",
+            "-H",
+            "Content-Type: application/json",
+        ])
         .args(args)
         .output()
         .expect("run curl");
@@ -293,7 +301,7 @@ fn load_test_and_bad_input() {
     let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     let body = br#"{"prompt":"Tell me a long story","max_tokens":500,"ignore_eos":true}"#;
     let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     c.write_all(head.as_bytes()).unwrap();
@@ -327,7 +335,17 @@ fn full_queue_answers_503_and_sigterm_finishes_running_requests() {
     // one runs, one waits, the third is refused
     let spawn = |b: &str| {
         Command::new("curl")
-            .args(["-sS", "-N", "--max-time", "300", &url, "-d", b])
+            .args([
+                "-sS",
+                "-N",
+                "--max-time",
+                "300",
+                "-H",
+                "Content-Type: application/json",
+                &url,
+                "-d",
+                b,
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap()
@@ -501,4 +519,326 @@ fn serve_refuses_a_draft_model_with_another_vocabulary() {
         !out.status.success() && err.contains("cannot draft for"),
         "{err}"
     );
+}
+
+/// One request must not stall the others: a flood of special tokens in a
+/// chat, a chat of many messages and megabyte prompts, sent beside a short
+/// request, leave its answer prompt (tokenization runs beside the engine
+/// loop, never on it; a prompt too long for the context is refused before
+/// it is tokenized; libllama's special-token split is linear, vendor
+/// patch 0002).
+#[test]
+fn abusive_prompts_do_not_stall_a_short_request() {
+    let Some(m) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    // a context of 8192 tokens per sequence: the flood fits the byte bound,
+    // so it is tokenized (and then refused as too long)
+    let s = Server::start(&m, &["--parallel", "2", "-c", "16384"]);
+    let port = s.port;
+    let short = br#"{"prompt":"The capital of France is","max_tokens":8,"temperature":0}"#;
+    let alone = {
+        let t0 = Instant::now();
+        let (st, _) = http(port, "POST", "/v1/completions", short).unwrap();
+        assert_eq!(st, 200);
+        t0.elapsed()
+    };
+    let flood = format!(
+        r#"{{"messages":[{{"role":"user","content":"{}"}}],"max_tokens":4}}"#,
+        "<|im_start|>".repeat(48_000)
+    );
+    let many = format!(
+        r#"{{"messages":[{}],"max_tokens":4}}"#,
+        vec![r#"{"role":"user","content":"hi"}"#; 200_000].join(",")
+    );
+    let mega = format!(
+        r#"{{"prompt":"{}","max_tokens":4}}"#,
+        "lorem ipsum dolor sit amet ".repeat(1_100_000)
+    );
+    let bodies: Vec<(String, &str)> = vec![
+        (flood, "/v1/chat/completions"),
+        (many, "/v1/chat/completions"),
+        (mega.clone(), "/v1/completions"),
+        (mega.clone(), "/v1/completions"),
+        (mega, "/v1/completions"),
+    ];
+    let abusers: Vec<_> = bodies
+        .into_iter()
+        .map(|(b, path)| std::thread::spawn(move || http(port, "POST", path, b.as_bytes())))
+        .collect();
+    // while they are in, the short request runs as it ran alone
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let (st, body) = http(port, "POST", "/v1/completions", short).unwrap();
+    let beside = t0.elapsed();
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    for a in abusers {
+        let (st, body) = a.join().unwrap().expect("an answer");
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(st, 400, "{text}");
+        assert!(text.contains("context"), "{text}");
+    }
+    eprintln!("short request alone {alone:?}, beside the abusive ones {beside:?}");
+    assert!(
+        beside < alone + Duration::from_secs(3),
+        "the short request took {beside:?} beside the abusive ones ({alone:?} alone)\n{}",
+        s.log_text()
+    );
+}
+
+/// The vendored fix of libllama's special-token split (patch 0002) keeps
+/// the tokens: a flood of special tokens between text tokenizes as its
+/// pieces do one by one, and 200k of them take well under the minute the
+/// quadratic split took.
+#[test]
+fn special_token_floods_tokenize_alike_and_in_linear_time() {
+    let Some(m) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let vocab = strata::llama::LlamaModel::load(&m, true, 0).expect("vocab");
+    let piece = "<|im_start|>user\nhi<|im_end|>\n";
+    let one = vocab.tokenize(piece, false, true).expect("tokenize");
+    let flood = vocab
+        .tokenize(&piece.repeat(500), false, true)
+        .expect("tokenize");
+    assert_eq!(flood, one.repeat(500));
+    let t0 = Instant::now();
+    let big = vocab
+        .tokenize(&"<|im_start|>".repeat(200_000), false, true)
+        .expect("tokenize");
+    let took = t0.elapsed();
+    assert_eq!(big.len(), 200_000);
+    assert!(
+        took < Duration::from_secs(10),
+        "200k special tokens took {took:?}"
+    );
+}
+
+/// A raw request with the given header lines: (status, body).
+fn raw(port: u16, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for h in headers {
+        head += h;
+        head += "\r\n";
+    }
+    head += "\r\n";
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text[9..12].parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// `--api-key` (and `--api-key-file`) on every route but /health; Host
+/// headers other than the loopback names refused on a loopback server
+/// (DNS rebinding); POST bodies other than JSON refused (what browsers
+/// send across origins); a wrong method answers 405 with a JSON error.
+#[test]
+fn api_keys_hosts_content_types_and_methods() {
+    let Some(m) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "\nsecond-key\n").unwrap();
+    let s = Server::start(
+        &m,
+        &[
+            "--api-key",
+            "first-key",
+            "--api-key-file",
+            keys.to_str().unwrap(),
+        ],
+    );
+    let body = br#"{"prompt":"Hi","max_tokens":2}"#;
+    let json = "Content-Type: application/json";
+    let post = |headers: &[&str]| raw(s.port, "POST", "/v1/completions", headers, body);
+    let ok = |(st, b): (u16, String)| assert_eq!(st, 200, "{b}");
+    let err = |(st, b): (u16, String), want: u16, says: &str| {
+        assert_eq!(st, want, "{b}");
+        let v: serde_json::Value = serde_json::from_str(&b).expect("a JSON error body");
+        let msg = v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(msg.contains(says), "{msg}");
+    };
+    ok(post(&[
+        "Host: localhost",
+        json,
+        "Authorization: Bearer first-key",
+    ]));
+    ok(post(&[
+        "Host: 127.0.0.1:1234",
+        json,
+        "Authorization: Bearer second-key",
+    ]));
+    err(post(&["Host: localhost", json]), 401, "API key");
+    err(
+        post(&["Host: localhost", json, "Authorization: Bearer wrong"]),
+        401,
+        "invalid",
+    );
+    err(
+        post(&[
+            "Host: attacker.example",
+            json,
+            "Authorization: Bearer first-key",
+        ]),
+        403,
+        "allowed-hosts",
+    );
+    err(
+        post(&[
+            "Host: localhost",
+            "Content-Type: text/plain",
+            "Authorization: Bearer first-key",
+        ]),
+        415,
+        "application/json",
+    );
+    err(
+        post(&["Host: localhost", "Authorization: Bearer first-key"]),
+        415,
+        "application/json",
+    );
+    let get = |path, headers: &[&str]| raw(s.port, "GET", path, headers, b"");
+    ok(get("/health", &["Host: localhost"]));
+    err(get("/v1/models", &["Host: localhost"]), 401, "API key");
+    ok(get(
+        "/v1/models",
+        &["Host: localhost", "Authorization: Bearer second-key"],
+    ));
+    err(
+        get(
+            "/v1/completions",
+            &["Host: localhost", "Authorization: Bearer first-key"],
+        ),
+        405,
+        "method",
+    );
+    // the flags' own errors
+    let bad = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "-m"])
+        .arg(&m)
+        .args(["--api-key-file", "/nonexistent/keys"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--api-key-file"));
+}
+
+/// Whether the server closed `c` (a read gives end of file or a reset)
+/// within `within`.
+fn closed_by_server(c: &mut TcpStream, within: Duration) -> bool {
+    c.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Slowloris and idle connections: a connection that has not sent a
+/// request's headers within --timeout-headers is closed, idle keep-alive
+/// ones likewise; past --max-connections new ones are closed unanswered;
+/// and half-sent requests do not delay SIGTERM.
+#[test]
+fn slow_and_idle_connections_are_closed_and_do_not_delay_sigterm() {
+    let Some(m) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let mut s = Server::start(
+        &m,
+        &[
+            "--timeout-headers",
+            "1",
+            "--max-connections",
+            "8",
+            "--shutdown-grace",
+            "2",
+        ],
+    );
+    let port = s.port;
+    let connect = || TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // half-sent heads, and a keep-alive connection left idle after its answer
+    let mut slow: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut c = connect();
+            c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")
+                .unwrap();
+            c
+        })
+        .collect();
+    let mut idle = connect();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 256];
+    assert!(idle.read(&mut buf).unwrap() > 0, "an answer");
+    // eight open: the ninth is closed unanswered
+    let mut more: Vec<TcpStream> = (0..3).map(|_| connect()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut over = connect();
+    over.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = over.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "past the cap: {}",
+        String::from_utf8_lossy(&got)
+    );
+    // all of them closed by the header timeout
+    for c in slow.iter_mut().chain(more.iter_mut()).chain([&mut idle]) {
+        assert!(
+            closed_by_server(c, Duration::from_secs(5)),
+            "still open after the header timeout"
+        );
+    }
+    // and the server answers again
+    assert_eq!(http(port, "GET", "/health", b"").map(|r| r.0), Some(200));
+
+    // SIGTERM with half-sent requests open: the server exits at once
+    let _held: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut c = connect();
+            c.write_all(b"POST /v1/completions HTTP/1.1\r\n").unwrap();
+            c
+        })
+        .collect();
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no exit after SIGTERM\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{}", s.log_text());
+    eprintln!("exit {:?} after SIGTERM", t0.elapsed());
 }

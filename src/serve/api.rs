@@ -42,7 +42,6 @@ impl ApiError {
 /// What the engine loop needs to know about a request.
 #[derive(Clone, Debug)]
 pub struct Job {
-    pub prompt: Prompt,
     /// None: until the end of generation or of the sequence's context.
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
@@ -69,6 +68,9 @@ pub enum Endpoint {
 /// A parsed request: the job, whether to stream, and the usage option.
 #[derive(Clone, Debug)]
 pub struct Parsed {
+    /// The prompt as the request gave it: tokenized before the engine
+    /// loop sees it (http.rs), never on the engine's thread.
+    pub prompt: Prompt,
     pub job: Job,
     pub stream: bool,
     pub include_usage: bool,
@@ -239,6 +241,15 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
             if b.messages.is_empty() {
                 return Err(ApiError::bad("messages must not be empty"));
             }
+            // every message renders at least one token: more messages than
+            // the context holds cannot fit, and are not rendered
+            if b.messages.len() > lim.n_ctx_seq {
+                return Err(ApiError::bad(format!(
+                    "messages: {} messages cannot fit a context of {} tokens",
+                    b.messages.len(),
+                    lim.n_ctx_seq
+                )));
+            }
             let msgs = b
                 .messages
                 .into_iter()
@@ -294,8 +305,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         return Err(ApiError::bad("the prompt is empty"));
     }
     Ok(Parsed {
+        prompt,
         job: Job {
-            prompt,
             max_tokens,
             stop,
             sampler,
@@ -429,7 +440,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            p.job.prompt,
+            p.prompt,
             Prompt::Text("<|system|>be brief\n<|user|>hi\n<|assistant|>".into())
         );
         assert!(p.stream && !p.include_usage);
@@ -449,7 +460,7 @@ mod tests {
             "a negative seed asks for a random one"
         );
         let p = parse(Endpoint::Completion, br#"{"prompt":[1,2,3]}"#, &lim(&t), 99).unwrap();
-        assert_eq!(p.job.prompt, Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!(p.prompt, Prompt::Tokens(vec![1, 2, 3]));
         assert_eq!((p.job.sampler.seed, p.job.max_tokens), (99, None));
     }
 

@@ -9,10 +9,12 @@
 //! the sequence at the next step. A non-streamed answer is collected; its
 //! handler is dropped with the connection, with the same effect.
 
-use super::api::{self, Answer, ApiError, Endpoint};
+use super::access::{Access, RequestHead};
+use super::api::{self, Answer, ApiError, Endpoint, Parsed, Prompt};
 use super::chat::ChatTemplate;
 use super::metrics::Metrics;
 use super::worker::{Event, Shutdown, Submit};
+use crate::llama::LlamaModel;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -28,6 +30,18 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub struct AppState {
     pub submit: Mutex<Option<mpsc::Sender<Submit>>>,
+    /// The model's vocabulary: prompts are tokenized here, on the blocking
+    /// pool, never on the engine loop's thread.
+    pub vocab: Arc<LlamaModel>,
+    /// Bytes of the longest token's text: a prompt longer than
+    /// `n_ctx_seq` times this cannot fit and is refused untokenized.
+    pub max_piece: usize,
+    /// Requests being parsed, rendered and tokenized at once.
+    pub prepare: Arc<tokio::sync::Semaphore>,
+    /// Who may call (API keys, Host, content type), checked first.
+    pub access: Access,
+    /// Time a client has to send a request's body.
+    pub body_timeout: std::time::Duration,
     pub metrics: Arc<Metrics>,
     pub shutdown: Arc<Shutdown>,
     pub model_id: String,
@@ -51,9 +65,40 @@ pub fn router(state: Arc<AppState>) -> Router {
                 message: "no such endpoint".into(),
             })
         })
+        .method_not_allowed_fallback(|| async {
+            error(ApiError {
+                status: 405,
+                message: "this endpoint does not take that method (POST /v1/chat/completions, \
+                          POST /v1/completions, GET /v1/models, GET /health, GET /metrics)"
+                    .into(),
+            })
+        })
         // the body is read in the handlers, with its own limit and error
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(state.clone(), access))
         .with_state(state)
+}
+
+/// Refuses what [`Access`] refuses, before any route (or body) is read.
+async fn access(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let h = req.headers();
+    let text = |name| h.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let head = RequestHead {
+        method: req.method().as_str(),
+        path: req.uri().path(),
+        host: text(header::HOST),
+        content_type: text(header::CONTENT_TYPE),
+        authorization: text(header::AUTHORIZATION),
+    };
+    if let Err(e) = st.access.check(&head) {
+        st.metrics.rejected.fetch_add(1, Relaxed);
+        return error(e);
+    }
+    next.run(req).await
 }
 
 fn error(e: ApiError) -> Response {
@@ -113,7 +158,18 @@ async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
 }
 
 async fn read_then(st: Arc<AppState>, endpoint: Endpoint, body: Body) -> Response {
-    match axum::body::to_bytes(body, MAX_BODY).await {
+    let read = tokio::time::timeout(st.body_timeout, axum::body::to_bytes(body, MAX_BODY)).await;
+    let Ok(read) = read else {
+        st.metrics.rejected.fetch_add(1, Relaxed);
+        return error(ApiError {
+            status: 408,
+            message: format!(
+                "the request body did not arrive within {:.0} s (--timeout-body)",
+                st.body_timeout.as_secs_f64()
+            ),
+        });
+    };
+    match read {
         Ok(b) => complete(st, endpoint, b).await,
         Err(e) => {
             st.metrics.rejected.fetch_add(1, Relaxed);
@@ -127,17 +183,91 @@ async fn read_then(st: Arc<AppState>, endpoint: Endpoint, body: Body) -> Respons
     }
 }
 
-async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Response {
-    let arrived = Instant::now();
-    let n = st.next_id.fetch_add(1, Relaxed);
-    // a request without a seed gets its own
-    let seed = crate::sample::random_seed();
+/// Parses, renders and tokenizes a request: CPU work that grows with the
+/// request, done on tokio's blocking pool (at most `prepare` at once), so
+/// neither the HTTP runtime nor the engine loop waits on it. Bounds are
+/// checked before the work they bound: a text that cannot fit the context
+/// is refused before it is tokenized.
+fn prepare(
+    st: &AppState,
+    endpoint: Endpoint,
+    body: &[u8],
+    seed: u64,
+) -> Result<(Parsed, Vec<u32>), ApiError> {
     let lim = api::Limits {
         model_id: &st.model_id,
         n_ctx_seq: st.n_ctx_seq,
         chat: &st.chat,
     };
-    let parsed = match api::parse(endpoint, &body, &lim, seed) {
+    let parsed = api::parse(endpoint, body, &lim, seed)?;
+    let tokens = match &parsed.prompt {
+        Prompt::Text(t) => {
+            let most = st.n_ctx_seq.saturating_mul(st.max_piece);
+            if t.len() > most {
+                return Err(ApiError::bad(format!(
+                    "the prompt is {} bytes: more than a context of {} tokens can hold \
+                     ({} bytes, at most {} per token)",
+                    t.len(),
+                    st.n_ctx_seq,
+                    most,
+                    st.max_piece
+                )));
+            }
+            st.vocab
+                .tokenize(t, true, true)
+                .map_err(|e| ApiError::bad(format!("tokenizing the prompt: {e}")))?
+        }
+        Prompt::Tokens(t) => t.clone(),
+    };
+    Ok((parsed, tokens))
+}
+
+/// Bytes of the longest token's text (at least 4, a UTF-8 character: a
+/// character the vocabulary lacks still takes a token).
+pub fn max_piece_bytes(vocab: &LlamaModel) -> usize {
+    (0..vocab.n_vocab())
+        .map(|t| vocab.token_bytes(t, true).len())
+        .max()
+        .unwrap_or(0)
+        .max(4)
+}
+
+async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let n = st.next_id.fetch_add(1, Relaxed);
+    // a request without a seed gets its own
+    let seed = crate::sample::random_seed();
+    if st.shutdown.is_stopping() {
+        st.metrics.rejected.fetch_add(1, Relaxed);
+        return error(ApiError {
+            status: 503,
+            message: "the server is shutting down".into(),
+        });
+    }
+    let prepared = {
+        // the permit is held until the work is done, also when the client
+        // goes away meanwhile (the task runs to its end)
+        let Ok(permit) = st.prepare.clone().acquire_owned().await else {
+            return error(ApiError {
+                status: 503,
+                message: "the server is shutting down".into(),
+            });
+        };
+        let st2 = st.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            prepare(&st2, endpoint, &body, seed)
+        })
+        .await;
+        match r {
+            Ok(r) => r,
+            Err(_) => Err(ApiError {
+                status: 500,
+                message: "preparing the request failed".into(),
+            }),
+        }
+    };
+    let (parsed, prompt) = match prepared {
         Ok(p) => p,
         Err(e) => {
             st.metrics.rejected.fetch_add(1, Relaxed);
@@ -172,6 +302,7 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
         .is_some_and(|s| {
             s.send(Submit {
                 id: n,
+                prompt,
                 job: parsed.job,
                 arrived,
                 events: tx,

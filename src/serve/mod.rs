@@ -11,10 +11,12 @@
 //! channels. SIGTERM or SIGINT stops accepting, lets running requests
 //! finish within the grace period, cuts off what is left and returns.
 
+pub mod access;
 pub mod api;
 pub mod batch;
 pub mod chat;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod stop;
 pub mod worker;
@@ -56,6 +58,14 @@ pub struct ServeConfig {
     pub grace: Duration,
     /// The name /v1/models lists and requests may give.
     pub model_id: String,
+    /// API keys, allowed Host headers (access.rs).
+    pub access: access::Access,
+    /// Time a connection has to send a request's headers (and an idle
+    /// keep-alive connection to send the next), and to send its body.
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    /// Connections open at once; more are closed unanswered.
+    pub max_connections: usize,
     /// Speculative decoding: each sequence drafts up to `draft_max` tokens
     /// (prompt lookup from its own text, or the draft model `load` gives),
     /// verified in its decode steps.
@@ -70,6 +80,8 @@ pub type Loaded = (Engine, LlamaModel, Option<crate::speculative::DraftModel>);
 struct Ready {
     n_ctx_seq: usize,
     summary: String,
+    /// The vocabulary, shared with the HTTP side, which tokenizes.
+    vocab: Arc<LlamaModel>,
 }
 
 /// Serves until SIGTERM or SIGINT. `load` runs on the engine loop's thread
@@ -107,6 +119,7 @@ where
                 });
             match started {
                 Ok((engine, vocab, draft, b)) => {
+                    let vocab = Arc::new(vocab);
                     let drafting = match (&spec, &draft) {
                         (Some(c), Some(_)) => format!(
                             "; a draft model drafts up to {} tokens per sequence",
@@ -127,6 +140,7 @@ where
                     let _ = ready_tx.send(Ok(Ready {
                         n_ctx_seq: b.n_ctx_seq(),
                         summary,
+                        vocab: vocab.clone(),
                     }));
                     worker::Worker::new(engine, vocab, b, rx, m, s)
                         .with_drafting(spec, draft)
@@ -143,8 +157,15 @@ where
         Err(_) => return Err(ServeError::Worker),
     };
 
+    let max_piece = http::max_piece_bytes(&ready.vocab);
     let state = Arc::new(http::AppState {
         submit: Mutex::new(Some(tx)),
+        vocab: ready.vocab,
+        max_piece,
+        // a core each for the HTTP runtime and the engine loop stays free
+        prepare: Arc::new(tokio::sync::Semaphore::new(PREPARE_THREADS)),
+        access: cfg.access.clone(),
+        body_timeout: cfg.body_timeout,
         metrics,
         shutdown: shutdown.clone(),
         model_id: cfg.model_id.clone(),
@@ -172,18 +193,25 @@ where
         .map_err(ServeError::Http)?;
     let app = http::router(state.clone());
     let grace = cfg.grace;
+    let limits = listen::ConnLimits {
+        header_timeout: cfg.header_timeout,
+        max_connections: cfg.max_connections,
+        // the engine loop cuts requests off at the grace; a little more for
+        // their last events to be written
+        drain: grace + Duration::from_secs(5),
+    };
     let res = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                stop_signal().await;
-                eprintln!(
-                    "strata serve: stopping; running requests get {:.0} s to finish",
-                    grace.as_secs_f64()
-                );
-                shutdown.begin(grace);
-            })
-            .await
+        listen::serve(listener, app, limits, async move {
+            stop_signal().await;
+            eprintln!(
+                "strata serve: stopping; running requests get {:.0} s to finish",
+                grace.as_secs_f64()
+            );
+            shutdown.begin(grace);
+        })
+        .await;
+        Ok::<(), std::io::Error>(())
     });
     // the engine loop ends once its channel is closed and nothing runs
     state
@@ -195,6 +223,11 @@ where
     handle.join().map_err(|_| ServeError::Worker)?;
     res.map_err(ServeError::Http)
 }
+
+/// Requests parsed, rendered and tokenized at once (tokio's blocking
+/// pool): enough that a slow one does not hold up the others, few enough
+/// that they leave the engine loop its cores.
+const PREPARE_THREADS: usize = 2;
 
 /// SIGTERM or SIGINT.
 async fn stop_signal() {

@@ -7,7 +7,7 @@
 //! for every sequence that wanted logits, each with its own sampler. Text
 //! goes back to the request's handler on its own channel as it forms.
 
-use super::api::{ApiError, Job, Prompt, Usage};
+use super::api::{ApiError, Job, Usage};
 use super::batch::{Batcher, Feed, Finish, KvOp, StepPlan};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
@@ -42,6 +42,8 @@ pub enum Event {
 /// A request handed to the engine loop.
 pub struct Submit {
     pub id: u64,
+    /// The prompt's tokens (the HTTP side tokenized it).
+    pub prompt: Vec<u32>,
     pub job: Job,
     pub arrived: Instant,
     pub events: UnboundedSender<Event>,
@@ -95,7 +97,7 @@ struct Seq {
 
 pub struct Worker {
     engine: Engine,
-    vocab: LlamaModel,
+    vocab: Arc<LlamaModel>,
     batcher: Batcher,
     seqs: HashMap<u64, Seq>,
     rx: Receiver<Submit>,
@@ -116,7 +118,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(
         engine: Engine,
-        vocab: LlamaModel,
+        vocab: Arc<LlamaModel>,
         batcher: Batcher,
         rx: Receiver<Submit>,
         metrics: Arc<Metrics>,
@@ -178,17 +180,11 @@ impl Worker {
         }
     }
 
-    /// Tokenizes and queues a request, or answers its error.
+    /// Queues a request, or answers its error. Its prompt comes tokenized:
+    /// text is never tokenized on this thread (a long prompt would stop
+    /// every stream meanwhile).
     fn intake(&mut self, s: Submit) {
-        let prompt = match &s.job.prompt {
-            Prompt::Text(t) => match self.vocab.tokenize(t, true, true) {
-                Ok(p) => p,
-                Err(e) => {
-                    return self.refuse(&s, ApiError::bad(format!("tokenizing the prompt: {e}")))
-                }
-            },
-            Prompt::Tokens(t) => t.clone(),
-        };
+        let prompt = s.prompt.clone();
         let n_vocab = self.engine.n_vocab();
         if let Some(&t) = prompt.iter().find(|&&t| t >= n_vocab) {
             return self.refuse(

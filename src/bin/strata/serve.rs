@@ -4,6 +4,7 @@ use crate::ModelArgs;
 use anyhow::{Context as _, Result};
 use clap::Args;
 use std::time::Duration;
+use strata::serve::access::{Access, AllowedHosts};
 use strata::serve::{serve as run_server, ServeConfig};
 
 #[derive(Args)]
@@ -35,6 +36,30 @@ pub struct ServeArgs {
     /// round differently and greedy answers can differ with the load.
     #[arg(long = "batch-invariant")]
     batch_invariant: bool,
+    /// API key clients must send (`Authorization: Bearer KEY`) on every
+    /// route but /health; repeatable. As llama-server's and vLLM's.
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_key: Vec<String>,
+    /// A file of API keys, one per line (kept out of the process list).
+    #[arg(long = "api-key-file", value_name = "FILE")]
+    api_key_file: Option<std::path::PathBuf>,
+    /// Host header names the server answers, comma-separated, or * for any.
+    /// Default: on a loopback address the loopback names only (a web page
+    /// cannot then reach the server through DNS rebinding); else any.
+    #[arg(long = "allowed-hosts", value_name = "NAMES")]
+    allowed_hosts: Option<String>,
+    /// Seconds a connection has to send a request's headers, from when it
+    /// connects or its previous answer ends (so also how long an idle
+    /// keep-alive connection stays open).
+    #[arg(long = "timeout-headers", value_name = "SECS", default_value_t = 10.0)]
+    timeout_headers: f64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long = "timeout-body", value_name = "SECS", default_value_t = 60.0)]
+    timeout_body: f64,
+    /// Connections open at once; more are closed unanswered.
+    #[arg(long = "max-connections", value_name = "N", default_value_t = 1024,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_connections: usize,
     /// Seconds running requests may go on after SIGTERM.
     #[arg(long = "shutdown-grace", default_value_t = 30.0)]
     shutdown_grace: f64,
@@ -48,6 +73,41 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         anyhow::bail!("--shutdown-grace must be a number of seconds >= 0");
     }
     let spec = crate::spec::serve_config(&a.spec)?;
+    let secs = |flag: &str, v: f64| {
+        if v.is_finite() && v > 0.0 && v <= 86400.0 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(anyhow::anyhow!(
+                "{flag} must be a number of seconds in (0, 86400]"
+            ))
+        }
+    };
+    let header_timeout = secs("--timeout-headers", a.timeout_headers)?;
+    let body_timeout = secs("--timeout-body", a.timeout_body)?;
+    let mut keys = a.api_key.clone();
+    if let Some(f) = &a.api_key_file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("--api-key-file: reading {}", f.display()))?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from),
+        );
+        if keys.is_empty() {
+            anyhow::bail!("--api-key-file {}: no key in the file", f.display());
+        }
+    }
+    if let Some(k) = keys
+        .iter()
+        .find(|k| k.trim().is_empty() || k.chars().any(char::is_whitespace))
+    {
+        anyhow::bail!("--api-key: {k:?} is empty or holds white space");
+    }
+    let hosts = match &a.allowed_hosts {
+        Some(list) => AllowedHosts::parse(list).map_err(anyhow::Error::msg)?,
+        None => AllowedHosts::default_for(&a.host),
+    };
     let cfg = ServeConfig {
         host: a.host.clone(),
         port: a.port,
@@ -61,6 +121,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
         spec,
+        access: Access { keys, hosts },
+        header_timeout,
+        body_timeout,
+        max_connections: a.max_connections,
     };
     let mut ecfg = crate::engine_config(&a.model, true);
     ecfg.batch_invariant = a.batch_invariant;
