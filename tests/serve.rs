@@ -842,3 +842,77 @@ fn slow_and_idle_connections_are_closed_and_do_not_delay_sigterm() {
     assert!(status.success(), "{}", s.log_text());
     eprintln!("exit {:?} after SIGTERM", t0.elapsed());
 }
+
+/// `--alias` names the model as clients that hard-code one ask for it, and
+/// /health answers 503 while a step runs longer than `--health-stall`.
+#[test]
+fn aliases_and_a_stalled_engine_loop_on_health() {
+    let Some(m) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let s = Server::start(
+        &m,
+        &[
+            "--alias",
+            "gpt-4o-mini",
+            "--alias",
+            "local",
+            "--health-stall",
+            "0.3",
+            "-c",
+            "4096",
+            "--parallel",
+            "1",
+        ],
+    );
+    let (st, body) = http(s.port, "GET", "/v1/models", b"").unwrap();
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    assert_eq!(ids[1..], ["gpt-4o-mini", "local"], "{v}");
+    let (st, body) = http(
+        s.port,
+        "POST",
+        "/v1/chat/completions",
+        br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}],"max_tokens":2}"#,
+    )
+    .unwrap();
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["model"], "gpt-4o-mini");
+    let (st, body) = http(
+        s.port,
+        "POST",
+        "/v1/completions",
+        br#"{"model":"other","prompt":"x"}"#,
+    )
+    .unwrap();
+    assert_eq!(st, 404);
+    assert!(String::from_utf8_lossy(&body).contains("--alias"));
+
+    // a long prompt: its steps run longer than 0.3 s on this machine
+    let port = s.port;
+    let long = format!(
+        r#"{{"prompt":"{}","max_tokens":2}}"#,
+        "the quick brown fox ".repeat(500)
+    );
+    let bg = std::thread::spawn(move || http(port, "POST", "/v1/completions", long.as_bytes()));
+    let t0 = Instant::now();
+    let mut stalled = false;
+    while !bg.is_finished() && t0.elapsed() < Duration::from_secs(60) {
+        if http(port, "GET", "/health", b"").map(|r| r.0) == Some(503) {
+            stalled = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (st, _) = bg.join().unwrap().unwrap();
+    assert_eq!(st, 200);
+    assert!(stalled, "/health never answered 503 during the long steps");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(http(port, "GET", "/health", b"").map(|r| r.0), Some(200));
+}

@@ -68,6 +68,9 @@ pub enum Endpoint {
 /// A parsed request: the job, whether to stream, and the usage option.
 #[derive(Clone, Debug)]
 pub struct Parsed {
+    /// The model's name as the request gave it (the served id or an
+    /// alias), for the answer.
+    pub model: String,
     /// The prompt as the request gave it: tokenized before the engine
     /// loop sees it (http.rs), never on the engine's thread.
     pub prompt: Prompt,
@@ -123,6 +126,10 @@ struct ChatMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    /// Every other field (tool_calls, tool_call_id, name): refused unless
+    /// null, never dropped.
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -156,6 +163,8 @@ enum PromptIn {
 /// What a request is checked against.
 pub struct Limits<'a> {
     pub model_id: &'a str,
+    /// Other names requests may give for it (`--alias`).
+    pub aliases: &'a [String],
     /// Positions one sequence may hold.
     pub n_ctx_seq: usize,
     pub chat: &'a ChatTemplate,
@@ -165,6 +174,96 @@ fn field<T: for<'de> Deserialize<'de>>(v: &Value, what: &str) -> Result<T, ApiEr
     T::deserialize(v).map_err(|e| ApiError::bad(format!("{what}: {e}")))
 }
 
+/// The request fields this server implements, per endpoint; every other
+/// field is refused by name (a field accepted and ignored would give
+/// agent frameworks, structured-output libraries and evaluation harnesses
+/// wrong results without a word), except at its "off" value (below) or
+/// when it carries no instruction at all (`user`, `metadata`).
+const COMMON_FIELDS: [&str; 20] = [
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "stop",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repeat_penalty",
+    "repeat_last_n",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    // identify the caller, instruct nothing
+    "user",
+    "metadata",
+    "store",
+];
+
+/// Whether `v` is the value that asks for nothing (the field's default):
+/// such a field may be sent and is not refused.
+fn is_off(name: &str, v: &Value) -> bool {
+    match (name, v) {
+        (_, Value::Null) => true,
+        ("logprobs" | "echo" | "parallel_tool_calls", Value::Bool(false)) => true,
+        ("top_logprobs", Value::Number(n)) => n.as_u64() == Some(0),
+        ("best_of", Value::Number(n)) => n.as_u64() == Some(1),
+        ("tools" | "functions", Value::Array(a)) => a.is_empty(),
+        ("logit_bias", Value::Object(o)) => o.is_empty(),
+        ("suffix", Value::String(s)) => s.is_empty(),
+        ("tool_choice", Value::String(s)) => s == "none",
+        ("response_format", Value::Object(o)) => o.get("type") == Some(&json!("text")),
+        ("modalities", Value::Array(a)) => a.iter().all(|m| m == "text"),
+        _ => false,
+    }
+}
+
+/// Refuses every field this server does not implement (see
+/// [`COMMON_FIELDS`]), naming it.
+fn check_fields(endpoint: Endpoint, v: &Value) -> Result<(), ApiError> {
+    let own = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completion => "prompt",
+    };
+    let Some(obj) = v.as_object() else {
+        return Ok(());
+    };
+    for (name, value) in obj {
+        if name == own || COMMON_FIELDS.contains(&name.as_str()) || is_off(name, value) {
+            continue;
+        }
+        let what = match name.as_str() {
+            "logprobs"
+            | "top_logprobs"
+            | "response_format"
+            | "tools"
+            | "tool_choice"
+            | "logit_bias"
+            | "echo"
+            | "suffix"
+            | "best_of"
+            | "functions"
+            | "function_call"
+            | "parallel_tool_calls"
+            | "modalities"
+            | "audio"
+            | "prediction"
+            | "reasoning_effort"
+            | "web_search_options" => "is not supported by this server",
+            _ => "is not a field of this endpoint",
+        };
+        return Err(ApiError::bad(format!("{name} {what}")));
+    }
+    Ok(())
+}
+
+/// Chat roles a message may have: OpenAI's, less those of tools (tool
+/// calls are not supported yet: refused, never dropped from the prompt).
+const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+
 /// Parses and checks a request body.
 pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result<Parsed, ApiError> {
     let v: Value = serde_json::from_slice(body)
@@ -172,18 +271,23 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
     if !v.is_object() {
         return Err(ApiError::bad("the request body must be a JSON object"));
     }
+    check_fields(endpoint, &v)?;
     let c: Common = field(&v, "bad field")?;
     if let Some(m) = &c.model {
-        if m != lim.model_id {
+        if m != lim.model_id && !lim.aliases.contains(m) {
+            let mut names = vec![format!("{:?}", lim.model_id)];
+            names.extend(lim.aliases.iter().map(|a| format!("{a:?}")));
             return Err(ApiError {
                 status: 404,
                 message: format!(
-                    "model {m:?} does not exist; this server serves {:?}",
-                    lim.model_id
+                    "model {m:?} does not exist; this server serves {} (--alias adds names)",
+                    names.join(", ")
                 ),
             });
         }
     }
+    // answers name the model as the request did
+    let model = c.model.clone().unwrap_or_else(|| lim.model_id.to_string());
     if c.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("n: only 1 choice per request is supported"));
     }
@@ -210,6 +314,16 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         }
         Some(OneOrMany::Many(v)) => v,
     };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad("stop: an empty string would stop at once"));
+    }
+    if let Some(t) = c.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::bad(format!(
+                "temperature must be in [0, 2] (0: greedy), got {t}"
+            )));
+        }
+    }
     let d = SamplerConfig::default();
     let repeat_last_n = match c.repeat_last_n {
         None => d.repeat_last_n,
@@ -254,6 +368,24 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
                 .messages
                 .into_iter()
                 .map(|m| {
+                    if !ROLES.contains(&m.role.as_str()) {
+                        return Err(ApiError::bad(format!(
+                            "messages: role {:?} (this server takes {})",
+                            m.role,
+                            ROLES.join(", ")
+                        )));
+                    }
+                    if let Some((k, _)) = m.other.iter().find(|(_, v)| !v.is_null()) {
+                        return Err(ApiError::bad(format!(
+                            "messages: the field {k:?} of a message is not supported by this server"
+                        )));
+                    }
+                    // OpenAI's newer name for the system role; templates know "system"
+                    let role = if m.role == "developer" {
+                        "system".to_string()
+                    } else {
+                        m.role
+                    };
                     let content = match m.content {
                         None => String::new(),
                         Some(Content::Text(t)) => t,
@@ -270,10 +402,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
                                 .join("")
                         }
                     };
-                    Ok(Message {
-                        role: m.role,
-                        content,
-                    })
+                    Ok(Message { role, content })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let text = lim.chat.render(&msgs, true).map_err(|e| match e {
@@ -305,6 +434,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         return Err(ApiError::bad("the prompt is empty"));
     }
     Ok(Parsed {
+        model,
         prompt,
         job: Job {
             max_tokens,
@@ -416,6 +546,7 @@ mod tests {
     fn lim(chat: &ChatTemplate) -> Limits<'_> {
         Limits {
             model_id: "m",
+            aliases: &[],
             n_ctx_seq: 100,
             chat,
         }
@@ -462,6 +593,84 @@ mod tests {
         let p = parse(Endpoint::Completion, br#"{"prompt":[1,2,3]}"#, &lim(&t), 99).unwrap();
         assert_eq!(p.prompt, Prompt::Tokens(vec![1, 2, 3]));
         assert_eq!((p.job.sampler.seed, p.job.max_tokens), (99, None));
+    }
+
+    /// Fields this server does not implement are refused by name, except
+    /// at their off value; roles outside OpenAI's, message fields of tool
+    /// calls, empty stop strings and temperatures out of range too.
+    #[test]
+    fn unsupported_fields_roles_and_ranges_are_refused() {
+        let t = chatml();
+        let msg = |body: &str| match parse(Endpoint::Chat, body.as_bytes(), &lim(&t), 0) {
+            Ok(_) => String::new(),
+            Err(e) => e.message,
+        };
+        let m = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for (field, says) in [
+            (r#""logprobs":true"#, "logprobs is not supported"),
+            (r#""top_logprobs":3"#, "top_logprobs is not supported"),
+            (
+                r#""response_format":{"type":"json_object"}"#,
+                "response_format is not supported",
+            ),
+            (
+                r#""tools":[{"type":"function","function":{"name":"f"}}]"#,
+                "tools is not supported",
+            ),
+            (
+                r#""tool_choice":"required""#,
+                "tool_choice is not supported",
+            ),
+            (r#""logit_bias":{"42":-100}"#, "logit_bias is not supported"),
+            (r#""frobnicate":1"#, "frobnicate is not a field"),
+            (r#""stop":["a",""]"#, "empty string"),
+            (r#""temperature":-1"#, "temperature must be in [0, 2]"),
+        ] {
+            let e = msg(&format!("{{{m},{field}}}"));
+            assert!(e.contains(says), "{field}: {e:?}");
+        }
+        // off values and pure metadata pass
+        for field in [
+            r#""logprobs":false"#,
+            r#""top_logprobs":0"#,
+            r#""response_format":{"type":"text"}"#,
+            r#""tools":[]"#,
+            r#""tool_choice":"none""#,
+            r#""logit_bias":{}"#,
+            r#""user":"u-1""#,
+            r#""metadata":{"k":"v"}"#,
+        ] {
+            assert_eq!(msg(&format!("{{{m},{field}}}")), "", "{field}");
+        }
+        let e = msg(r#"{"messages":[{"role":"hacker","content":"x"}]}"#);
+        assert!(e.contains("role \"hacker\""), "{e}");
+        let e = msg(r#"{"messages":[{"role":"tool","content":"42","tool_call_id":"c1"}]}"#);
+        assert!(e.contains("role \"tool\""), "{e}");
+        let e =
+            msg(r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1"}]}]}"#);
+        assert!(e.contains("tool_calls"), "{e}");
+        // developer is the system role
+        let p = parse(
+            Endpoint::Chat,
+            br#"{"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":"hi"}]}"#,
+            &lim(&t),
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            p.prompt,
+            Prompt::Text("<|system|>be brief\n<|user|>hi\n<|assistant|>".into())
+        );
+        let e = match parse(
+            Endpoint::Completion,
+            br#"{"prompt":"x","echo":true,"suffix":"y"}"#,
+            &lim(&t),
+            0,
+        ) {
+            Err(e) => e.message,
+            Ok(_) => String::new(),
+        };
+        assert!(e.contains("is not supported"), "{e}");
     }
 
     #[test]

@@ -42,9 +42,14 @@ pub struct AppState {
     pub access: Access,
     /// Time a client has to send a request's body.
     pub body_timeout: std::time::Duration,
+    /// /health answers 503 when the engine loop has not come round for
+    /// longer (a step that long owes its answers).
+    pub health_stall: std::time::Duration,
     pub metrics: Arc<Metrics>,
     pub shutdown: Arc<Shutdown>,
     pub model_id: String,
+    /// Other names the model answers to (`--alias`).
+    pub aliases: Vec<String>,
     pub n_ctx_seq: usize,
     pub queue: usize,
     pub chat: ChatTemplate,
@@ -123,7 +128,10 @@ fn now_secs() -> u64 {
 async fn models(State(st): State<Arc<AppState>>) -> Response {
     Json(serde_json::json!({
         "object": "list",
-        "data": [{"id": st.model_id, "object": "model", "created": st.started, "owned_by": "strata"}],
+        "data": std::iter::once(&st.model_id)
+            .chain(&st.aliases)
+            .map(|id| serde_json::json!({"id": id, "object": "model", "created": st.started, "owned_by": "strata"}))
+            .collect::<Vec<_>>(),
     }))
     .into_response()
 }
@@ -133,6 +141,18 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         return error(ApiError {
             status: 503,
             message: "shutting down".into(),
+        });
+    }
+    // a step that has run longer than the limit: the engine owes answers
+    let since = st.metrics.since_beat();
+    if since > st.health_stall {
+        return error(ApiError {
+            status: 503,
+            message: format!(
+                "the engine loop has not come round for {:.0} s (--health-stall {:.0})",
+                since.as_secs_f64(),
+                st.health_stall.as_secs_f64()
+            ),
         });
     }
     Json(serde_json::json!({"status": "ok"})).into_response()
@@ -196,6 +216,7 @@ fn prepare(
 ) -> Result<(Parsed, Vec<u32>), ApiError> {
     let lim = api::Limits {
         model_id: &st.model_id,
+        aliases: &st.aliases,
         n_ctx_seq: st.n_ctx_seq,
         chat: &st.chat,
     };
@@ -334,13 +355,20 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
     let id = format!("{prefix}-{n}");
     let created = now_secs();
     if parsed.stream {
-        stream(st, endpoint, id, created, parsed.include_usage, rx)
+        stream(
+            endpoint,
+            id,
+            created,
+            parsed.include_usage,
+            parsed.model,
+            rx,
+        )
     } else {
         let a = Answer {
             endpoint,
             id: &id,
             created,
-            model: &st.model_id,
+            model: &parsed.model,
         };
         let mut text = String::new();
         while let Some(ev) = rx.recv().await {
@@ -362,11 +390,11 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
 
 /// The server-sent event stream of one answer.
 fn stream(
-    st: Arc<AppState>,
     endpoint: Endpoint,
     id: String,
     created: u64,
     include_usage: bool,
+    model: String,
     rx: UnboundedReceiver<Event>,
 ) -> Response {
     struct S {
@@ -374,7 +402,6 @@ fn stream(
         first: bool,
         done: bool,
     }
-    let model = st.model_id.clone();
     let state = S {
         rx,
         first: true,
@@ -409,7 +436,14 @@ fn stream(
                 }
                 Some(Event::Error(e)) => {
                     s.done = true;
-                    vec![data(e.body()), SseEvent::default().data("[DONE]")]
+                    // a last chunk says why the answer ends, then the error
+                    vec![
+                        data(a.chunk(None, s.first, Some("error"))),
+                        SseEvent::default()
+                            .event("error")
+                            .data(e.body().to_string()),
+                        SseEvent::default().data("[DONE]"),
+                    ]
                 }
                 Some(Event::Queued { .. }) => Vec::new(),
                 None => {
@@ -418,7 +452,13 @@ fn stream(
                         status: 500,
                         message: "the engine dropped the request".into(),
                     };
-                    vec![data(e.body())]
+                    vec![
+                        data(a.chunk(None, s.first, Some("error"))),
+                        SseEvent::default()
+                            .event("error")
+                            .data(e.body().to_string()),
+                        SseEvent::default().data("[DONE]"),
+                    ]
                 }
             };
             Some((

@@ -49,6 +49,10 @@ pub struct Metrics {
     pub tokens_per_second: Gauge,
     pub kv_cells_used: AtomicU64,
     pub kv_cells: AtomicU64,
+    /// When the engine loop last came round (milliseconds since the Unix
+    /// epoch): at least every 200 ms while idle, after each step while
+    /// busy. /health reads how long ago.
+    pub loop_beat_ms: AtomicU64,
     pub kv_blocks_gpu: AtomicU64,
     pub kv_blocks_dram: AtomicU64,
     pub kv_blocks_ssd: AtomicU64,
@@ -57,7 +61,24 @@ pub struct Metrics {
     pub ttft_count: AtomicU64,
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 impl Metrics {
+    /// The engine loop came round.
+    pub fn beat(&self) {
+        self.loop_beat_ms
+            .store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+    /// Time since the engine loop last came round.
+    pub fn since_beat(&self) -> std::time::Duration {
+        let b = self.loop_beat_ms.load(std::sync::atomic::Ordering::Relaxed);
+        std::time::Duration::from_millis(now_ms().saturating_sub(b))
+    }
+
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
         let mut s = String::new();

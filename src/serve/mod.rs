@@ -66,6 +66,12 @@ pub struct ServeConfig {
     pub body_timeout: Duration,
     /// Connections open at once; more are closed unanswered.
     pub max_connections: usize,
+    /// /health answers 503 past this long without the engine loop coming
+    /// round.
+    pub health_stall: Duration,
+    /// Other names the model is served under (`--alias`): /v1/models lists
+    /// them after `model_id`, and requests may give any.
+    pub aliases: Vec<String>,
     /// Speculative decoding: each sequence drafts up to `draft_max` tokens
     /// (prompt lookup from its own text, or the draft model `load` gives),
     /// verified in its decode steps.
@@ -158,6 +164,8 @@ where
     };
 
     let max_piece = http::max_piece_bytes(&ready.vocab);
+    // the loop is starting: /health counts from here
+    metrics.beat();
     let state = Arc::new(http::AppState {
         submit: Mutex::new(Some(tx)),
         vocab: ready.vocab,
@@ -166,9 +174,11 @@ where
         prepare: Arc::new(tokio::sync::Semaphore::new(PREPARE_THREADS)),
         access: cfg.access.clone(),
         body_timeout: cfg.body_timeout,
+        health_stall: cfg.health_stall,
         metrics,
         shutdown: shutdown.clone(),
         model_id: cfg.model_id.clone(),
+        aliases: cfg.aliases.clone(),
         n_ctx_seq: ready.n_ctx_seq,
         queue: cfg.queue,
         chat,

@@ -157,6 +157,7 @@ impl Worker {
     /// left to compute.
     pub fn run(mut self) {
         loop {
+            self.metrics.beat();
             if self.batcher.is_idle() {
                 self.update_rate();
                 match self.rx.recv_timeout(Duration::from_millis(200)) {

@@ -60,6 +60,15 @@ pub struct ServeArgs {
     #[arg(long = "max-connections", value_name = "N", default_value_t = 1024,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     max_connections: usize,
+    /// Seconds the engine loop may spend without coming round (one step)
+    /// before /health answers 503.
+    #[arg(long = "health-stall", value_name = "SECS", default_value_t = 120.0)]
+    health_stall: f64,
+    /// Another name the model is served under, repeatable (llama-server's
+    /// --alias, vLLM's --served-model-name): /v1/models lists it and
+    /// requests may give it (clients that hard-code a model name).
+    #[arg(long = "alias", value_name = "NAME")]
+    alias: Vec<String>,
     /// Seconds running requests may go on after SIGTERM.
     #[arg(long = "shutdown-grace", default_value_t = 30.0)]
     shutdown_grace: f64,
@@ -84,6 +93,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     };
     let header_timeout = secs("--timeout-headers", a.timeout_headers)?;
     let body_timeout = secs("--timeout-body", a.timeout_body)?;
+    let health_stall = secs("--health-stall", a.health_stall)?;
+    if let Some(n) = a.alias.iter().find(|n| n.trim().is_empty()) {
+        anyhow::bail!("--alias {n:?}: a name must not be empty");
+    }
     let mut keys = a.api_key.clone();
     if let Some(f) = &a.api_key_file {
         let text = std::fs::read_to_string(f)
@@ -125,6 +138,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         header_timeout,
         body_timeout,
         max_connections: a.max_connections,
+        health_stall,
+        aliases: a.alias.clone(),
     };
     let mut ecfg = crate::engine_config(&a.model, true);
     ecfg.batch_invariant = a.batch_invariant;
