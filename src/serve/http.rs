@@ -434,24 +434,17 @@ fn stream(
                     v.push(SseEvent::default().data("[DONE]"));
                     v
                 }
-                Some(Event::Error(e)) => {
-                    s.done = true;
-                    // a last chunk says why the answer ends, then the error
-                    vec![
-                        data(a.chunk(None, s.first, Some("error"))),
-                        SseEvent::default()
-                            .event("error")
-                            .data(e.body().to_string()),
-                        SseEvent::default().data("[DONE]"),
-                    ]
-                }
                 Some(Event::Queued { .. }) => Vec::new(),
-                None => {
+                ended => {
                     s.done = true;
-                    let e = ApiError {
-                        status: 500,
-                        message: "the engine dropped the request".into(),
+                    let e = match ended {
+                        Some(Event::Error(e)) => e,
+                        _ => ApiError {
+                            status: 500,
+                            message: "the engine dropped the request".into(),
+                        },
                     };
+                    // a last chunk says why the answer ends, then the error
                     vec![
                         data(a.chunk(None, s.first, Some("error"))),
                         SseEvent::default()

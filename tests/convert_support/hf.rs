@@ -77,6 +77,25 @@ fn hf_matches_reference(
     out
 }
 
+/// Qwen2's tokenizer (split pre-tokenizer, pair merges, BOS named in
+/// config.json) from `vocab` into `dir`, and config.json with its BOS id;
+/// returns that config.
+fn write_qwen_tokenizer(vocab: &Path, dir: &Path, m: &TinyModel) -> serde_json::Value {
+    let pre = cs::split_pre(
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    );
+    let style = TokenizerStyle {
+        pre_tokenizer: pre,
+        pair_merges: true,
+        bos_via_config: true,
+    };
+    let bos = cs::write_tokenizer(vocab, dir, &style);
+    let mut cfg = m.config_json();
+    cfg["bos_token_id"] = serde_json::json!(bos);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).expect("config");
+    cfg
+}
+
 #[test]
 fn hf_llama3_f32_matches_reference() {
     let Some(vocab) = model(common::SMOLLM2) else {
@@ -145,18 +164,7 @@ fn hf_qwen2_bf16_sharded_matches_reference() {
     c.eps = 1e-6;
     let m = TinyModel::new(c, 3);
     m.write(dir.path(), 3);
-    let pre = cs::split_pre(
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    );
-    let style = TokenizerStyle {
-        pre_tokenizer: pre,
-        pair_merges: true,
-        bos_via_config: true,
-    };
-    let bos = cs::write_tokenizer(&vocab, dir.path(), &style);
-    let mut cfg = m.config_json();
-    cfg["bos_token_id"] = serde_json::json!(bos);
-    std::fs::write(dir.path().join("config.json"), cfg.to_string()).expect("config");
+    write_qwen_tokenizer(&vocab, dir.path(), &m);
     let out = hf_matches_reference(dir.path(), &m, None, 1e-4);
     let f = GgufFile::open(&out).expect("open");
     assert_eq!(
@@ -184,18 +192,7 @@ fn hf_qwen3_bf16_matches_reference() {
     c.eps = 1e-6;
     let m = TinyModel::new(c, 4);
     m.write(dir.path(), 1);
-    let pre = cs::split_pre(
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    );
-    let style = TokenizerStyle {
-        pre_tokenizer: pre,
-        pair_merges: true,
-        bos_via_config: true,
-    };
-    let bos = cs::write_tokenizer(&vocab, dir.path(), &style);
-    let mut cfg = m.config_json();
-    cfg["bos_token_id"] = serde_json::json!(bos);
-    std::fs::write(dir.path().join("config.json"), cfg.to_string()).expect("config");
+    write_qwen_tokenizer(&vocab, dir.path(), &m);
     let out = hf_matches_reference(dir.path(), &m, None, 1e-4);
     let f = GgufFile::open(&out).expect("open");
     assert_eq!(f.get_str("general.architecture").expect("arch"), "qwen3");
@@ -271,18 +268,7 @@ fn hf_qwen3moe_bf16_matches_reference() {
     c.moe = Some((8, 2, 64));
     let m = TinyModel::new(c, 7);
     m.write(dir.path(), 1);
-    let pre = cs::split_pre(
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    );
-    let style = TokenizerStyle {
-        pre_tokenizer: pre,
-        pair_merges: true,
-        bos_via_config: true,
-    };
-    let bos = cs::write_tokenizer(&vocab, dir.path(), &style);
-    let mut cfg = m.config_json();
-    cfg["bos_token_id"] = serde_json::json!(bos);
-    std::fs::write(dir.path().join("config.json"), cfg.to_string()).expect("config");
+    let mut cfg = write_qwen_tokenizer(&vocab, dir.path(), &m);
     let out = hf_matches_reference(dir.path(), &m, None, 1e-4);
     let f = GgufFile::open(&out).expect("open");
     assert_eq!(f.get_str("general.architecture").expect("arch"), "qwen3moe");

@@ -604,6 +604,7 @@ fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
 }
 
 /// llama.cpp's -ngl for every layer on the GPU.
+#[cfg(feature = "reference")]
 const ALL_LAYERS: i32 = 99;
 
 #[cfg(feature = "reference")]
