@@ -673,6 +673,112 @@ mod tests {
         assert!(e.contains("is not supported"), "{e}");
     }
 
+    /// Request bodies, structured and not: every field name this server
+    /// knows or refuses, and random ones, each with a value of a random
+    /// JSON type (nested too), as chat or completion requests, and the raw
+    /// bytes cut anywhere. `parse` answers each with a request or a 4xx
+    /// naming the problem, never a panic, and quickly.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(|n| json!(n)),
+                (-1e6f64..1e6).prop_map(|x| json!(x)),
+                "[a-z<|>_ ]{0,12}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    proptest::collection::vec(("[a-z_]{1,8}", inner), 0..4)
+                        .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn field_name() -> impl Strategy<Value = String> {
+            let known: Vec<&'static str> = COMMON_FIELDS
+                .iter()
+                .copied()
+                .chain([
+                    "messages",
+                    "prompt",
+                    "logprobs",
+                    "top_logprobs",
+                    "response_format",
+                    "tools",
+                    "tool_choice",
+                    "logit_bias",
+                    "echo",
+                    "suffix",
+                    "best_of",
+                ])
+                .collect();
+            prop_oneof![
+                proptest::sample::select(known).prop_map(String::from),
+                "[a-z_]{1,10}",
+            ]
+        }
+
+        fn message() -> impl Strategy<Value = Value> {
+            (
+                proptest::sample::select(vec![
+                    "system",
+                    "developer",
+                    "user",
+                    "assistant",
+                    "tool",
+                    "x",
+                ]),
+                value(),
+                proptest::option::of(("[a-z_]{1,8}", value())),
+            )
+                .prop_map(|(role, content, extra)| {
+                    let mut m = json!({"role": role, "content": content});
+                    if let Some((k, v)) = extra {
+                        m[k] = v;
+                    }
+                    m
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(400))]
+
+            #[test]
+            fn parse_never_panics(
+                fields in proptest::collection::vec((field_name(), value()), 0..8),
+                msgs in proptest::collection::vec(message(), 0..4),
+                chat in any::<bool>(),
+                cut in any::<proptest::sample::Index>(),
+            ) {
+                let t = chatml();
+                let mut body = serde_json::Map::new();
+                for (k, v) in fields {
+                    body.insert(k, v);
+                }
+                let endpoint = if chat {
+                    body.insert("messages".into(), Value::Array(msgs));
+                    Endpoint::Chat
+                } else {
+                    Endpoint::Completion
+                };
+                let bytes = serde_json::to_vec(&Value::Object(body)).unwrap();
+                let t0 = std::time::Instant::now();
+                for b in [&bytes[..], &bytes[..cut.index(bytes.len() + 1)]] {
+                    if let Err(e) = parse(endpoint, b, &lim(&t), 1) {
+                        prop_assert!((400..500).contains(&e.status), "{}: {}", e.status, e.message);
+                        prop_assert!(!e.message.is_empty());
+                    }
+                }
+                prop_assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+            }
+        }
+    }
+
     #[test]
     fn bad_requests_name_the_problem() {
         let t = chatml();
