@@ -7,6 +7,7 @@ use crate::dtype::GgmlType;
 use crate::ggml::{Context, Graph, RopeParams, Tensor, TensorSpec};
 use crate::model::arch::Act;
 use crate::model::Role;
+use crate::paging::sizes;
 use crate::paging::Limits;
 
 /// Persistent tensors a group graph reads or writes, as placeholders in the
@@ -36,7 +37,8 @@ impl<'c> Externals<'c> {
         [
             TensorSpec::new(GgmlType::F32, &[e, b]).named("x"),
             TensorSpec::new(GgmlType::I32, &[b]).named("inp_pos"),
-            TensorSpec::new(GgmlType::F16, &[lim.n_ctx as i64 * b * masks(d)]).named("kq_mask"),
+            TensorSpec::new(GgmlType::F16, &[sizes::mask_elements(&d.hp, lim) as i64])
+                .named("kq_mask"),
             TensorSpec::new(GgmlType::I64, &[b]).named("kv_idxs"),
             TensorSpec::new(GgmlType::I32, &[b]).named("out_ids"),
         ]
@@ -65,16 +67,6 @@ impl<'c> Externals<'c> {
         let mut v = vec![self.x, self.pos, self.mask, self.kv_idx, self.out_ids];
         v.extend(self.rope_freqs);
         v
-    }
-}
-
-/// Masks the mask tensor holds: two where layers attend over a sliding
-/// window.
-fn masks(d: &Dims) -> i64 {
-    if d.hp.n_swa > 0 {
-        2
-    } else {
-        1
     }
 }
 

@@ -83,8 +83,15 @@ pub fn kv_bytes(hp: &Hparams, cells: u64) -> u64 {
 /// F16 mask [n_ctx, n_batch] (two where layers attend over a sliding
 /// window).
 pub fn persistent_bytes(hp: &Hparams, lim: Limits) -> u64 {
+    lim.n_batch as u64 * (hp.n_embd as u64 * 4 + 16) + 2 * mask_elements(hp, lim)
+}
+
+/// Elements of the F16 mask tensor: [n_ctx, n_batch] for the full-context
+/// layers, and as many again after them where layers attend over a
+/// sliding window (graph::Externals views the second at `StepShape::swa`).
+pub fn mask_elements(hp: &Hparams, lim: Limits) -> u64 {
     let masks = if hp.n_swa > 0 { 2 } else { 1 };
-    lim.n_batch as u64 * (hp.n_embd as u64 * 4 + 16 + masks * lim.n_ctx as u64 * 2)
+    masks * lim.n_ctx as u64 * lim.n_batch as u64
 }
 
 /// Activation bytes per row of the attention, FFN and head graphs.

@@ -220,8 +220,10 @@ fn prepare(
         n_ctx_seq: st.n_ctx_seq,
         chat: &st.chat,
     };
-    let parsed = api::parse(endpoint, body, &lim, seed)?;
-    let tokens = match &parsed.prompt {
+    let mut parsed = api::parse(endpoint, body, &lim, seed)?;
+    // taken out: the text is not kept for the request's lifetime
+    let prompt = std::mem::replace(&mut parsed.prompt, Prompt::Tokens(Vec::new()));
+    let tokens = match prompt {
         Prompt::Text(t) => {
             let most = st.n_ctx_seq.saturating_mul(st.max_piece);
             if t.len() > most {
@@ -235,10 +237,10 @@ fn prepare(
                 )));
             }
             st.vocab
-                .tokenize(t, true, true)
+                .tokenize(&t, true, true)
                 .map_err(|e| ApiError::bad(format!("tokenizing the prompt: {e}")))?
         }
-        Prompt::Tokens(t) => t.clone(),
+        Prompt::Tokens(t) => t,
     };
     Ok((parsed, tokens))
 }

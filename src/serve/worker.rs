@@ -184,8 +184,8 @@ impl Worker {
     /// Queues a request, or answers its error. Its prompt comes tokenized:
     /// text is never tokenized on this thread (a long prompt would stop
     /// every stream meanwhile).
-    fn intake(&mut self, s: Submit) {
-        let prompt = s.prompt.clone();
+    fn intake(&mut self, mut s: Submit) {
+        let prompt = std::mem::take(&mut s.prompt);
         let n_vocab = self.engine.n_vocab();
         if let Some(&t) = prompt.iter().find(|&&t| t >= n_vocab) {
             return self.refuse(

@@ -571,9 +571,9 @@ fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
     };
     let mut v = Vec::new();
     for &ngl in &a.llama_ngl {
-        v.push(flags(ngl));
+        let base = flags(ngl);
+        v.push(base.clone());
         if a.llama_best {
-            let base = flags(ngl);
             let best = LlamaConfig {
                 mmap: false,
                 ubatch: 2048,

@@ -52,16 +52,29 @@ impl MoeNaming {
             MoeNaming::Qwen3Moe => "mlp.gate.weight",
         }
     }
+    /// The experts' prefix, and their gate, up and down matrices' names.
+    fn parts(self) -> (&'static str, [&'static str; 3]) {
+        match self {
+            MoeNaming::Mixtral => ("block_sparse_moe.experts.", ["w1", "w3", "w2"]),
+            MoeNaming::Qwen3Moe => ("mlp.experts.", ["gate_proj", "up_proj", "down_proj"]),
+        }
+    }
     /// Expert `e`'s gate, up and down names after `model.layers.N.`.
     pub fn expert(self, e: u64) -> [String; 3] {
-        match self {
-            MoeNaming::Mixtral => {
-                ["w1", "w3", "w2"].map(|w| format!("block_sparse_moe.experts.{e}.{w}.weight"))
-            }
-            MoeNaming::Qwen3Moe => {
-                ["gate_proj", "up_proj", "down_proj"].map(|w| format!("mlp.experts.{e}.{w}.weight"))
-            }
-        }
+        let (prefix, names) = self.parts();
+        names.map(|w| format!("{prefix}{e}.{w}.weight"))
+    }
+    /// The (expert, matrix: 0 gate, 1 up, 2 down) a name after
+    /// `model.layers.N.` is, if it is an expert's matrix.
+    pub fn parse_expert(self, suffix: &str) -> Option<(u64, usize)> {
+        let (prefix, names) = self.parts();
+        let (e, rest) = suffix.strip_prefix(prefix)?.split_once('.')?;
+        let k = names
+            .iter()
+            .position(|w| rest.strip_suffix(".weight") == Some(*w))?;
+        // the number as written for it (no sign, no leading zeros)
+        let n: u64 = e.parse().ok()?;
+        (n.to_string() == e).then_some((n, k))
     }
 }
 

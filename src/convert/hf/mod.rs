@@ -70,11 +70,12 @@ fn gguf_name(hf: &str, c: &HfConfig) -> Result<Option<String>> {
                 if suffix == m.naming.router() {
                     return Ok(Some(format!("blk.{l}.ffn_gate_inp.weight")));
                 }
-                for e in 0..m.n_expert {
-                    if let Some(k) = m.naming.expert(e).iter().position(|n| n == suffix) {
-                        let g = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"][k];
-                        return Ok(Some(format!("blk.{l}.{g}.weight")));
+                if let Some((e, k)) = m.naming.parse_expert(suffix) {
+                    if e >= m.n_expert {
+                        return Err(unexpected());
                     }
+                    let g = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"][k];
+                    return Ok(Some(format!("blk.{l}.{g}.weight")));
                 }
             }
             let g = match suffix {

@@ -65,9 +65,9 @@ fn read_hparams(f: &GgufFile, hp: &mut Hparams) -> Result<(), ModelError> {
         hp.swa_pattern = match f.get_u32_opt(&key) {
             Ok(p) => p.unwrap_or(SWA_PATTERN),
             // llama.cpp also takes a per-layer array
-            Err(_) => {
+            Err(e) => {
                 return Err(ModelError::Unsupported(format!(
-                    "{key} as a per-layer array"
+                    "{key}: {e} (strata reads one pattern length, not a per-layer array)"
                 )))
             }
         };
