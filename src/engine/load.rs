@@ -131,10 +131,7 @@ impl Engine {
                 .groups
                 .iter()
                 .zip(&layouts)
-                .map(|(g, l)| GroupInfo {
-                    kind: g.kind,
-                    bytes: l.bytes as u64,
-                })
+                .map(|(g, l)| group_info(g, l.bytes as u64, &spec.hp))
                 .collect(),
             fixed_bytes: head_bytes + persistent_bytes,
             activations,
@@ -314,4 +311,24 @@ impl Engine {
 
 fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// What the planner knows of group `g`, `bytes` in a slot: its routed
+/// experts, if it has any, so a step is costed by the experts it reads.
+fn group_info(g: &crate::model::GroupSpec, bytes: u64, hp: &crate::model::Hparams) -> GroupInfo {
+    let experts: u64 = g
+        .weights
+        .iter()
+        .filter(|w| w.role.is_some_and(|r| r.is_expert()))
+        .map(|w| w.size)
+        .sum();
+    GroupInfo {
+        kind: g.kind,
+        bytes,
+        experts: (experts > 0 && hp.n_expert > 0).then_some(crate::paging::Experts {
+            bytes: experts.min(bytes),
+            n_expert: hp.n_expert,
+            n_used: hp.n_expert_used,
+        }),
+    }
 }

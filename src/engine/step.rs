@@ -269,10 +269,12 @@ impl Engine {
     /// Tracks the host CPU's speed in hybrid steps against its probe's.
     fn calibrate_cpu(&mut self, n: u32) {
         let h = self.last_step.host;
-        if let Some(cal) = self.cpu_cal.as_mut() {
-            if h.groups > 0 {
-                cal.observe(n, h.bytes, h.compute.as_secs_f64());
-            }
+        let (Some(cal), Some(plan)) = (self.cpu_cal.as_mut(), self.plan.placement.hybrid.as_ref())
+        else {
+            return;
+        };
+        if h.groups > 0 {
+            cal.observe(n, &plan.cpu_groups(n), h.compute.as_secs_f64());
         }
     }
 

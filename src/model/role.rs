@@ -60,6 +60,10 @@ impl Role {
             Role::DownExps => "ffn_down_exps.weight",
         }
     }
+    /// One of a mixture's stacked expert tensors.
+    pub fn is_expert(self) -> bool {
+        matches!(self, Role::GateExps | Role::UpExps | Role::DownExps)
+    }
     pub fn is_norm_or_bias(self) -> bool {
         matches!(
             self,

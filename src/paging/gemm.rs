@@ -154,7 +154,10 @@ mod tests {
                 s_per_byte_n: compute_s_per_byte,
                 n: 512,
             }),
-            total_bytes: 1000,
+            groups: vec![crate::paging::GroupInfo::dense(
+                crate::model::GroupKind::Ffn,
+                1000,
+            )],
             hybrid: None,
         }
     }

@@ -62,6 +62,17 @@ impl CpuInput {
         (self.s_per_byte_1 + slope * (n.max(1) as f64 - 1.0))
             .max(self.s_per_byte_1.min(self.s_per_byte_n))
     }
+
+    /// CPU seconds a step of `n` tokens computes group `g` (a mixture's
+    /// experts only where its tokens were routed), hops excluded.
+    pub fn group_s(&self, g: &GroupInfo, n: u32) -> f64 {
+        g.compute_s(n, |t| self.s_per_byte(t))
+    }
+
+    /// GPU seconds a step of `n` tokens (a few: decode) computes `g`.
+    pub fn gpu_group_s(&self, g: &GroupInfo, n: u32) -> f64 {
+        g.read_bytes(n) as f64 * self.gpu_s_per_byte + self.gpu_group_s
+    }
 }
 
 /// The CPU's part of a plan.
@@ -152,12 +163,12 @@ pub fn simulate(
     for (i, g) in groups.iter().enumerate() {
         match at[i] {
             Where::Resident => {
-                let d = g.bytes as f64 * c.gpu_s_per_byte + c.gpu_group_s;
+                let d = c.gpu_group_s(g, n);
                 p.gpu_s += d;
                 t += d;
             }
             Where::Cpu => {
-                let d = g.bytes as f64 * c.s_per_byte(n) + c.hop_s;
+                let d = c.group_s(g, n) + c.hop_s;
                 p.cpu_s += d;
                 t += d;
                 host = t;
@@ -193,7 +204,7 @@ pub fn simulate(
                     p.stall_s += ready - t;
                     t = ready;
                 }
-                let d = g.bytes as f64 * c.gpu_s_per_byte + c.gpu_group_s;
+                let d = c.gpu_group_s(g, n);
                 p.gpu_s += d;
                 t += d;
                 done[ring_of(g.kind)].push(t);
@@ -208,12 +219,16 @@ pub fn simulate(
 /// holds one FFN group's CPU time of uploads, half again for slack, plus the
 /// two any ring needs (at least `base`, at most 16).
 pub fn attn_slots(groups: &[GroupInfo], copy_bw: f64, c: &CpuInput, base: usize) -> usize {
-    let max = |k| super::groups::max_bytes(groups, k);
-    let (attn, ffn) = (max(GroupKind::Attn), max(GroupKind::Ffn));
+    let attn = super::groups::max_bytes(groups, GroupKind::Attn);
+    let ffn_s = groups
+        .iter()
+        .filter(|g| g.kind == GroupKind::Ffn)
+        .map(|g| c.group_s(g, 1))
+        .fold(0.0, f64::max);
     if attn == 0 {
         return base;
     }
-    let during = ffn as f64 * c.s_per_byte_1 * copy_bw;
+    let during = ffn_s * copy_bw;
     let need = (1.5 * during / attn as f64).ceil().min(14.0) as usize + 2;
     need.max(base)
 }
@@ -378,11 +393,18 @@ impl CpuCalibration {
         }
     }
 
-    /// A step of `n` tokens in which the CPU computed `bytes` of weights in
-    /// `secs`.
-    pub fn observe(&mut self, n: u32, bytes: u64, secs: f64) {
-        let f = secs / (bytes as f64 * self.probe.s_per_byte(n));
-        if bytes == 0 || !(f.is_finite() && f > 0.0) {
+    /// A step of `n` tokens in which the CPU computed the groups marked in
+    /// `cpu` in `secs`.
+    pub fn observe(&mut self, n: u32, cpu: &[bool], secs: f64) {
+        let at_probe: f64 = self
+            .groups
+            .iter()
+            .zip(cpu)
+            .filter(|(_, c)| **c)
+            .map(|(g, _)| self.probe.group_s(g, n))
+            .sum();
+        let f = secs / at_probe;
+        if at_probe <= 0.0 || !(f.is_finite() && f > 0.0) {
             return;
         }
         self.samples += 1;
@@ -486,24 +508,25 @@ mod tests {
         let before = p.per_size[0];
         let mut cal = CpuCalibration::new(c.clone(), g.clone(), streamed.clone(), (8, 3), 1.0);
         // steps at the probe's speed: the plan's own prediction
-        let bytes = before.cpu_bytes;
+        // (cpu(1.0): a second per byte)
+        let (bytes, on) = (before.cpu_bytes, p.cpu_groups(1));
         for _ in 0..6 {
-            cal.observe(1, bytes, bytes as f64);
+            cal.observe(1, &on, bytes as f64);
         }
         assert!((cal.seen - 1.0).abs() < 1e-9);
         assert!((cal.predict(&p, 1) - before.predicted.step_s()).abs() < 1e-9);
         // steps 30% slower: the estimate follows, the first (warm-up) step
         // of a fresh calibration is not counted
         let mut cal = CpuCalibration::new(c, g, streamed, (8, 3), 1.0);
-        cal.observe(1, bytes, 5.0 * bytes as f64);
+        cal.observe(1, &on, 5.0 * bytes as f64);
         for _ in 0..8 {
-            cal.observe(1, bytes, 1.3 * bytes as f64);
+            cal.observe(1, &on, 1.3 * bytes as f64);
         }
         assert!((cal.seen - 1.3).abs() < 1e-6, "{}", cal.seen);
         // at that speed the same split takes longer
         assert!(cal.predict(&p, 1) > before.predicted.step_s() * 1.1);
         // a step where the CPU computed nothing says nothing
-        cal.observe(1, 0, 0.0);
+        cal.observe(1, &vec![false; on.len()], 0.0);
         assert!((cal.seen - 1.3).abs() < 1e-6);
     }
 
@@ -567,6 +590,71 @@ mod tests {
         // and for the host, which waits for the CPU group in between
         let p = simulate(&g, &at, (1, 1), 1.0, &c, 1);
         assert_eq!(p.stall_s, 1.0 + 1.0);
+    }
+
+    /// A mixture of experts at decode (Qwen3-30B-A3B's shape at 8 GB: 48
+    /// layers of 10.6 MiB attention and 340 MiB of experts, 8 of 128 per
+    /// token; the first 39 groups resident): a token reads 6% of an FFN
+    /// group, so the CPU computes every streamed FFN group and the step is
+    /// a fraction of streaming them, where the dense view of the same
+    /// bytes keeps most on the bus.
+    #[test]
+    fn mixture_decode_computes_every_streamed_expert_group_on_the_cpu() {
+        let mib = |x: f64| (x * 1048576.0) as u64;
+        let moe: Vec<GroupInfo> = layers(48, mib(10.6), mib(340.5))
+            .into_iter()
+            .map(|g| GroupInfo {
+                experts: (g.kind == GroupKind::Ffn).then_some(super::super::groups::Experts {
+                    bytes: mib(340.0),
+                    n_expert: 128,
+                    n_used: 8,
+                }),
+                ..g
+            })
+            .collect();
+        let dense: Vec<GroupInfo> = moe
+            .iter()
+            .map(|g| GroupInfo::dense(g.kind, g.bytes))
+            .collect();
+        let streamed: Vec<bool> = (0..moe.len()).map(|i| i >= 39).collect();
+        let c = CpuInput {
+            s_per_byte_1: 1.0 / 93.2e9,
+            s_per_byte_n: 1.0 / 30.3e9,
+            probe_tokens: 16,
+            host_room: u64::MAX,
+            hop_s: 45e-6,
+            gpu_s_per_byte: 1.0 / 2502e9,
+            gpu_group_s: GPU_GROUP_S,
+            bus_bw_beside: Some(45e9),
+            force: None,
+        };
+        let n_ffn = (0..moe.len())
+            .filter(|&i| streamed[i] && moe[i].kind == GroupKind::Ffn)
+            .count();
+        let slots = (attn_slots(&moe, 55e9, &c, 3), 3);
+        let p = plan_hybrid(&moe, &streamed, slots, 55e9, &c).expect("hybrid pays");
+        assert_eq!(p.per_size[0].cpu_groups, n_ffn);
+        let step = p.per_size[0].predicted.step_s();
+        let bus_only = simulate(
+            &moe,
+            &placement(&streamed, &vec![false; moe.len()]),
+            slots,
+            55e9,
+            &c,
+            1,
+        );
+        assert!(
+            step < 0.25 * bus_only.step_s(),
+            "{step} against {}",
+            bus_only.step_s()
+        );
+        // costed as dense bytes the CPU would take part of the groups only
+        let d = plan_hybrid(&dense, &streamed, slots, 55e9, &c).expect("hybrid pays");
+        assert!(d.per_size[0].cpu_groups < n_ffn);
+        assert!(d.per_size[0].predicted.step_s() > 2.0 * step);
+        // 32-token steps read most experts: the CPU's share shrinks
+        assert!(p.per_size[31].cpu_groups <= n_ffn);
+        assert!(p.per_size[31].predicted.step_s() > step);
     }
 
     /// The first `resident` groups resident, `k` of the streamed FFN groups

@@ -15,7 +15,7 @@ mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
-pub use groups::GroupInfo;
+pub use groups::{Experts, GroupInfo};
 pub use hybrid::{
     plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan,
     MAX_TOKENS as HYBRID_MAX_TOKENS,

@@ -68,9 +68,9 @@ pub struct Plan {
     pub predicted_copy_s: f64,
     /// The device's speed the compute predictions use.
     pub compute: Option<ComputeRate>,
-    /// Weight bytes of every group (what the device computes when the
-    /// host CPU computes none).
-    pub total_bytes: u64,
+    /// Every group (what the device computes when the host CPU computes
+    /// none).
+    pub groups: Vec<GroupInfo>,
     /// Streamed groups the CPU computes at small steps, if that pays.
     pub hybrid: Option<super::hybrid::HybridPlan>,
 }
@@ -79,8 +79,12 @@ impl Plan {
     /// Predicted device compute seconds of a step of `n` tokens over every
     /// group (0 when the device's speed was not measured).
     pub fn compute_s(&self, n: u32) -> f64 {
-        self.compute
-            .map_or(0.0, |c| self.total_bytes as f64 * c.s_per_byte(n))
+        self.compute.map_or(0.0, |c| {
+            self.groups
+                .iter()
+                .map(|g| g.compute_s(n, |t| c.s_per_byte(t)))
+                .sum()
+        })
     }
     /// The floor of a step of `n` tokens: copies and compute overlap
     /// perfectly.
@@ -215,7 +219,7 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
         fixed_bytes: inp.fixed_bytes,
         predicted_copy_s: streamed as f64 / inp.copy_bw.max(1.0),
         compute: inp.compute,
-        total_bytes: total,
+        groups: inp.groups.clone(),
     })
 }
 

@@ -11,14 +11,8 @@ pub fn layers(n: usize, attn: u64, ffn: u64) -> Vec<GroupInfo> {
     (0..n)
         .flat_map(|_| {
             [
-                GroupInfo {
-                    kind: GroupKind::Attn,
-                    bytes: attn,
-                },
-                GroupInfo {
-                    kind: GroupKind::Ffn,
-                    bytes: ffn,
-                },
+                GroupInfo::dense(GroupKind::Attn, attn),
+                GroupInfo::dense(GroupKind::Ffn, ffn),
             ]
         })
         .collect()
