@@ -4,6 +4,9 @@
 //! individual stages in `src/llama-sampler.cpp` of the vendored llama.cpp,
 //! vendor/llama.cpp.tar.xz), restricted to the stages strata exposes, applied in this order:
 //!
+//! 0. logit bias: each `(token, bias)` of `logit_bias` adds `bias` to that
+//!    token's logit (llama.cpp's `logit-bias` stage, first in its chain;
+//!    OpenAI's `logit_bias`), so it moves greedy decoding too;
 //! 1. penalties over the last `repeat_last_n` accepted tokens, llama.cpp's
 //!    `penalties` stage: each *distinct* token in the window has its logit
 //!    divided by `repeat_penalty` when positive, multiplied by it otherwise
@@ -37,6 +40,8 @@
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
+
+pub mod logprobs;
 
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -84,6 +89,10 @@ pub struct SamplerConfig {
     pub presence_penalty: f32,
     /// Seed of the ChaCha20 stream behind the random draw.
     pub seed: u64,
+    /// `(token, bias)`: added to the token's logit before every other
+    /// stage. A bias of `-inf` bans the token; NaN and `+inf` are refused.
+    /// Ids outside the vocabulary are ignored. Empty: no bias.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -101,6 +110,7 @@ impl Default for SamplerConfig {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: DEFAULT_SEED,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -156,6 +166,17 @@ impl SamplerConfig {
             if !(-2.0..=2.0).contains(&v) {
                 return Err(invalid(name, v, "must be in [-2, 2] (0 disables it)"));
             }
+        }
+        if let Some(&(_, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| b.is_nan() || *b == f32::INFINITY)
+        {
+            return Err(invalid(
+                "logit_bias",
+                b,
+                "must be a number or -inf (which bans the token)",
+            ));
         }
         Ok(())
     }
@@ -261,6 +282,7 @@ impl Sampler {
                 .zip(logits)
                 .map(|(id, &logit)| Candidate { id, logit }),
         );
+        apply_bias(&mut self.candidates, &self.cfg.logit_bias);
         if self.cfg.penalty_enabled() {
             apply_penalties(
                 &mut self.candidates,
@@ -371,6 +393,22 @@ fn penalize(logit: f32, penalty: f32) -> f32 {
         out.clamp(f32::MIN, f32::MAX)
     } else {
         out
+    }
+}
+
+/// Adds each bias to its token's logit, saturating so that a finite logit
+/// stays finite (a `-inf` bias masks the token). `cands` must still be
+/// indexed by token id; ids outside the vocabulary are ignored.
+fn apply_bias(cands: &mut [Candidate], bias: &[(u32, f32)]) {
+    for &(t, b) in bias {
+        if let Some(c) = usize::try_from(t).ok().and_then(|i| cands.get_mut(i)) {
+            let l = c.logit + b;
+            c.logit = if c.logit.is_finite() && b.is_finite() {
+                l.clamp(f32::MIN, f32::MAX)
+            } else {
+                l
+            };
+        }
     }
 }
 
@@ -519,6 +557,7 @@ mod tests {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: 7,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -748,6 +787,49 @@ mod tests {
         let expect = 1.0 / (1.0 + (1.0f64 - 2.0 / 3.0).exp());
         assert!((a - 0.5).abs() < 0.02, "unpenalized {a}");
         assert!((b - expect).abs() < 0.02, "penalized {b} vs {expect}");
+    }
+
+    #[test]
+    fn logit_bias_moves_greedy_and_sampled_choices() {
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        // +100 on the worst token makes it the argmax
+        let mut s = sampler(SamplerConfig {
+            logit_bias: vec![(3, 100.0)],
+            ..SamplerConfig::greedy()
+        });
+        assert_eq!(s.sample(&logits).ok(), Some(3));
+        // -100 on the best leaves the second best; -inf bans it
+        for b in [-100.0, f32::NEG_INFINITY] {
+            let mut s = sampler(SamplerConfig {
+                logit_bias: vec![(0, b)],
+                ..SamplerConfig::greedy()
+            });
+            assert_eq!(s.sample(&logits).ok(), Some(1), "bias {b}");
+        }
+        // sampled: a banned token is never drawn, a +100 one always is
+        let mut s = sampler(SamplerConfig {
+            logit_bias: vec![(0, f32::NEG_INFINITY), (9, 5.0)],
+            ..cfg(1.0)
+        });
+        assert_eq!(counts(&mut s, &logits, 2_000)[0], 0);
+        let mut s = sampler(SamplerConfig {
+            logit_bias: vec![(2, 100.0)],
+            ..cfg(1.0)
+        });
+        assert_eq!(counts(&mut s, &logits, 500)[2], 500);
+        // saturates: a finite logit stays finite
+        let mut s = sampler(SamplerConfig {
+            logit_bias: vec![(1, f32::MAX)],
+            ..SamplerConfig::greedy()
+        });
+        assert_eq!(s.sample(&[f32::MAX, f32::MAX]).ok(), Some(0));
+        for bad in [f32::NAN, f32::INFINITY] {
+            let c = SamplerConfig {
+                logit_bias: vec![(0, bad)],
+                ..SamplerConfig::greedy()
+            };
+            assert_eq!(rejected_name(c), Some("logit_bias"));
+        }
     }
 
     #[test]
@@ -1098,6 +1180,7 @@ mod tests {
                         frequency_penalty: 0.0,
                         presence_penalty: 0.0,
                         seed,
+                        logit_bias: Vec::new(),
                     }
                 },
             )

@@ -955,3 +955,411 @@ fn same_seed_same_text_with_and_without_a_cached_prefix() {
         "same seed, cached prefix ({cached_second} tokens)"
     );
 }
+
+/// The chat answer's logprob entries, streamed (from curl's event lines)
+/// or not: (token, logprob, bytes, [(token, logprob)]) each, and the text.
+type Entry = (String, f64, Vec<u64>, Vec<(String, f64)>);
+
+fn chat_entries(v: &serde_json::Value) -> Vec<Entry> {
+    v["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no logprobs.content: {v}"))
+        .iter()
+        .map(|e| {
+            let bytes = e["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap())
+                .collect();
+            let top = e["top_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    (
+                        t["token"].as_str().unwrap().to_string(),
+                        t["logprob"].as_f64().unwrap(),
+                    )
+                })
+                .collect();
+            (
+                e["token"].as_str().unwrap().to_string(),
+                e["logprob"].as_f64().unwrap(),
+                bytes,
+                top,
+            )
+        })
+        .collect()
+}
+
+/// The `data:` events of a streamed answer, parsed, without `[DONE]`.
+fn sse_chunks(out: &str) -> Vec<serde_json::Value> {
+    let data: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{out}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// `logprobs`, `top_logprobs` and `logit_bias` on both endpoints, streamed
+/// and not: greedy decoding's token is its row's most likely one, every
+/// logprob is <= 0 and the top 20 hold at most all the probability, the
+/// stream carries what the whole answer carries, tokens cut off by a stop
+/// string or an end-of-generation token get no entry, a +100 bias forces
+/// its token, and bad biases answer 400 naming the key.
+#[test]
+fn logprobs_and_logit_bias() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    // batch-invariant: a prompt taken from the prefix cache gives the same
+    // logits as one computed, so streamed and whole answers compare exactly
+    let s = Server::start(&model, &["--parallel", "2", "--batch-invariant"]);
+    let post = |path: &str, body: &serde_json::Value| {
+        let (st, b) = http(s.port, "POST", path, body.to_string().as_bytes()).expect("answer");
+        let v: serde_json::Value = serde_json::from_slice(&b)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
+        (st, v)
+    };
+    let stream = |path: &str, body: &serde_json::Value| {
+        let mut body = body.clone();
+        body["stream"] = true.into();
+        let url = format!("{}{path}", s.url());
+        let (out, err) = curl(&["-N", &url, "-d", &body.to_string()]);
+        assert!(err.is_empty(), "{err}");
+        sse_chunks(&out)
+    };
+    let chat_path = "/v1/chat/completions";
+    let chat = serde_json::json!({
+        "messages": [{"role": "user", "content": "Say hello in three words."}],
+        "max_tokens": 48, "temperature": 0, "logprobs": true, "top_logprobs": 20,
+    });
+    let (st, whole) = post(chat_path, &chat);
+    assert_eq!(st, 200, "{whole}");
+    let choice = &whole["choices"][0];
+    let text = choice["message"]["content"].as_str().unwrap();
+    let entries = chat_entries(&choice["logprobs"]);
+    // an end-of-generation token ends the answer without an entry
+    let n = whole["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    let eog = choice["finish_reason"] == "stop";
+    assert_eq!(entries.len(), n - eog as usize, "{whole}");
+    assert!(!entries.is_empty());
+    let joined: Vec<u8> = entries
+        .iter()
+        .flat_map(|e| e.2.iter().map(|&b| b as u8))
+        .collect();
+    assert_eq!(
+        String::from_utf8_lossy(&joined),
+        text,
+        "entries spell the text"
+    );
+    for (tok, lp, _, top) in &entries {
+        assert_eq!(top.len(), 20, "{tok:?}");
+        // greedy: the chosen token is the first alternative, and the best
+        assert_eq!((&top[0].0, top[0].1), (tok, *lp), "{tok:?}: {top:?}");
+        assert!(top.iter().all(|t| t.1 <= *lp), "{tok:?}: {top:?}");
+        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1), "{top:?}");
+        assert!(*lp <= 0.0 && top.iter().all(|t| t.1 <= 0.0), "{top:?}");
+        let mass: f64 = top.iter().map(|t| t.1.exp()).sum();
+        assert!(
+            mass <= 1.0 + 1e-5 && mass > 0.0,
+            "{tok:?}: top-20 mass {mass}"
+        );
+    }
+    // the stream: each chunk carries its own tokens' entries; together
+    // the same tokens and logprobs
+    let chunks = stream(chat_path, &chat);
+    let mut streamed_text = String::new();
+    let mut streamed = Vec::new();
+    for c in &chunks {
+        let ch = &c["choices"][0];
+        let piece = ch["delta"]["content"].as_str().unwrap_or("");
+        streamed_text.push_str(piece);
+        if ch["logprobs"].is_null() {
+            assert!(piece.is_empty(), "text without logprobs: {c}");
+            continue;
+        }
+        let es = chat_entries(&ch["logprobs"]);
+        let b: Vec<u8> = es
+            .iter()
+            .flat_map(|e| e.2.iter().map(|&b| b as u8))
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&b),
+            piece,
+            "a chunk's entries are its text's"
+        );
+        streamed.extend(es);
+    }
+    assert_eq!(streamed_text, text);
+    assert_eq!(streamed.len(), entries.len());
+    for (a, b) in streamed.iter().zip(&entries) {
+        assert_eq!((&a.0, &a.2), (&b.0, &b.2));
+        assert!((a.1 - b.1).abs() < 1e-4, "{a:?} vs {b:?}");
+        for (x, y) in a.3.iter().zip(&b.3) {
+            assert!(x.0 == y.0 && (x.1 - y.1).abs() < 1e-4, "{x:?} vs {y:?}");
+        }
+    }
+    // not asked: null, in the answer and in the stream
+    let (_, plain) = post(
+        chat_path,
+        &serde_json::json!({"messages": chat["messages"], "max_tokens": 4, "temperature": 0}),
+    );
+    assert!(plain["choices"][0]["logprobs"].is_null(), "{plain}");
+    assert_eq!(
+        plain["choices"][0]["message"]["content"].as_str().unwrap(),
+        {
+            // the same greedy tokens: asking for logprobs changes nothing
+            let k: Vec<u8> = entries
+                .iter()
+                .take(4)
+                .flat_map(|e| e.2.iter().map(|&b| b as u8))
+                .collect();
+            String::from_utf8_lossy(&k).into_owned()
+        }
+    );
+
+    // completions: tokens, token_logprobs, top_logprobs (N and the chosen
+    // one), text_offset
+    let cmpl_path = "/v1/completions";
+    let cmpl = serde_json::json!({
+        "prompt": "The three primary colors are", "max_tokens": 16, "temperature": 0,
+        "logprobs": 5,
+    });
+    let (st, whole) = post(cmpl_path, &cmpl);
+    assert_eq!(st, 200, "{whole}");
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    let lp = &whole["choices"][0]["logprobs"];
+    let strs = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect()
+    };
+    let tokens = strs(&lp["tokens"]);
+    let logprobs: Vec<f64> = lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    let n = whole["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    let eog = whole["choices"][0]["finish_reason"] == "stop";
+    assert_eq!(tokens.len(), n - eog as usize, "{whole}");
+    assert!(tokens.len() >= 8, "long enough for the stop test: {whole}");
+    assert_eq!(
+        (logprobs.len(), offsets.len()),
+        (tokens.len(), tokens.len())
+    );
+    assert_eq!(tokens.concat(), text);
+    let mut at = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        assert_eq!(offsets[i], at, "text_offset of {t:?}");
+        at += t.chars().count() as u64;
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!((1..=6).contains(&top.len()), "{top:?}");
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert_eq!(top[t].as_f64(), Some(logprobs[i]), "{t:?} in {top:?}");
+        assert_eq!(best, logprobs[i], "greedy takes the best of {top:?}");
+        assert!(logprobs[i] <= 0.0);
+    }
+    let chunks = stream(cmpl_path, &cmpl);
+    let (mut st_tokens, mut st_lps, mut st_offsets) = (Vec::new(), Vec::new(), Vec::new());
+    for c in &chunks {
+        let l = &c["choices"][0]["logprobs"];
+        if l.is_null() {
+            continue;
+        }
+        st_tokens.extend(strs(&l["tokens"]));
+        st_lps.extend(
+            l["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap()),
+        );
+        st_offsets.extend(
+            l["text_offset"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap()),
+        );
+    }
+    assert_eq!((&st_tokens, &st_offsets), (&tokens, &offsets));
+    for (a, b) in st_lps.iter().zip(&logprobs) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+    assert_eq!(st_lps.len(), logprobs.len());
+
+    // a stop string: tokens whose text begins before it keep their entries,
+    // the ones inside it have none
+    let stop: String = tokens[5..7].concat();
+    let cut = text[..text.find(&stop).unwrap()].chars().count() as u64;
+    let want = offsets.iter().filter(|&&o| o < cut).count();
+    let mut stopped = cmpl.clone();
+    stopped["stop"] = stop.clone().into();
+    let (_, v) = post(cmpl_path, &stopped);
+    let whole_stopped = (
+        v["choices"][0]["text"].as_str().unwrap().to_string(),
+        strs(&v["choices"][0]["logprobs"]["tokens"]),
+    );
+    let mut streamed_stopped = (String::new(), Vec::new());
+    for c in stream(cmpl_path, &stopped) {
+        let ch = &c["choices"][0];
+        streamed_stopped.0.push_str(ch["text"].as_str().unwrap());
+        if !ch["logprobs"].is_null() {
+            streamed_stopped.1.extend(strs(&ch["logprobs"]["tokens"]));
+        }
+    }
+    for (got_text, got) in [whole_stopped, streamed_stopped] {
+        assert_eq!(got, &tokens[..want], "stop {stop:?}");
+        assert_eq!(got_text, &text[..text.find(&stop).unwrap()]);
+    }
+
+    // logit_bias: +100 on one token makes greedy decoding take it every
+    // time, on both endpoints; the logprob reported is the model's own
+    let forced = serde_json::json!({"1000": 100});
+    let mut b = cmpl.clone();
+    b["logit_bias"] = forced.clone();
+    b["max_tokens"] = 4.into();
+    let (st, v) = post(cmpl_path, &b);
+    assert_eq!(st, 200, "{v}");
+    let t4 = strs(&v["choices"][0]["logprobs"]["tokens"]);
+    assert_eq!(t4.len(), 4);
+    assert!(t4.iter().all(|t| *t == t4[0]), "{t4:?}");
+    assert_ne!(t4[0], tokens[0], "the bias changed the first token");
+    let mut c = serde_json::json!({
+        "messages": chat["messages"], "max_tokens": 3, "temperature": 0, "logit_bias": forced,
+    });
+    let (st, v) = post(chat_path, &c);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        t4[0].repeat(3),
+        "{v}"
+    );
+    // sampled at a high temperature, too
+    c["temperature"] = 1.5.into();
+    c["seed"] = 7.into();
+    let (_, v) = post(chat_path, &c);
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        t4[0].repeat(3),
+        "{v}"
+    );
+
+    // bad biases and logprob counts: 400 naming the key
+    for (path, body, says) in [
+        (
+            cmpl_path,
+            r#"{"prompt":"x","logit_bias":{"99999999":5}}"#,
+            "\"99999999\"",
+        ),
+        (
+            cmpl_path,
+            r#"{"prompt":"x","logit_bias":{"49152":5}}"#,
+            "\"49152\"",
+        ),
+        (
+            cmpl_path,
+            r#"{"prompt":"x","logit_bias":{"ten":5}}"#,
+            "\"ten\"",
+        ),
+        (
+            chat_path,
+            r#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"12":-101}}"#,
+            "\"12\"",
+        ),
+        (
+            chat_path,
+            r#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"12":"a"}}"#,
+            "\"12\"",
+        ),
+        (
+            chat_path,
+            r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}"#,
+            "top_logprobs",
+        ),
+        (
+            chat_path,
+            r#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#,
+            "needs logprobs",
+        ),
+        (cmpl_path, r#"{"prompt":"x","logprobs":21}"#, "logprobs"),
+    ] {
+        let (st, b) = http(s.port, "POST", path, body.as_bytes()).expect("an answer");
+        let b = String::from_utf8_lossy(&b);
+        assert_eq!(st, 400, "{body}: {b}");
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{body}: {msg}");
+    }
+
+    // the openai client reads them
+    if let Some(py) = python() {
+        s.run_py(&py, "logprobs.py");
+    }
+
+    // drafting: a token accepted from a draft reports its own row's
+    // logprobs, the ones plain decoding reports
+    let rep = serde_json::json!({
+        "prompt": DRAFT_PROMPTS[2], "max_tokens": 24, "temperature": 0, "logprobs": 3,
+    });
+    let plain = post(cmpl_path, &rep).1;
+    drop(s);
+    let s = Server::start(
+        &model,
+        &[
+            "--parallel",
+            "2",
+            "--batch-invariant",
+            "--lookup",
+            "8",
+            "--draft-fixed",
+        ],
+    );
+    let (st, b) = http(s.port, "POST", cmpl_path, rep.to_string().as_bytes()).unwrap();
+    assert_eq!(st, 200);
+    let drafted: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    let (p, d) = (
+        &plain["choices"][0]["logprobs"],
+        &drafted["choices"][0]["logprobs"],
+    );
+    assert_eq!(p["tokens"], d["tokens"]);
+    let lps = |v: &serde_json::Value| -> Vec<f64> {
+        v["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let (lp, ld) = (lps(p), lps(d));
+    assert_eq!(lp.len(), ld.len());
+    for (i, (a, b)) in lp.iter().zip(&ld).enumerate() {
+        assert!((a - b).abs() < 1e-4, "token {i}: {a} vs {b}");
+        let (tp, td) = (&p["top_logprobs"][i], &d["top_logprobs"][i]);
+        assert_eq!(
+            tp.as_object().unwrap().keys().collect::<Vec<_>>(),
+            td.as_object().unwrap().keys().collect::<Vec<_>>()
+        );
+    }
+    let accepted = s.metric("strata_draft_accepted_total");
+    assert!(accepted > 0.0, "some drafts were accepted");
+}

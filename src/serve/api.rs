@@ -4,10 +4,13 @@
 //! Defaults follow llama-server rather than OpenAI where they differ:
 //! temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, a random seed unless
 //! one is given, and no token limit but the sequence's context unless
-//! `max_tokens` is given. Fields strata does not use are ignored; fields it
-//! uses are checked, and a bad one answers 400 naming it.
+//! `max_tokens` is given. Fields strata does not implement are refused by
+//! name ([`check_fields`]); fields it uses are checked, and a bad one
+//! answers 400 naming it. `logprobs`, `top_logprobs` and `logit_bias` are
+//! read and answered in [`super::logprobs`].
 
 use super::chat::{ChatError, ChatTemplate, Message};
+use super::logprobs;
 use crate::sample::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -49,6 +52,9 @@ pub struct Job {
     /// Go on past end-of-generation tokens (llama-server's `ignore_eos`;
     /// benchmarks).
     pub ignore_eos: bool,
+    /// Some(k): report each generated token's logprob and its row's `k`
+    /// most likely tokens (`logprobs`); None: compute nothing of the sort.
+    pub logprobs: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,6 +173,8 @@ pub struct Limits<'a> {
     pub aliases: &'a [String],
     /// Positions one sequence may hold.
     pub n_ctx_seq: usize,
+    /// Token ids of the model's vocabulary (`logit_bias` keys).
+    pub n_vocab: usize,
     pub chat: &'a ChatTemplate,
 }
 
@@ -179,7 +187,7 @@ fn field<T: for<'de> Deserialize<'de>>(v: &Value, what: &str) -> Result<T, ApiEr
 /// agent frameworks, structured-output libraries and evaluation harnesses
 /// wrong results without a word), except at its "off" value (below) or
 /// when it carries no instruction at all (`user`, `metadata`).
-const COMMON_FIELDS: [&str; 20] = [
+const COMMON_FIELDS: [&str; 21] = [
     "model",
     "stream",
     "stream_options",
@@ -197,6 +205,7 @@ const COMMON_FIELDS: [&str; 20] = [
     "frequency_penalty",
     "presence_penalty",
     "ignore_eos",
+    "logit_bias",
     // identify the caller, instruct nothing
     "user",
     "metadata",
@@ -224,24 +233,28 @@ fn is_off(name: &str, v: &Value) -> bool {
 /// Refuses every field this server does not implement (see
 /// [`COMMON_FIELDS`]), naming it.
 fn check_fields(endpoint: Endpoint, v: &Value) -> Result<(), ApiError> {
-    let own = match endpoint {
-        Endpoint::Chat => "messages",
-        Endpoint::Completion => "prompt",
+    let own: &[&str] = match endpoint {
+        Endpoint::Chat => &["messages", "logprobs", "top_logprobs"],
+        Endpoint::Completion => &["prompt", "logprobs"],
     };
     let Some(obj) = v.as_object() else {
         return Ok(());
     };
     for (name, value) in obj {
-        if name == own || COMMON_FIELDS.contains(&name.as_str()) || is_off(name, value) {
+        if own.contains(&name.as_str())
+            || COMMON_FIELDS.contains(&name.as_str())
+            || is_off(name, value)
+        {
             continue;
         }
         let what = match name.as_str() {
-            "logprobs"
-            | "top_logprobs"
-            | "response_format"
+            "top_logprobs" => {
+                "is a field of /v1/chat/completions \
+                 (here logprobs: N asks for N alternatives per token)"
+            }
+            "response_format"
             | "tools"
             | "tool_choice"
-            | "logit_bias"
             | "echo"
             | "suffix"
             | "best_of"
@@ -345,6 +358,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         // a negative seed (llama.cpp's -1) asks for a random one
         seed: c.seed.filter(|&s| s >= 0).map_or(seed, |s| s as u64),
+        logit_bias: Vec::new(),
+    };
+    let logprobs = logprobs::parse_request(endpoint, &v)?;
+    let logit_bias = logprobs::parse_logit_bias(v.get("logit_bias"), lim.n_vocab)?;
+    let sampler = SamplerConfig {
+        logit_bias,
+        ..sampler
     };
     sampler
         .validate()
@@ -441,6 +461,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
             stop,
             sampler,
             ignore_eos: c.ignore_eos,
+            logprobs,
         },
         stream: c.stream,
         include_usage: c.stream_options.is_some_and(|o| o.include_usage),
@@ -476,17 +497,18 @@ pub struct Answer<'a> {
 }
 
 impl Answer<'_> {
-    /// The whole answer of a non-streaming request.
-    pub fn full(&self, text: &str, finish: &str, usage: Usage) -> Value {
+    /// The whole answer of a non-streaming request. `logprobs`: its
+    /// `logprobs` object ([`logprobs::answer_json`]), null when not asked.
+    pub fn full(&self, text: &str, finish: &str, usage: Usage, logprobs: Value) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
             Endpoint::Completion => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }),
         };
         json!({
@@ -500,8 +522,15 @@ impl Answer<'_> {
     }
 
     /// One stream chunk: a piece of text (the first chat chunk also names
-    /// the role), or the end with its finish reason.
-    pub fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+    /// the role), or the end with its finish reason. `logprobs`: the
+    /// entries of the piece's tokens, null when not asked.
+    pub fn chunk(
+        &self,
+        text: Option<&str>,
+        first: bool,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -511,10 +540,10 @@ impl Answer<'_> {
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish})
             }
         };
         json!({
@@ -548,6 +577,7 @@ mod tests {
             model_id: "m",
             aliases: &[],
             n_ctx_seq: 100,
+            n_vocab: 1000,
             chat,
         }
     }
@@ -598,6 +628,7 @@ mod tests {
     /// Fields this server does not implement are refused by name, except
     /// at their off value; roles outside OpenAI's, message fields of tool
     /// calls, empty stop strings and temperatures out of range too.
+    /// `logprobs`, `top_logprobs` (chat) and `logit_bias` pass.
     #[test]
     fn unsupported_fields_roles_and_ranges_are_refused() {
         let t = chatml();
@@ -607,8 +638,6 @@ mod tests {
         };
         let m = r#""messages":[{"role":"user","content":"hi"}]"#;
         for (field, says) in [
-            (r#""logprobs":true"#, "logprobs is not supported"),
-            (r#""top_logprobs":3"#, "top_logprobs is not supported"),
             (
                 r#""response_format":{"type":"json_object"}"#,
                 "response_format is not supported",
@@ -621,7 +650,6 @@ mod tests {
                 r#""tool_choice":"required""#,
                 "tool_choice is not supported",
             ),
-            (r#""logit_bias":{"42":-100}"#, "logit_bias is not supported"),
             (r#""frobnicate":1"#, "frobnicate is not a field"),
             (r#""stop":["a",""]"#, "empty string"),
             (r#""temperature":-1"#, "temperature must be in [0, 2]"),
@@ -637,6 +665,9 @@ mod tests {
             r#""tools":[]"#,
             r#""tool_choice":"none""#,
             r#""logit_bias":{}"#,
+            r#""logprobs":true"#,
+            r#""logprobs":true,"top_logprobs":3"#,
+            r#""logit_bias":{"42":-100}"#,
             r#""user":"u-1""#,
             r#""metadata":{"k":"v"}"#,
         ] {
@@ -671,6 +702,82 @@ mod tests {
             Ok(_) => String::new(),
         };
         assert!(e.contains("is not supported"), "{e}");
+        for (body, says) in [
+            (r#"{"prompt":"x","echo":true}"#, "echo is not supported"),
+            (r#"{"prompt":"x","suffix":"y"}"#, "suffix is not supported"),
+            (
+                r#"{"prompt":"x","top_logprobs":2}"#,
+                "top_logprobs is a field of /v1/chat/completions",
+            ),
+        ] {
+            let e = match parse(Endpoint::Completion, body.as_bytes(), &lim(&t), 0) {
+                Err(e) => e.message,
+                Ok(_) => String::new(),
+            };
+            assert!(e.contains(says), "{body}: {e}");
+        }
+    }
+
+    /// `logprobs` reaches the job as the count of alternatives, only when
+    /// asked; `logit_bias` reaches the sampler, its keys checked against
+    /// the vocabulary.
+    #[test]
+    fn logprobs_and_logit_bias_reach_the_job() {
+        let t = chatml();
+        let m = r#""messages":[{"role":"user","content":"hi"}]"#;
+        let chat = |f: &str| {
+            parse(
+                Endpoint::Chat,
+                format!("{{{m}{f}}}").as_bytes(),
+                &lim(&t),
+                0,
+            )
+        };
+        let p = chat("").unwrap();
+        assert_eq!(p.job.logprobs, None);
+        assert!(p.job.sampler.logit_bias.is_empty());
+        let p =
+            chat(r#","logprobs":true,"top_logprobs":5,"logit_bias":{"999":100,"0":-1}"#).unwrap();
+        assert_eq!(p.job.logprobs, Some(5));
+        assert_eq!(p.job.sampler.logit_bias, vec![(0, -1.0), (999, 100.0)]);
+        assert_eq!(chat(r#","logprobs":true"#).unwrap().job.logprobs, Some(0));
+        let p = parse(
+            Endpoint::Completion,
+            br#"{"prompt":"x","logprobs":3,"logit_bias":{"5":-100}}"#,
+            &lim(&t),
+            0,
+        )
+        .unwrap();
+        assert_eq!(p.job.logprobs, Some(3));
+        assert_eq!(p.job.sampler.logit_bias, vec![(5, -100.0)]);
+        for (f, says) in [
+            (
+                r#","logit_bias":{"1000":1}"#,
+                "key \"1000\" is not a token id",
+            ),
+            (r#","logit_bias":{"x7":1}"#, "key \"x7\""),
+            (r#","logit_bias":{"7":100.5}"#, "bias of \"7\""),
+            (r#","logit_bias":[1]"#, "logit_bias must be an object"),
+            (r#","top_logprobs":2"#, "needs logprobs: true"),
+            (r#","logprobs":true,"top_logprobs":50"#, "0..=20"),
+            (r#","logprobs":1"#, "true or false"),
+        ] {
+            let e = chat(f).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(says), "{f}: {}", e.message);
+        }
+        let e = parse(
+            Endpoint::Completion,
+            br#"{"prompt":"x","logprobs":true}"#,
+            &lim(&t),
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("logprobs must be an integer"),
+            "{}",
+            e.message
+        );
     }
 
     /// Request bodies, structured and not: every field name this server
@@ -851,12 +958,26 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: 1,
         };
-        let f = a.full("hi", "stop", u);
+        let f = a.full("hi", "stop", u, Value::Null);
         assert_eq!(f["choices"][0]["message"]["content"], "hi");
         assert_eq!(f["usage"]["total_tokens"], 5);
-        let c = a.chunk(Some("h"), true, None);
+        assert!(f["choices"][0]["logprobs"].is_null());
+        let lp = json!({"content": []});
+        let f = a.full("hi", "stop", u, lp.clone());
+        assert_eq!(f["choices"][0]["logprobs"], lp);
+        let c = a.chunk(Some("h"), true, None, Value::Null);
         assert_eq!(c["choices"][0]["delta"]["role"], "assistant");
         assert!(c["choices"][0]["finish_reason"].is_null());
+        assert!(c["choices"][0]["logprobs"].is_null());
+        let c = a.chunk(Some("h"), false, None, lp.clone());
+        assert_eq!(c["choices"][0]["logprobs"], lp);
+        let t = Answer {
+            endpoint: Endpoint::Completion,
+            ..a
+        };
+        let c = t.chunk(Some("h"), false, None, lp.clone());
+        assert_eq!(c["choices"][0]["logprobs"], lp);
+        assert_eq!(c["choices"][0]["text"], "h");
         assert_eq!(a.usage_chunk(u)["choices"].as_array().unwrap().len(), 0);
     }
 }

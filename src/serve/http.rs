@@ -12,6 +12,7 @@
 use super::access::{Access, RequestHead};
 use super::api::{self, Answer, ApiError, Endpoint, Parsed, Prompt};
 use super::chat::ChatTemplate;
+use super::logprobs::{self, LogprobEntry};
 use super::metrics::Metrics;
 use super::worker::{Event, Shutdown, Submit};
 use crate::llama::LlamaModel;
@@ -218,6 +219,7 @@ fn prepare(
         model_id: &st.model_id,
         aliases: &st.aliases,
         n_ctx_seq: st.n_ctx_seq,
+        n_vocab: st.vocab.n_vocab() as usize,
         chat: &st.chat,
     };
     let mut parsed = api::parse(endpoint, body, &lim, seed)?;
@@ -316,6 +318,7 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
             ),
         });
     }
+    let want_logprobs = parsed.job.logprobs.is_some();
     let (tx, mut rx) = unbounded_channel();
     let sent = st
         .submit
@@ -358,11 +361,15 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
     let created = now_secs();
     if parsed.stream {
         stream(
-            endpoint,
-            id,
-            created,
-            parsed.include_usage,
-            parsed.model,
+            StreamOf {
+                endpoint,
+                id,
+                created,
+                include_usage: parsed.include_usage,
+                logprobs: want_logprobs,
+                model: parsed.model,
+                vocab: st.vocab.clone(),
+            },
             rx,
         )
     } else {
@@ -373,11 +380,22 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
             model: &parsed.model,
         };
         let mut text = String::new();
+        let mut entries: Vec<LogprobEntry> = Vec::new();
         while let Some(ev) = rx.recv().await {
             match ev {
-                Event::Text(t) => text.push_str(&t),
+                Event::Text { text: t, logprobs } => {
+                    text.push_str(&t);
+                    entries.extend(logprobs);
+                }
                 Event::Done { finish, usage } => {
-                    return Json(a.full(&text, finish, usage)).into_response()
+                    let lp = if want_logprobs {
+                        logprobs::answer_json(endpoint, &entries, &|t| {
+                            st.vocab.token_bytes(t, true)
+                        })
+                    } else {
+                        serde_json::Value::Null
+                    };
+                    return Json(a.full(&text, finish, usage, lp)).into_response();
                 }
                 Event::Error(e) => return error(e),
                 Event::Queued { .. } => {}
@@ -390,15 +408,22 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
     }
 }
 
-/// The server-sent event stream of one answer.
-fn stream(
+/// What one streamed answer is: its identity and options.
+struct StreamOf {
     endpoint: Endpoint,
     id: String,
     created: u64,
     include_usage: bool,
+    /// Chunks of text carry their tokens' logprobs.
+    logprobs: bool,
     model: String,
-    rx: UnboundedReceiver<Event>,
-) -> Response {
+    /// Token ids to text, for logprobs.
+    vocab: Arc<LlamaModel>,
+}
+
+/// The server-sent event stream of one answer.
+fn stream(of: StreamOf, rx: UnboundedReceiver<Event>) -> Response {
+    let of = Arc::new(of);
     struct S {
         rx: UnboundedReceiver<Event>,
         first: bool,
@@ -410,27 +435,35 @@ fn stream(
         done: false,
     };
     let events = futures_util::stream::unfold(state, move |mut s| {
-        let (id, model) = (id.clone(), model.clone());
+        let of = of.clone();
         async move {
             if s.done {
                 return None;
             }
             let a = Answer {
-                endpoint,
-                id: &id,
-                created,
-                model: &model,
+                endpoint: of.endpoint,
+                id: &of.id,
+                created: of.created,
+                model: &of.model,
             };
+            let null = serde_json::Value::Null;
             let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
             let out: Vec<SseEvent> = match s.rx.recv().await {
-                Some(Event::Text(t)) => {
+                Some(Event::Text { text, logprobs }) => {
                     let first = std::mem::take(&mut s.first);
-                    vec![data(a.chunk(Some(&t), first, None))]
+                    let lp = if of.logprobs {
+                        logprobs::answer_json(of.endpoint, &logprobs, &|t| {
+                            of.vocab.token_bytes(t, true)
+                        })
+                    } else {
+                        null
+                    };
+                    vec![data(a.chunk(Some(&text), first, None, lp))]
                 }
                 Some(Event::Done { finish, usage }) => {
                     s.done = true;
-                    let mut v = vec![data(a.chunk(None, s.first, Some(finish)))];
-                    if include_usage {
+                    let mut v = vec![data(a.chunk(None, s.first, Some(finish), null))];
+                    if of.include_usage {
                         v.push(data(a.usage_chunk(usage)));
                     }
                     v.push(SseEvent::default().data("[DONE]"));
@@ -448,7 +481,7 @@ fn stream(
                     };
                     // a last chunk says why the answer ends, then the error
                     vec![
-                        data(a.chunk(None, s.first, Some("error"))),
+                        data(a.chunk(None, s.first, Some("error"), null)),
                         SseEvent::default()
                             .event("error")
                             .data(e.body().to_string()),

@@ -3,8 +3,9 @@
 //! Layout: [`batch`] decides what each engine step holds (continuous
 //! batching, chunked prefill, the prefix cache; plain Rust), [`worker`] is
 //! the one thread that owns the engine and runs the steps, [`http`] the
-//! axum routes, [`api`] the OpenAI wire format, [`chat`] chat templates,
-//! [`stop`] stop strings, [`metrics`] the Prometheus counters.
+//! axum routes, [`api`] the OpenAI wire format ([`logprobs`] its
+//! `logprobs` and `logit_bias`), [`chat`] chat templates, [`stop`] stop
+//! strings, [`metrics`] the Prometheus counters.
 //!
 //! Threads: the engine is not `Send`, so the engine loop's thread loads it
 //! and keeps it; a tokio runtime serves HTTP and talks to the loop over
@@ -17,6 +18,7 @@ pub mod batch;
 pub mod chat;
 pub mod http;
 pub mod listen;
+pub mod logprobs;
 pub mod metrics;
 pub mod stop;
 pub mod worker;

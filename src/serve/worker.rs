@@ -5,15 +5,18 @@
 //! step's cache operations), asks the [`Batcher`] what the step holds,
 //! carries out its cache operations, runs the step, and samples one token
 //! for every sequence that wanted logits, each with its own sampler. Text
-//! goes back to the request's handler on its own channel as it forms.
+//! goes back to the request's handler on its own channel as it forms, with
+//! the logprobs of its tokens when the request asked for them.
 
 use super::api::{ApiError, Job, Usage};
 use super::batch::{Batcher, Feed, Finish, KvOp, StepPlan};
+use super::logprobs::{EntryQueue, LogprobEntry};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
 use crate::engine::{BatchToken, Engine};
 use crate::generate::Utf8Stream;
 use crate::llama::LlamaModel;
+use crate::sample::logprobs::{token_logprob, TokenLogprob};
 use crate::sample::{SampleError, Sampler};
 use crate::speculative::{DraftModel, DraftRequest, Drafter, NgramLookup, SpecConfig, Speculator};
 use std::collections::{HashMap, VecDeque};
@@ -24,19 +27,33 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What the engine loop sends back about a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// Tokenized and queued.
     Queued {
         prompt_tokens: usize,
     },
-    Text(String),
+    /// The next piece of the answer, and the logprob entries of the tokens
+    /// whose text begins in it (empty unless the request asked; the text
+    /// may be empty when only entries are due).
+    Text {
+        text: String,
+        logprobs: Vec<LogprobEntry>,
+    },
     Done {
         finish: &'static str,
         usage: Usage,
     },
     /// Refused or failed; no more events follow.
     Error(ApiError),
+}
+
+/// A feed's tokens drawn in one step, and their logprobs (one per token
+/// when the request asked, else none).
+#[derive(Debug, Default)]
+struct Drawn {
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
 }
 
 /// A request handed to the engine loop.
@@ -93,6 +110,8 @@ struct Seq {
     /// This sequence's drafting (length, statistics; prompt lookup's
     /// proposals), when the server drafts.
     spec: Option<Speculator>,
+    /// Logprob entries waiting for their text, when the request asked.
+    logprobs: Option<EntryQueue>,
 }
 
 pub struct Worker {
@@ -228,6 +247,7 @@ impl Worker {
                 admitted: false,
                 ignore_eos: s.job.ignore_eos,
                 history: prompt,
+                logprobs: s.job.logprobs.map(EntryQueue::new),
                 spec: self.spec.map(|cfg| {
                     let d = if self.draft.is_some() {
                         Drafter::Shared
@@ -363,7 +383,7 @@ impl Worker {
             let Some(f) = plan.feeds.iter().find(|f| f.id == id) else {
                 continue;
             };
-            sampled += toks.as_ref().map_or(0, |t| t.len());
+            sampled += toks.as_ref().map_or(0, |t| t.tokens.len());
             self.emit(id, toks, f, secs);
         }
         self.run_drafts();
@@ -387,39 +407,64 @@ impl Worker {
     /// Each feed's tokens, drawn by its request's own sampler (and
     /// accepted into it): row 0, then each next row while the token drawn
     /// equals the draft there (speculative verification, see
-    /// [`crate::speculative`]). In feed order. Many feeds are sampled on
+    /// [`crate::speculative`]), with each token's logprobs from its row
+    /// when the request asked. In feed order. Many feeds are sampled on
     /// several threads (64 rows of a large vocabulary take tens of
     /// milliseconds on one core).
     fn draw(
         &mut self,
         rows: &[(u64, &[f32], &[u32])],
         n_vocab: usize,
-    ) -> Vec<(u64, Result<Vec<u32>, SampleError>)> {
-        type Work<'a> = (
-            u64,
-            &'a mut Sampler,
-            &'a [f32],
-            &'a [u32],
-            Option<Result<Vec<u32>, SampleError>>,
-        );
+    ) -> Vec<(u64, Result<Drawn, SampleError>)> {
+        struct Work<'a> {
+            id: u64,
+            sampler: &'a mut Sampler,
+            rows: &'a [f32],
+            drafts: &'a [u32],
+            /// (alternatives, scratch) when the request wants logprobs
+            logprobs: Option<(usize, &'a mut Vec<u32>)>,
+            out: Option<Result<Drawn, SampleError>>,
+        }
         let index: HashMap<u64, (&[f32], &[u32])> =
             rows.iter().map(|&(id, r, d)| (id, (r, d))).collect();
         let mut work: Vec<Work> = self
             .seqs
             .iter_mut()
             .filter_map(|(id, s)| {
-                index
-                    .get(id)
-                    .map(|&(r, d)| (*id, &mut s.sampler, r, d, None))
+                index.get(id).map(|&(rows, drafts)| Work {
+                    id: *id,
+                    sampler: &mut s.sampler,
+                    rows,
+                    drafts,
+                    logprobs: s.logprobs.as_mut().map(EntryQueue::work),
+                    out: None,
+                })
             })
             .collect();
         let verify = |w: &mut Work| {
-            let mut out = Vec::new();
-            let r = crate::speculative::verify(w.1, w.2, n_vocab, w.3, |tok, _| {
-                out.push(tok);
+            let mut d = Drawn::default();
+            let mut failed = None;
+            let rows = w.rows;
+            let r = crate::speculative::verify(w.sampler, rows, n_vocab, w.drafts, |tok, _| {
+                if let Some((top, scratch)) = w.logprobs.as_mut() {
+                    // the row this token was drawn from
+                    let i = d.tokens.len();
+                    let row = &rows[i * n_vocab..(i + 1) * n_vocab];
+                    match token_logprob(row, tok, *top, scratch) {
+                        Ok(lp) => d.logprobs.push(lp),
+                        Err(e) => {
+                            failed = Some(e);
+                            return false;
+                        }
+                    }
+                }
+                d.tokens.push(tok);
                 true
             });
-            w.4 = Some(r.map(|_| out));
+            w.out = Some(match (r, failed) {
+                (Err(e), _) | (_, Some(e)) => Err(e),
+                (Ok(_), None) => Ok(d),
+            });
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = cores.min(work.len() / 8).max(1);
@@ -433,8 +478,10 @@ impl Worker {
         } else {
             work.iter_mut().for_each(verify);
         }
-        let mut by_id: HashMap<u64, Result<Vec<u32>, SampleError>> =
-            work.into_iter().filter_map(|w| Some((w.0, w.4?))).collect();
+        let mut by_id: HashMap<u64, Result<Drawn, SampleError>> = work
+            .into_iter()
+            .filter_map(|w| Some((w.id, w.out?)))
+            .collect();
         rows.iter()
             .filter_map(|(id, _, _)| by_id.remove(id).map(|r| (*id, r)))
             .collect()
@@ -443,9 +490,9 @@ impl Worker {
     /// Takes request `id`'s tokens from feed `f` (the first, then each
     /// verified draft's successor), sends their text, drops rejected
     /// drafts from the cache, and drafts the next round.
-    fn emit(&mut self, id: u64, toks: Result<Vec<u32>, SampleError>, f: &Feed, step_s: f64) {
-        let toks = match toks {
-            Ok(t) => t,
+    fn emit(&mut self, id: u64, drawn: Result<Drawn, SampleError>, f: &Feed, step_s: f64) {
+        let (toks, mut lps) = match drawn {
+            Ok(d) => (d.tokens, d.logprobs.into_iter()),
             Err(e) => {
                 self.forget_draft(id);
                 if let Some(s) = self.seqs.remove(&id) {
@@ -470,7 +517,7 @@ impl Worker {
             .draft_accepted
             .fetch_add(accepted as u64, Relaxed);
         for (j, &tok) in toks.iter().enumerate() {
-            if let Some(why) = self.take_token(id, tok) {
+            if let Some(why) = self.take_token(id, tok, lps.next()) {
                 self.drop_drafts(f, base + j);
                 self.finish_seq(id, why);
                 return;
@@ -576,9 +623,10 @@ impl Worker {
         }
     }
 
-    /// Counts one generated token of request `id` and sends its text;
-    /// says why the request ends with it, if it does.
-    fn take_token(&mut self, id: u64, tok: u32) -> Option<Finish> {
+    /// Counts one generated token of request `id` and sends its text (and
+    /// the logprob entries due with it, see [`EntryQueue`]); says why the
+    /// request ends with it, if it does.
+    fn take_token(&mut self, id: u64, tok: u32, lp: Option<TokenLogprob>) -> Option<Finish> {
         let s = self.seqs.get_mut(&id)?;
         s.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
@@ -590,12 +638,24 @@ impl Worker {
             self.metrics.ttft_count.fetch_add(1, Relaxed);
         }
         if !s.ignore_eos && self.vocab.is_eog(tok) {
+            // no text: no logprob entry either
             return Some(Finish::Stop);
         }
         let piece = s.utf8.push(&self.vocab.token_bytes(tok, false));
         let r = s.stop.push(&piece);
-        if !r.text.is_empty() {
-            let _ = s.events.send(Event::Text(r.text));
+        let mut logprobs = Vec::new();
+        if let (Some(q), Some(lp)) = (s.logprobs.as_mut(), lp) {
+            q.push(lp, &piece);
+            logprobs = q.sent(r.text.len());
+            if r.stopped {
+                q.cut();
+            }
+        }
+        if !r.text.is_empty() || !logprobs.is_empty() {
+            let _ = s.events.send(Event::Text {
+                text: r.text,
+                logprobs,
+            });
         }
         if r.stopped {
             Some(Finish::Stop)
@@ -611,10 +671,15 @@ impl Worker {
         let Some(s) = self.seqs.get_mut(&id) else {
             return;
         };
-        // text held back for a stop string that did not come
+        // text held back for a stop string that did not come, and the
+        // entries of every token not sent yet (a stop string cut them)
         let rest = s.stop.flush();
-        if !rest.is_empty() {
-            let _ = s.events.send(Event::Text(rest));
+        let logprobs = s.logprobs.as_mut().map_or(Vec::new(), EntryQueue::finish);
+        if !rest.is_empty() || !logprobs.is_empty() {
+            let _ = s.events.send(Event::Text {
+                text: rest,
+                logprobs,
+            });
         }
         let usage = Usage {
             prompt_tokens: s.prompt_tokens,

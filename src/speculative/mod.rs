@@ -298,6 +298,7 @@ mod tests {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed,
+            logit_bias: Vec::new(),
         }
     }
 

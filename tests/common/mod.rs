@@ -85,5 +85,6 @@ pub fn sampled_cfg(seed: u64) -> strata::sample::SamplerConfig {
         frequency_penalty: 0.0,
         presence_penalty: 0.0,
         seed,
+        logit_bias: Vec::new(),
     }
 }

@@ -521,6 +521,7 @@ fn run(mut a: RunArgs) -> Result<()> {
         frequency_penalty: a.frequency_penalty,
         presence_penalty: a.presence_penalty,
         seed,
+        logit_bias: Vec::new(),
     };
     let sampler = Sampler::new(scfg).context("sampling parameters")?;
     let mut cfg = engine_config(&a.model, true);
