@@ -46,7 +46,14 @@ pub fn moe_ffn<'c>(
     let (n_exp, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
 
     // F32 [n_expert, n_tokens]
-    let logits = ctx.mul_mat(w.gate_inp, cur).named("ffn_moe_logits");
+    // kept apart (an output is never reused): ggml-cuda fuses the routing
+    // below into one kernel only where its results do not overlap the
+    // logits, which above 8 tokens depends on how the allocator happened
+    // to reuse the logits' memory
+    let logits = ctx
+        .mul_mat(w.gate_inp, cur)
+        .named("ffn_moe_logits")
+        .as_output();
     let probs = ctx.soft_max(logits).named("ffn_moe_probs");
     // I32 [n_used, n_tokens]
     let selected = ctx.argsort_top_k(probs, k as i32).named("ffn_moe_topk");

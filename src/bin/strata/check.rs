@@ -87,6 +87,37 @@ pub fn check(a: CheckArgs) -> Result<()> {
             }),
             p.chars().take(30).collect::<String>()
         );
+        if !pass {
+            // the same inputs as llama.cpp (its greedy tokens fed to strata):
+            // where the first position differs tells a kernel or graph
+            // difference (from the prompt on) from a near-tie that parted
+            // the free-running tokens
+            engine.apply_matmul_path();
+            let forced = run_strata_forced(&mut engine, &prompt, &r.tokens)?;
+            strata::engine::reset_matmul_path();
+            let (worst, _) = compare(&forced, &r);
+            let first = forced
+                .logits
+                .iter()
+                .zip(&r.logits)
+                .position(|(a, b)| strata::parity::nmse(a, b) > 0.0);
+            println!(
+                "    fed llama.cpp's tokens: nmse {worst:.3e}, {}",
+                match first {
+                    None => "every position bit for bit".to_string(),
+                    Some(i) if i < prompt.len() => format!(
+                        "first off at prompt position {i} of {} (nmse {:.3e} there)",
+                        prompt.len(),
+                        strata::parity::nmse(&forced.logits[i], &r.logits[i])
+                    ),
+                    Some(i) => format!(
+                        "the prompt bit for bit, first off at generated token {} (nmse {:.3e} there)",
+                        i - prompt.len() + 1,
+                        strata::parity::nmse(&forced.logits[i], &r.logits[i])
+                    ),
+                }
+            );
+        }
         if let Some(c) = cpu.as_mut() {
             // same inputs on both backends: the CPU's greedy tokens fed to
             // this device (free-running greedy runs may part at near-ties)
