@@ -11,6 +11,7 @@
 #                                       # beside llama.cpp ngl=20 and ngl=99 --n-cpu-moe 30
 #   bash tools/device/zoo.sh mixtral    # Mixtral-8x7B shape (24.6 GB): parity at 12G --hybrid off, bench at 12G
 #                                       # beside llama.cpp ngl=12 and ngl=99 --n-cpu-moe 20
+#   bash tools/device/zoo.sh qwen3moe-batch  # the same model at 8G: pp2048 and 64 sequences beside those
 #   bash tools/device/zoo.sh gemma3     # Gemma-3-27B shape (16.6 GB): parity at 8G --hybrid off, bench at 8G
 #                                       # beside llama.cpp ngl=24
 # The module is fetched (restored or built) while the first model is written;
@@ -24,7 +25,7 @@ dev_machine
 dev_module_start
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
-  qwen3moe) first=qwen3-30b-a3b ;;
+  qwen3moe|qwen3moe-batch) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3) first=gemma3-27b ;;
   *) first= ;;
@@ -62,6 +63,14 @@ case $what in
     timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget $b -p 512 -n 16 -B 0 -r 2 \
       --llama-ngl $ngl --llama-best --llama-n-cpu-moe $ncm 2>&1 | quiet | tee -a "$out/zoo_${what}.txt"
     ;;
+  qwen3moe-batch)
+    # decode, pp2048 (steps of 2048, strata's best flag as llama.cpp's) and 64
+    # sequences at 8G beside
+    # llama.cpp's four configurations
+    s=$(dev_synth qwen3-30b-a3b)
+    timeout 540 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 -r 2 \
+      --llama-ngl 20 --llama-best --llama-n-cpu-moe 30 2>&1 | quiet | tee "$out/zoo_qwen3moe_batch.txt"
+    ;;
   gemma3)
     s=$(dev_synth gemma3-27b)
     timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget 8G --hybrid off -n 16 2>&1 | quiet \
@@ -69,6 +78,6 @@ case $what in
     timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -p 512 -n 16 -B 0 -r 2 \
       --llama-ngl 24 --llama-best 2>&1 | quiet | tee -a "$out/zoo_gemma3.txt"
     ;;
-  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, mixtral, gemma3)" >&2; exit 2 ;;
+  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, qwen3moe-batch, mixtral, gemma3)" >&2; exit 2 ;;
 esac
 done
