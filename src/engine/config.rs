@@ -46,6 +46,9 @@ pub struct EngineConfig {
     pub n_threads: usize,
     /// CPU thread pool polling level, 0-100 (llama.cpp's --poll).
     pub poll: u32,
+    /// Compute with fewer than `n_threads` while that is faster (another
+    /// process taking cores; see [`super::threads`]); off: always all.
+    pub tune_threads: bool,
     pub device: DeviceChoice,
     pub progress: bool,
     /// What strata may use of GPU and host memory, for weights and KV
@@ -133,6 +136,7 @@ impl Default for EngineConfig {
             n_batch: 512,
             n_threads: default_threads(),
             poll: 50,
+            tune_threads: false,
             device: DeviceChoice::Auto,
             progress: false,
             budgets: Budgets::default(),

@@ -96,6 +96,11 @@ impl HostCompute {
         self.weights.repacked_bytes
     }
 
+    /// Computes the next graphs with `n` of the pool's threads.
+    pub fn set_threads(&self, n: usize) {
+        self.backend.set_n_threads(n);
+    }
+
     /// Lets the pool threads sleep (between steps).
     pub fn park_threads(&self) {
         self.backend.park_threads();

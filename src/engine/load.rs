@@ -305,6 +305,13 @@ impl Engine {
             rec,
             auto_budgets: budgets,
             cpu_cal,
+            threads: cfg.tune_threads.then(|| {
+                super::threads::ThreadTuner::new(if device.is_cpu() {
+                    cfg.n_threads
+                } else {
+                    host_threads(device, cfg.n_threads)
+                })
+            }),
         })
     }
 }

@@ -38,6 +38,7 @@ mod state;
 mod step;
 mod store;
 mod templates;
+pub mod threads;
 pub mod timeline;
 mod window;
 

@@ -48,6 +48,8 @@ pub struct Engine {
     pub auto_budgets: Vec<String>,
     /// The host CPU's speed in hybrid steps against its probe's.
     pub(super) cpu_cal: Option<crate::paging::CpuCalibration>,
+    /// The CPU's thread count, step by step (`EngineConfig::tune_threads`).
+    pub(super) threads: Option<super::threads::ThreadTuner>,
 }
 
 impl Engine {

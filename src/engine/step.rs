@@ -237,6 +237,7 @@ impl Engine {
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
         };
         self.calibrate_cpu(n);
+        self.tune_threads();
         Ok(())
     }
 
@@ -264,6 +265,36 @@ impl Engine {
                     c.probe.bus_bw_beside,
                 )
             })
+    }
+
+    /// The CPU's thread count for the next step, from this step's time:
+    /// on the CPU device the whole step, with hybrid decode the host's
+    /// groups (steps without them say nothing about its threads).
+    fn tune_threads(&mut self) {
+        let Some(t) = self.threads.as_mut() else {
+            return;
+        };
+        let st = &self.last_step;
+        let secs = if self.device.is_cpu() {
+            st.seconds
+        } else if st.host.groups > 0 {
+            st.host.compute.as_secs_f64()
+        } else {
+            return;
+        };
+        if let Some(n) = t.observe(st.n_tokens, secs) {
+            if self.device.is_cpu() {
+                self.backend.set_n_threads(n);
+            } else if let Some(h) = self.host.as_ref() {
+                h.set_threads(n);
+            }
+        }
+    }
+
+    /// The thread count the CPU computes with now, and the moves the tuner
+    /// made (None when the count is fixed).
+    pub fn thread_tuning(&self) -> Option<(usize, u32)> {
+        self.threads.as_ref().map(|t| (t.threads(), t.moves))
     }
 
     /// Tracks the host CPU's speed in hybrid steps against its probe's.

@@ -11,7 +11,7 @@ b=target/release/strata
 run() {  # label, then bench flags
   local label=$1; shift
   $b bench -m "$m" --device cpu -c 512 -p 0 -n 32 -B 0 -r 3 --llama-ngl 0 "$@" 2>&1 \
-    | grep -E "^(strata|llama\.cpp)" | grep tg32 | sed "s/^/$label  /"
+    | grep -E "^(strata|llama\.cpp)|CPU threads at the end" | grep -E "tg32|threads" | sed "s/^/$label  /"
 }
 echo "machine: $(nproc) cores; model $(basename "$m")"
 yes > /dev/null & busy=$!
@@ -19,5 +19,7 @@ trap 'kill $busy 2>/dev/null' EXIT
 for t in 1 2; do
   for poll in 50 0; do run "busy  -t $t --poll $poll" -t $t --poll $poll; done
 done
+run "busy  default (tuned)" --poll 50
 kill $busy; wait $busy 2>/dev/null
 for t in 1 2; do run "idle  -t $t --poll 50" -t $t --poll 50; done
+run "idle  default (tuned)" --poll 50

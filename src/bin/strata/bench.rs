@@ -411,6 +411,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             });
             print_row(rows.last().expect("row"), json);
         }
+        if let Some((n, moves)) = e.thread_tuning().filter(|_| json.is_none()) {
+            println!(
+                "{:<47} CPU threads at the end: {n} ({moves} moves by the tuner; -t fixes the count)",
+                ""
+            );
+        }
         if !a.spec_k.is_empty() {
             let spans = super::bench_spec::step_costs(
                 &mut e,

@@ -81,7 +81,10 @@ pub struct ModelArgs {
     #[arg(long = "ubatch-size", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..))]
     ubatch_size: u32,
-    /// CPU threads, 1 to 1024 (default: the physical cores, as llama.cpp).
+    /// CPU threads, 1 to 1024 (default: the physical cores, as llama.cpp,
+    /// and fewer while that is faster: when another process takes cores,
+    /// the pool's every meeting waits for the thread it took off its core).
+    /// A count given here is used for every step.
     #[arg(short = 't', long, value_parser = parse_threads)]
     threads: Option<usize>,
     /// How the CPU thread pool waits for the next graph, 0 (sleep) to 100
@@ -368,6 +371,8 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         n_ctx: m.ctx_size,
         n_batch: m.step_size(),
         n_threads: m.threads.unwrap_or(EngineConfig::default().n_threads),
+        // a count the user chose is kept; the default one adapts
+        tune_threads: m.threads.is_none(),
         poll: m.poll,
         device: match m.device {
             DeviceArg::Auto => DeviceChoice::Auto,
