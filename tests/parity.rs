@@ -244,3 +244,42 @@ fn qwen2_batch_equals_single() {
 fn qwen2_batch_equals_single_without_repacking() {
     batch_equals_single(common::QWEN2, false);
 }
+
+/// The thread tuner changes the CPU's thread count between steps (without
+/// `-t`), so a step's logits must not depend on it: ggml splits each
+/// operation's rows between the threads, a row's arithmetic is the same
+/// whoever computes it. Repacked and plain weights, prompt and decode
+/// steps, 1 against 2 threads, bit for bit.
+#[test]
+fn thread_count_does_not_change_logits() {
+    for name in [common::SMOLLM2, common::QWEN2] {
+        let Some(path) = model(name) else { continue };
+        let lm = llama(&path, true);
+        let prompt = lm
+            .tokenize("def fibonacci(n):\n    \"\"\"Return", true, true)
+            .expect("tokenize");
+        for repack in [true, false] {
+            let at = |n_threads| {
+                let mut e = Engine::load(
+                    &path,
+                    &EngineConfig {
+                        n_threads,
+                        repack,
+                        ..cfg()
+                    },
+                )
+                .expect("engine");
+                run_strata(&mut e, &prompt)
+            };
+            let (t1, l1) = at(1);
+            let (t2, l2) = at(2);
+            assert_eq!(t1, t2, "{name} repack={repack}: tokens");
+            for (i, (a, b)) in l1.iter().zip(&l2).enumerate() {
+                assert!(
+                    a == b,
+                    "{name} repack={repack}: logits of position {i} differ"
+                );
+            }
+        }
+    }
+}
