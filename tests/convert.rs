@@ -212,6 +212,7 @@ fn synth_to(dir: &Path, preset: &str, ty: &str, layers: Option<u32>, vocab: &Pat
         layers,
         vocab_from: vocab.to_path_buf(),
         seed: 7,
+        router_skew: 0.0,
         threads: 2,
         progress: false,
     };
@@ -277,6 +278,230 @@ fn synth_real_shapes_run() {
         );
         std::fs::remove_file(&out).expect("rm");
     }
+}
+
+/// Routing statistics of one synthetic mixture, measured in plain Rust on
+/// the file's own router (F32) and FFN norm: for each layer, the share of
+/// top-k selections each expert gets.
+struct Routing {
+    n_expert: usize,
+    /// Per layer, per expert: share of the selections.
+    shares: Vec<Vec<f64>>,
+    /// Per layer: expert ids, most popular first (strata.synth.expert_rank).
+    ranks: Option<Vec<Vec<u32>>>,
+}
+
+fn tensor_f32(f: &GgufFile, bytes: &[u8], name: &str) -> (Vec<f32>, usize) {
+    let t = f.require_tensor(name).expect("tensor");
+    let data = &bytes[t.offset as usize..(t.offset + t.size) as usize];
+    let mut out = Vec::new();
+    quant::to_f32(data, t.ty, t.ne[0] as usize, 2, &mut out).expect("dequantize");
+    (out, t.ne[0] as usize)
+}
+
+/// Hidden states: `embd` rows of the file's token embedding (the router's
+/// input at layer 0 is an RMS-normed embedding plus attention), else
+/// isotropic Gaussian vectors; RMS-normed, times each layer's FFN norm.
+fn measure_routing(path: &Path, embd: bool) -> Routing {
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    let f = GgufFile::open(path).expect("open");
+    let bytes = std::fs::read(path).expect("read");
+    let spec = ModelSpec::from_gguf(&f).expect("spec");
+    let (n_embd, n_exp) = (spec.hp.n_embd as usize, spec.hp.n_expert as usize);
+    let k = spec.hp.n_expert_used as usize;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let mut unit = move || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let n_tok = 4096;
+    let hidden: Vec<f32> = if embd {
+        let (e, _) = tensor_f32(&f, &bytes, "token_embd.weight");
+        let n_vocab = e.len() / n_embd;
+        (0..n_tok)
+            .flat_map(|_| {
+                let t = (unit() * n_vocab as f64) as usize;
+                e[t * n_embd..(t + 1) * n_embd].to_vec()
+            })
+            .collect()
+    } else {
+        (0..n_tok * n_embd)
+            .map(|_| {
+                // Box-Muller
+                let (u1, u2) = (1.0 - unit(), unit());
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+            })
+            .collect()
+    };
+    let mut shares = Vec::new();
+    for l in 0..spec.hp.n_layer {
+        let (norm, _) = tensor_f32(&f, &bytes, &format!("blk.{l}.ffn_norm.weight"));
+        let (router, row) = tensor_f32(&f, &bytes, &format!("blk.{l}.ffn_gate_inp.weight"));
+        assert_eq!((row, router.len()), (n_embd, n_embd * n_exp));
+        let mut count = vec![0u64; n_exp];
+        for h in hidden.chunks_exact(n_embd) {
+            let rms = (h.iter().map(|v| v * v).sum::<f32>() / n_embd as f32 + 1e-6).sqrt();
+            let x: Vec<f32> = h.iter().zip(&norm).map(|(v, g)| v / rms * g).collect();
+            let logits: Vec<f32> = router
+                .chunks_exact(n_embd)
+                .map(|w| w.iter().zip(&x).map(|(a, b)| a * b).sum())
+                .collect();
+            let mut idx: Vec<usize> = (0..n_exp).collect();
+            idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+            for &e in &idx[..k] {
+                count[e] += 1;
+            }
+        }
+        shares.push(
+            count
+                .iter()
+                .map(|&c| c as f64 / (n_tok * k) as f64)
+                .collect(),
+        );
+    }
+    let ranks = f.get("strata.synth.expert_rank").map(|v| match v {
+        strata::gguf::Value::Array(strata::gguf::Array::U32(r)) => {
+            r.chunks_exact(n_exp).map(|c| c.to_vec()).collect()
+        }
+        other => panic!("expert_rank is {other:?}"),
+    });
+    Routing {
+        n_expert: n_exp,
+        shares,
+        ranks,
+    }
+}
+
+/// Share of the selections the most popular `n` experts of a layer get.
+fn top_share(shares: &[f64], n: usize) -> f64 {
+    let mut s = shares.to_vec();
+    s.sort_by(|a, b| b.total_cmp(a));
+    s[..n].iter().sum()
+}
+
+/// `--router-skew`: 0 routes about uniformly, 1 concentrates the selections
+/// on each layer's popular experts, in the order the file states. Measured
+/// (seed 7, 4096 hidden states, router and FFN norm read from the file;
+/// "embd": RMS-normed rows of the file's token embedding, "gauss":
+/// isotropic Gaussian), share of the top-k selections, layers 0 and 1:
+///
+///   preset         S  inputs  top 10 % of experts   stated top expert
+///   qwen3moe-tiny  0  embd    0.139 0.132 (uniform 0.125)
+///   qwen3moe-tiny  0  gauss   0.135 0.135
+///   qwen3moe-tiny  1  embd    0.226 0.224 (target 0.225)  0.110 0.112
+///   qwen3moe-tiny  1  gauss   0.221 0.227                 0.112 0.108
+///   mixtral-tiny   0  embd    0.134 0.131 (uniform 0.125)
+///   mixtral-tiny   0  gauss   0.132 0.128
+///   mixtral-tiny   1  embd    0.225 0.232 (target 0.225)  0.225 0.232
+///   mixtral-tiny   1  gauss   0.226 0.231                 0.226 0.226
+///
+/// The top 10 % is 2 of 16 experts (qwen3moe-tiny, 4 used) and 1 of 8
+/// (mixtral-tiny, 2 used). Their shares are capped: a linear router on
+/// hidden states that are as often x as -x picks one expert for at most
+/// half the tokens (synth_router's TOKEN_CAP, 45 %), so a top-10 % share
+/// near 40 % does not exist at these shapes; at 128 experts, 8 used, the
+/// same calibration gives the top 13 about 48 % (synth_router's unit test).
+#[test]
+fn synth_router_skew_skews_selection() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    for preset in ["qwen3moe-tiny", "mixtral-tiny"] {
+        for skew in [0.0f32, 1.0] {
+            let out = dir.path().join(format!("{preset}-skew{skew}.gguf"));
+            let opts = synth::SynthOptions {
+                preset: synth::preset(preset).expect("preset"),
+                target: GgmlType::Q8_0,
+                layers: None,
+                vocab_from: vocab.clone(),
+                seed: 7,
+                router_skew: skew,
+                threads: 2,
+                progress: false,
+            };
+            synth::synth(&opts, &out).expect("synth");
+            let f = GgufFile::open(&out).expect("open");
+            assert_eq!(f.get_str("strata.synth.preset").expect("preset"), preset);
+            assert_eq!(f.get_f32("strata.synth.router_skew").expect("skew"), skew);
+            let report = convert::inspect(&out).expect("inspect");
+            assert!(report.contains("strata.synth.router_skew"), "{report}");
+            for embd in [true, false] {
+                let r = measure_routing(&out, embd);
+                let n = r.n_expert;
+                let n_top = n.div_ceil(10);
+                let uniform = n_top as f64 / n as f64;
+                for (l, sh) in r.shares.iter().enumerate() {
+                    let top = top_share(sh, n_top);
+                    let first = r.ranks.as_ref().map(|rk| sh[rk[l][0] as usize]);
+                    eprintln!(
+                        "{preset} S={skew} {} layer {l}: top {n_top} share {top:.3} \
+                         (uniform {uniform:.3}), stated top expert {first:?}, max {:.3}",
+                        if embd { "embd" } else { "gaussian" },
+                        sh.iter().cloned().fold(0.0, f64::max)
+                    );
+                    if skew == 0.0 {
+                        assert!(r.ranks.is_none(), "no order is stated at S=0");
+                        assert!(top < 1.35 * uniform, "S=0 layer {l}: {sh:?}");
+                    } else {
+                        assert!(top > 1.6 * uniform, "S=1 layer {l}: {sh:?}");
+                        // the stated most popular expert is among the measured top
+                        let first = first.expect("expert_rank stated");
+                        assert!(first >= 0.9 * top / n_top as f64, "layer {l}: {sh:?}");
+                        // every rank near its stated target share
+                        let target = f.get_f32_array("strata.synth.router_target_share");
+                        let target = target.expect("target shares");
+                        let order = &r.ranks.as_ref().expect("ranks")[l];
+                        let tv: f64 = (order.iter().zip(target))
+                            .map(|(&e, &t)| (sh[e as usize] - f64::from(t)).abs())
+                            .sum::<f64>()
+                            / 2.0;
+                        assert!(tv < 0.06, "layer {l}: TV {tv} {sh:?}");
+                    }
+                }
+            }
+            std::fs::remove_file(&out).expect("rm");
+        }
+    }
+}
+
+/// `--router-skew` is refused where there is nothing to skew or S is not
+/// a Zipf exponent, before anything is written.
+#[test]
+fn synth_router_skew_refuses_dense_and_bad_values() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let run = |preset: &str, skew: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata-convert"))
+            .args([
+                "synth",
+                "--preset",
+                preset,
+                "--type",
+                "q8_0",
+                "--router-skew",
+                skew,
+            ])
+            .arg("--vocab-from")
+            .arg(&vocab)
+            .arg(dir.path().join("x.gguf"))
+            .output()
+            .expect("strata-convert runs");
+        assert!(!out.status.success(), "{preset} {skew}: accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run("tiny", "1");
+    assert!(
+        e.contains("no experts") && e.contains("qwen3moe-tiny"),
+        "{e}"
+    );
+    for bad in ["-0.5", "NaN", "inf"] {
+        let e = run("qwen3moe-tiny", bad);
+        assert!(e.contains("finite and >= 0"), "{bad}: {e}");
+    }
+    assert!(
+        std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
+        "left a file"
+    );
 }
 
 /// Requantizing an already-quantized file is refused unless asked for

@@ -414,6 +414,7 @@ fn base_model(dir: &Path) -> Option<PathBuf> {
         layers: Some(2),
         vocab_from: vocab,
         seed: 1,
+        router_skew: 0.0,
         threads: 2,
         progress: false,
     };

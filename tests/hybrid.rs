@@ -117,6 +117,7 @@ fn llama3_rope_factors_hybrid_equals_resident() {
         layers: Some(2),
         vocab_from: vocab,
         seed: 7,
+        router_skew: 0.0,
         threads: 2,
         progress: false,
     };
@@ -171,6 +172,7 @@ fn moe_hybrid_equals_resident() {
             layers: None,
             vocab_from: vocab.clone(),
             seed: 5,
+            router_skew: 0.0,
             threads: 2,
             progress: false,
         };
@@ -183,4 +185,76 @@ fn moe_hybrid_equals_resident() {
 #[test]
 fn gemma3_hybrid_equals_resident() {
     hybrid_equals_resident(common::GEMMA3, |n| vec![n / 2]);
+}
+
+/// Expert statistics (`--expert-stats`): every token's picks are counted
+/// once per layer, whether the device or the host CPU computed the layer,
+/// the counts of a hybrid run equal the resident run's (same routing), and
+/// counting changes no logit.
+#[test]
+fn expert_stats_count_every_pick_and_change_nothing() {
+    use strata::convert::{quant, synth};
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("qwen3moe-tiny.gguf");
+    let opts = synth::SynthOptions {
+        preset: synth::preset("qwen3moe-tiny").expect("preset"),
+        target: quant::parse_type("q4_0").expect("type"),
+        layers: None,
+        vocab_from: vocab.clone(),
+        seed: 5,
+        threads: 2,
+        progress: false,
+        router_skew: 0.0,
+    };
+    synth::synth(&opts, &path).expect("synth");
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let prompt = lm.tokenize(PROMPTS[0], true, true).expect("tokenize");
+    let n_gen = 8;
+    let stats = |cfg: EngineConfig| {
+        let mut e = Engine::load(
+            &path,
+            &EngineConfig {
+                expert_stats: true,
+                ..cfg
+            },
+        )
+        .expect("engine");
+        let run = run_strata(&mut e, &prompt, n_gen).expect("run");
+        let counts = e.router_counts().expect("counts on a mixture").clone();
+        (run, counts, e.spec.hp.clone())
+    };
+    let plain = {
+        let mut e = Engine::load(
+            &path,
+            &EngineConfig {
+                repack: false,
+                ..cpu_cfg()
+            },
+        )
+        .expect("engine");
+        assert!(e.router_counts().is_none());
+        run_strata(&mut e, &prompt, n_gen).expect("run")
+    };
+    let (resident, counts, hp) = stats(EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    });
+    let (worst, diff) = compare(&resident, &plain);
+    assert_eq!((worst, diff), (0.0, None), "counting changed the logits");
+    // the prompt's tokens in one step, then n_gen - 1 one-token steps
+    let tokens = (prompt.len() + n_gen - 1) as u64;
+    assert_eq!(
+        counts.picks(),
+        hp.n_layer as u64 * hp.n_expert_used as u64 * tokens
+    );
+    // the host CPU computing half the FFN groups counts the same picks
+    let n_layer = hp.n_layer as usize;
+    let (hybrid, hcounts, _) = stats(hybrid_cfg(n_layer / 2, false));
+    assert_eq!(compare(&hybrid, &plain), (0.0, None));
+    assert_eq!(hcounts, counts);
+    // a hot set of every expert catches every pick
+    assert!((counts.hit_rate(hp.n_expert as usize) - 1.0).abs() < 1e-12);
 }

@@ -31,6 +31,7 @@ fn synth_file(dir: &Path, preset: &str, vocab: &Path) -> PathBuf {
         layers: None,
         vocab_from: vocab.to_path_buf(),
         seed: 11,
+        router_skew: 0.0,
         threads: 2,
         progress: false,
     };

@@ -29,6 +29,13 @@ pub const KEY_GROUP_OFFSETS: &str = "strata.group_offsets";
 /// Byte size of each group extent (a multiple of the alignment).
 pub const KEY_GROUP_SIZES: &str = "strata.group_sizes";
 
+/// Whether `key` belongs to the layout (recomputed by every writer):
+/// every `strata.*` key but the `strata.synth.*` description of a
+/// synthetic model, which a relayout keeps.
+pub fn is_layout_key(key: &str) -> bool {
+    key.starts_with("strata.") && !key.starts_with("strata.synth.")
+}
+
 /// Where a tensor belongs. The derived order is the write order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Slot {

@@ -35,6 +35,7 @@ mod output;
 pub mod quant;
 mod relayout;
 pub mod synth;
+pub mod synth_router;
 
 pub use check::{check_layout, read_group_extents, GroupReport, LayoutReport};
 pub use error::{ConvertError, Result};

@@ -162,7 +162,7 @@ pub fn write_model(model: OutputModel, out: &Path, progress: bool) -> Result<Wri
     let mut metadata: Vec<(String, Value)> = model
         .metadata
         .into_iter()
-        .filter(|(k, _)| k != GENERAL_ALIGNMENT && !k.starts_with("strata."))
+        .filter(|(k, _)| k != GENERAL_ALIGNMENT && !super::layout::is_layout_key(k))
         .collect();
     metadata.push((KEY_LAYOUT.into(), Value::Str(LAYOUT_NAME.into())));
     metadata.push((KEY_ALIGNMENT.into(), Value::U32(STRATA_ALIGNMENT as u32)));

@@ -89,7 +89,7 @@ fn metadata(f: &GgufFile, target: Option<GgmlType>) -> Vec<(String, Value)> {
     let mut kv: Vec<(String, Value)> = f
         .metadata
         .iter()
-        .filter(|(k, _)| k != crate::gguf::KEY_ALIGNMENT && !k.starts_with("strata."))
+        .filter(|(k, _)| k != crate::gguf::KEY_ALIGNMENT && !super::layout::is_layout_key(k))
         .cloned()
         .collect();
     if let Some(ft) = target.and_then(quant::file_type) {

@@ -17,11 +17,17 @@
 //!
 //! The tokenizer (every `tokenizer.*` key) is copied from `--vocab-from`
 //! and the vocabulary size follows it, so text generation runs end to end.
+//!
+//! Routing: a random router picks experts about uniformly. `router_skew`
+//! S > 0 gives each layer a Zipf-like expert popularity instead
+//! ([`super::synth_router`]); the file states the preset, S and each
+//! layer's popularity order in `strata.synth.*` keys.
 
 use super::error::ConvertError;
 use super::error::Result;
 use super::output::{pipelined, write_model, OutTensor, OutputModel, TensorFill, WriteSummary};
 use super::quant;
+use super::synth_router as router;
 use crate::dtype::GgmlType;
 use crate::gguf::Value;
 use crate::model::arch::Need;
@@ -289,6 +295,9 @@ pub struct SynthOptions {
     /// GGUF whose tokenizer is copied.
     pub vocab_from: PathBuf,
     pub seed: u64,
+    /// Zipf exponent of the experts' popularity per layer (0: a plain
+    /// random router, about uniform); only for presets with experts.
+    pub router_skew: f32,
     pub threads: usize,
     pub progress: bool,
 }
@@ -428,6 +437,24 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
             "--layers {n_layer} (1 to 4096)"
         )));
     }
+    let skew = opts.router_skew;
+    if !(skew.is_finite() && skew >= 0.0) {
+        return Err(ConvertError::Unsupported(format!(
+            "--router-skew {skew} (a Zipf exponent: finite and >= 0)"
+        )));
+    }
+    if skew > 0.0 && p.n_expert == 0 {
+        let moe: Vec<_> = PRESETS
+            .iter()
+            .filter(|q| q.n_expert > 0)
+            .map(|q| q.name)
+            .collect();
+        return Err(ConvertError::Unsupported(format!(
+            "--router-skew for preset {}, which has no experts (presets with experts: {})",
+            p.name,
+            moe.join(", ")
+        )));
+    }
     let vocab = super::input::open_gguf(&opts.vocab_from)?;
     let n_vocab = (vocab.get_str_array("tokenizer.ggml.tokens"))
         .map_err(|err| ConvertError::BadGguf {
@@ -451,6 +478,33 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
     ];
     if let Some(ft) = quant::file_type(opts.target) {
         md.push(("general.file_type".into(), Value::U32(ft)));
+    }
+    md.push((router::KEY_PRESET.into(), Value::Str(p.name.into())));
+    // the routers of a skewed mixture, by tensor name
+    let mut routers: HashMap<String, Vec<f32>> = HashMap::new();
+    if p.n_expert > 0 {
+        md.push((router::KEY_ROUTER_SKEW.into(), Value::F32(skew)));
+    }
+    if skew > 0.0 {
+        let (n_exp, k) = (p.n_expert as usize, p.n_expert_used as usize);
+        let targets = router::target_shares(n_exp, k, f64::from(skew));
+        let scales = router::calibrate(&targets, k, opts.seed);
+        let mut ranks = Vec::with_capacity(n_layer as usize * n_exp);
+        for l in 0..n_layer {
+            let order = router::popularity_order(n_exp, opts.seed, l);
+            let rows = router::router_rows(p.n_embd as usize, &scales, &order, opts.seed, l);
+            routers.insert(format!("blk.{l}.{}", Role::GateInp.suffix()), rows);
+            ranks.extend(order);
+        }
+        md.push((
+            router::KEY_EXPERT_RANK.into(),
+            Value::Array(crate::gguf::Array::U32(ranks)),
+        ));
+        let shares = targets.iter().map(|&t| t as f32).collect();
+        md.push((
+            router::KEY_TARGET_SHARE.into(),
+            Value::Array(crate::gguf::Array::F32(shares)),
+        ));
     }
     let mut hp = |k: &str, v: Value| md.push((format!("{a}.{k}"), v));
     hp("context_length", Value::U32(p.n_ctx));
@@ -564,7 +618,16 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
     }
     for (i, (name, ne, std)) in specs.into_iter().enumerate() {
         let ty = quant::choose_type(&name, &ne, GgmlType::F32, Some(opts.target));
-        let fill = if std == 0.0 {
+        let fill = if let Some(rows) = routers.remove(&name) {
+            // routers stay f32 (quant::allows_quantization)
+            if ty != GgmlType::F32 {
+                return Err(ConvertError::Unsupported(format!(
+                    "{name} as {}: a skewed router is written in f32",
+                    ty.name()
+                )));
+            }
+            f32_fill(rows)
+        } else if std == 0.0 {
             f32_fill(vec![1.0; ne[0] as usize])
         } else {
             quant::check_target(&name, ty, ne[0])?;
@@ -599,4 +662,43 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
         n_layer,
     };
     write_model(model, out, opts.progress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(preset: &str, router_skew: f32) -> SynthOptions {
+        SynthOptions {
+            preset: super::preset(preset).expect("preset"),
+            target: GgmlType::Q8_0,
+            layers: None,
+            // never opened: the options are refused first
+            vocab_from: PathBuf::from("/nonexistent/vocab.gguf"),
+            seed: 1,
+            router_skew,
+            threads: 1,
+            progress: false,
+        }
+    }
+
+    #[test]
+    fn synth_router_skew_is_refused_for_dense_presets_and_bad_values() {
+        let out = Path::new("/nonexistent/out.gguf");
+        let e = synth(&opts("llama3-8b", 1.0), out).unwrap_err().to_string();
+        assert!(
+            e.contains("no experts") && e.contains("qwen3-30b-a3b"),
+            "{e}"
+        );
+        for bad in [-0.5, f32::NAN, f32::INFINITY] {
+            let e = synth(&opts("mixtral-tiny", bad), out)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("finite and >= 0"), "{bad}: {e}");
+        }
+        // S = 0 on a dense preset is today's model: not refused (fails later,
+        // opening the vocabulary)
+        let e = synth(&opts("tiny", 0.0), out).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/vocab.gguf"), "{e}");
+    }
 }

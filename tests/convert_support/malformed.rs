@@ -240,6 +240,7 @@ fn failed_write_leaves_nothing() {
         layers: None,
         vocab_from: vocab,
         seed: 1,
+        router_skew: 0.0,
         threads: 1,
         progress: false,
     };

@@ -2,7 +2,7 @@
 //!
 //!   strata-convert gguf IN.gguf OUT.gguf [--type T]
 //!   strata-convert hf MODEL_DIR OUT.gguf [--type T] [--pre NAME]
-//!   strata-convert synth --preset NAME --type T [--layers N] --vocab-from V.gguf OUT.gguf
+//!   strata-convert synth --preset NAME --type T [--layers N] [--router-skew S] --vocab-from V.gguf OUT.gguf
 //!   strata-convert inspect FILE.gguf
 //!
 //! Every output is a GGUF v3 that llama.cpp loads, 4096-aligned, with each
@@ -68,7 +68,7 @@ enum Cmd {
     },
     /// Write a random-weight model with real shapes.
     Synth {
-        /// tiny, llama3-8b, llama3-70b or qwen2.5-7b.
+        /// A preset name: tiny, llama3-8b, llama3-70b, qwen2.5-7b, mixtral-8x7b, qwen3-30b-a3b, ... (an unknown name lists them).
         #[arg(long)]
         preset: String,
         /// Type of the matrices (see `gguf --type`).
@@ -83,6 +83,16 @@ enum Cmd {
         /// Seed of the random weights.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Mixtures of experts: Zipf exponent of each layer's expert
+        /// popularity (0: a random router, about uniform; 1: the expert of
+        /// rank r aimed at a share of the selections in proportion to
+        /// 1/(r+1)). Stated in the file as strata.synth.router_skew.
+        #[arg(
+            long = "router-skew",
+            default_value_t = 0.0,
+            allow_negative_numbers = true
+        )]
+        router_skew: f32,
         output: PathBuf,
         #[command(flatten)]
         common: Common,
@@ -161,6 +171,7 @@ fn run(cli: Cli) -> Result<()> {
             layers,
             vocab_from,
             seed,
+            router_skew,
             output,
             common,
         } => {
@@ -170,6 +181,7 @@ fn run(cli: Cli) -> Result<()> {
                 layers,
                 vocab_from,
                 seed,
+                router_skew,
                 threads: threads(&common),
                 progress: !common.quiet,
             };

@@ -18,11 +18,20 @@
 # a module built here comes back in $OUT/cuda (copy it to .carry-cache/).
 # Results under $OUT (one file per mode: a call returns at most 8 files,
 # four of them the module's when it was built here).
+# SKEW=S (optional, mixtures of experts only): synthesize with
+# `--router-skew S` (Zipf-like expert popularity per layer) instead of the
+# uniform random router; the model file and the mixture modes' result files
+# carry -skewS and their first line says which routing was measured. Run
+# once without and once with it to report both.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/lib.sh
 dev_machine
 dev_module_start
+case ${SKEW:-0} in 0|0.0) SKEW= ;; esac
+sk=${SKEW:+-skew$SKEW}
+routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew)}"
+[ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
   qwen3moe|qwen3moe-batch) first=qwen3-30b-a3b ;;
@@ -30,13 +39,16 @@ case ${1:-qwen3} in
   gemma3) first=gemma3-27b ;;
   *) first= ;;
 esac
-[ -n "$first" ] && dev_synth $first >/dev/null
+case $first in
+  qwen3-30b-a3b|mixtral-8x7b) dev_synth $first >/dev/null ;;
+  ?*) SKEW= dev_synth $first >/dev/null ;; # dense: no router to skew
+esac
 dev_module_wait || exit 1
 dev_keep_module
 for what in ${@:-qwen3}; do
 case $what in
   qwen3)
-    s=$(dev_synth qwen3-32b)
+    s=$(SKEW= dev_synth qwen3-32b)
     timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -n 16 2>&1 | quiet | tee "$out/zoo_qwen3_check.txt"
     timeout 330 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -p 512 -n 16 -B 0 -r 2 --llama-ngl 20 --llama-best \
       2>&1 | quiet | tee "$out/zoo_qwen3_bench.txt"
@@ -45,7 +57,7 @@ case $what in
     # CUDA parity without the host CPU's groups (hybrid decode computes
     # some FFN groups on the CPU, whose kernels round differently), streamed
     # and all resident
-    s=$(dev_synth qwen3-32b)
+    s=$(SKEW= dev_synth qwen3-32b)
     timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G --hybrid off -n 16 2>&1 | quiet \
       | tee "$out/zoo_qwen3_check_nohybrid.txt"
     timeout 200 $bin/strata check -m "$s" --device gpu -n 16 2>&1 | quiet | tee "$out/zoo_qwen3_check_resident.txt"
@@ -58,21 +70,23 @@ case $what in
     # (--n-cpu-moe N, what its users run a mixture of experts with)
     if [ $what = qwen3moe ]; then s=$(dev_synth qwen3-30b-a3b); b=8G; ngl=20; ncm=30
     else s=$(dev_synth mixtral-8x7b); b=12G; ngl=12; ncm=20; fi
+    echo "$routing" | tee "$out/zoo_${what}$sk.txt"
     timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget $b --hybrid off -n 16 2>&1 | quiet \
-      | tee "$out/zoo_${what}.txt"
+      | tee -a "$out/zoo_${what}$sk.txt"
     timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget $b -p 512 -n 16 -B 0 -r 2 \
-      --llama-ngl $ngl --llama-best --llama-n-cpu-moe $ncm 2>&1 | quiet | tee -a "$out/zoo_${what}.txt"
+      --llama-ngl $ngl --llama-best --llama-n-cpu-moe $ncm 2>&1 | quiet | tee -a "$out/zoo_${what}$sk.txt"
     ;;
   qwen3moe-batch)
     # decode, pp2048 (steps of 2048, strata's best flag as llama.cpp's) and 64
     # sequences at 8G beside
     # llama.cpp's four configurations
     s=$(dev_synth qwen3-30b-a3b)
+    echo "$routing" | tee "$out/zoo_qwen3moe_batch$sk.txt"
     timeout 540 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 -r 2 \
-      --llama-ngl 20 --llama-best --llama-n-cpu-moe 30 2>&1 | quiet | tee "$out/zoo_qwen3moe_batch.txt"
+      --llama-ngl 20 --llama-best --llama-n-cpu-moe 30 2>&1 | quiet | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
     ;;
   gemma3)
-    s=$(dev_synth gemma3-27b)
+    s=$(SKEW= dev_synth gemma3-27b)
     timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget 8G --hybrid off -n 16 2>&1 | quiet \
       | tee "$out/zoo_gemma3.txt"
     timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -p 512 -n 16 -B 0 -r 2 \
