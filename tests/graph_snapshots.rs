@@ -139,6 +139,7 @@ fn dims(arch: Arch) -> Dims {
         arch,
         hp,
         has_rope_freqs: false,
+        read_routing: false,
     }
 }
 

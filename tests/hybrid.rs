@@ -186,3 +186,137 @@ fn moe_hybrid_equals_resident() {
 fn gemma3_hybrid_equals_resident() {
     hybrid_equals_resident(common::GEMMA3, |n| vec![n / 2]);
 }
+
+/// Expert statistics (`--expert-stats`): every token's picks are counted
+/// once per layer, whether the device or the host CPU computed the layer,
+/// the counts of a hybrid run equal the resident run's (same routing), and
+/// counting changes no logit.
+#[test]
+fn expert_stats_count_every_pick_and_change_nothing() {
+    use strata::convert::{quant, synth};
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("qwen3moe-tiny.gguf");
+    let opts = synth::SynthOptions {
+        preset: synth::preset("qwen3moe-tiny").expect("preset"),
+        target: quant::parse_type("q4_0").expect("type"),
+        layers: None,
+        vocab_from: vocab.clone(),
+        seed: 5,
+        threads: 2,
+        progress: false,
+        router_skew: 0.0,
+    };
+    synth::synth(&opts, &path).expect("synth");
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let prompt = lm.tokenize(PROMPTS[0], true, true).expect("tokenize");
+    let n_gen = 8;
+    let stats = |cfg: EngineConfig| {
+        let mut e = Engine::load(
+            &path,
+            &EngineConfig {
+                expert_stats: true,
+                ..cfg
+            },
+        )
+        .expect("engine");
+        let run = run_strata(&mut e, &prompt, n_gen).expect("run");
+        let counts = e.router_counts().expect("counts on a mixture").clone();
+        (run, counts, e.spec.hp.clone())
+    };
+    let plain = {
+        let mut e = Engine::load(
+            &path,
+            &EngineConfig {
+                repack: false,
+                ..cpu_cfg()
+            },
+        )
+        .expect("engine");
+        assert!(e.router_counts().is_none());
+        run_strata(&mut e, &prompt, n_gen).expect("run")
+    };
+    let (resident, counts, hp) = stats(EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    });
+    let (worst, diff) = compare(&resident, &plain);
+    assert_eq!((worst, diff), (0.0, None), "counting changed the logits");
+    // the prompt's tokens in one step, then n_gen - 1 one-token steps
+    let tokens = (prompt.len() + n_gen - 1) as u64;
+    assert_eq!(
+        counts.picks(),
+        hp.n_layer as u64 * hp.n_expert_used as u64 * tokens
+    );
+    // the host CPU computing half the FFN groups counts the same picks
+    let n_layer = hp.n_layer as usize;
+    let (hybrid, hcounts, _) = stats(hybrid_cfg(n_layer / 2, false));
+    assert_eq!(compare(&hybrid, &plain), (0.0, None));
+    assert_eq!(hcounts, counts);
+    // a hot set of every expert catches every pick
+    assert!((counts.hit_rate(hp.n_expert as usize) - 1.0).abs() < 1e-12);
+}
+
+/// The router skew of `strata-convert synth --router-skew` seen through the
+/// engine's own routing: on a skewed file the two experts it names most
+/// popular in each layer take far more than their uniform share (2 of 16:
+/// 12.5%) of the picks of a real run, on the uniform file of the same seed
+/// they do not.
+#[test]
+fn expert_stats_see_the_synthetic_router_skew() {
+    use strata::convert::{quant, synth};
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = |skew: f32| {
+        let path = dir.path().join(format!("qwen3moe-tiny-{skew}.gguf"));
+        let opts = synth::SynthOptions {
+            preset: synth::preset("qwen3moe-tiny").expect("preset"),
+            target: quant::parse_type("q8_0").expect("type"),
+            layers: None,
+            vocab_from: vocab.clone(),
+            seed: 7,
+            threads: 2,
+            progress: false,
+            router_skew: skew,
+        };
+        synth::synth(&opts, &path).expect("synth");
+        path
+    };
+    let (uniform, skewed) = (file(0.0), file(1.0));
+    let g = strata::gguf::GgufFile::open(&skewed).expect("open");
+    let ranks = match g.get("strata.synth.expert_rank") {
+        Some(strata::gguf::Value::Array(strata::gguf::Array::U32(r))) => r.clone(),
+        other => panic!("expert_rank is {other:?}"),
+    };
+    let lm = LlamaModel::load(&skewed, true, 0).expect("vocab");
+    let text = "The river runs past old stone mills where the town keeps its grain and its stories of floods and dry years alike. ".repeat(6);
+    let prompt = lm.tokenize(&text, true, true).expect("tokenize");
+    let top2_share = |path: &Path| {
+        let mut e = Engine::load(
+            path,
+            &EngineConfig {
+                expert_stats: true,
+                ..cpu_cfg()
+            },
+        )
+        .expect("engine");
+        run_strata(&mut e, &prompt, 16).expect("run");
+        let c = e.router_counts().expect("counts");
+        let n_exp = e.spec.hp.n_expert as usize;
+        let hits: u64 = (0..c.n_layer())
+            .map(|l| {
+                let r = &ranks[l * n_exp..(l + 1) * n_exp];
+                c.count(l, r[0] as usize) + c.count(l, r[1] as usize)
+            })
+            .sum();
+        hits as f64 / c.picks() as f64
+    };
+    let (u, s) = (top2_share(&uniform), top2_share(&skewed));
+    eprintln!("share of picks to the file's top-2 experts: uniform {u:.3}, skewed {s:.3}");
+    assert!(s > 0.18, "skewed file: {s:.3}");
+    assert!(u < 0.16, "uniform file: {u:.3}");
+}

@@ -49,6 +49,10 @@ pub struct EngineConfig {
     /// Compute with fewer than `n_threads` while that is faster (another
     /// process taking cores; see [`super::threads`]); off: always all.
     pub tune_threads: bool,
+    /// Count the experts a mixture's router picks, per layer (see
+    /// [`crate::paging::routing`]); a measuring mode: ggml-cuda then runs
+    /// the routing unfused, and the device waits for each MoE layer.
+    pub expert_stats: bool,
     pub device: DeviceChoice,
     pub progress: bool,
     /// What strata may use of GPU and host memory, for weights and KV
@@ -137,6 +141,7 @@ impl Default for EngineConfig {
             n_threads: default_threads(),
             poll: 50,
             tune_threads: false,
+            expert_stats: false,
             device: DeviceChoice::Auto,
             progress: false,
             budgets: Budgets::default(),

@@ -35,5 +35,7 @@ pub enum EngineError {
     #[error(transparent)]
     KvTier(#[from] crate::kv::tier::TierError),
     #[error(transparent)]
+    Routing(#[from] crate::paging::routing::RoutingError),
+    #[error(transparent)]
     KvSpill(#[from] crate::kv::spill::SpillError),
 }

@@ -171,6 +171,17 @@ impl HostCompute {
     }
 }
 
+impl HostCompute {
+    /// The router's picks of the last compute of template `key` (a
+    /// mixture's FFN built with `Dims::read_routing`), token-major.
+    pub fn routed(&self, key: &TemplateKey) -> Result<Vec<i32>, EngineError> {
+        match self.templates.get(key) {
+            Some(t) => super::step::read_routed(t),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
 /// The extra (repacked) CPU buffer type that takes weights of `ty`/`ne`,
 /// or plain CPU memory.
 pub fn cpu_weight_buft(cpu: Device, ty: crate::dtype::GgmlType, ne: [i64; 2]) -> BufferType {

@@ -102,6 +102,7 @@ impl Engine {
             arch: spec.arch,
             hp: spec.hp.clone(),
             has_rope_freqs: spec.rope_freqs.is_some(),
+            read_routing: cfg.expert_stats && spec.hp.is_moe(),
         };
         let n_batch = cfg.n_batch.clamp(1, n_ctx);
         let mut lim = Limits {
@@ -305,6 +306,13 @@ impl Engine {
             rec,
             auto_budgets: budgets,
             cpu_cal,
+            routing: dims.read_routing.then(|| {
+                crate::paging::routing::RouterCounts::new(
+                    dims.hp.n_layer as usize,
+                    dims.hp.n_expert as usize,
+                    dims.hp.n_expert_used as usize,
+                )
+            }),
             threads: cfg.tune_threads.then(|| {
                 super::threads::ThreadTuner::new(if device.is_cpu() {
                     cfg.n_threads

@@ -50,6 +50,8 @@ pub struct Engine {
     pub(super) cpu_cal: Option<crate::paging::CpuCalibration>,
     /// The CPU's thread count, step by step (`EngineConfig::tune_threads`).
     pub(super) threads: Option<super::threads::ThreadTuner>,
+    /// The experts the router picked (`EngineConfig::expert_stats`).
+    pub(super) routing: Option<crate::paging::routing::RouterCounts>,
 }
 
 impl Engine {

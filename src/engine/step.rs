@@ -267,6 +267,20 @@ impl Engine {
             })
     }
 
+    /// Counts the router's picks of `layer` (expert statistics).
+    fn count_routed(&mut self, layer: u32, ids: &[i32]) -> Result<(), EngineError> {
+        if let Some(r) = self.routing.as_mut() {
+            r.add(layer as usize, ids)?;
+        }
+        Ok(())
+    }
+
+    /// The experts the router picked so far, per layer (with
+    /// `EngineConfig::expert_stats` on a mixture of experts).
+    pub fn router_counts(&self) -> Option<&crate::paging::routing::RouterCounts> {
+        self.routing.as_ref()
+    }
+
     /// The CPU's thread count for the next step, from this step's time:
     /// on the CPU device the whole step, with hybrid decode the host's
     /// groups (steps without them say nothing about its threads).
@@ -401,6 +415,12 @@ impl Engine {
         );
         self.backend.compute_async(&t.graph())?;
         drop(rec);
+        if kind == GroupKind::Ffn && self.routing.is_some() {
+            // a measuring mode: the device finishes the layer first
+            self.backend.synchronize();
+            let ids = read_routed(self.templates.get(&key)?)?;
+            self.count_routed(layer, &ids)?;
+        }
         if let Some(ring) = streamed {
             self.pager
                 .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
@@ -444,6 +464,10 @@ impl Engine {
         host.compute(gi, &key)?;
         if shared_cores {
             host.park_threads();
+        }
+        if kind == GroupKind::Ffn && self.routing.is_some() {
+            let ids = host.routed(&key)?;
+            self.count_routed(layer, &ids)?;
         }
         self.rec.host_span(
             timeline::Stream::Cpu,
@@ -501,4 +525,22 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The router's picks a mixture's FFN template computed last, token-major
+/// (`n_used` per token, each chunk of rows in turn); empty for templates
+/// without them. Each is a view of the first `n_used` columns of the
+/// router's full argsort, read with its row stride.
+pub(super) fn read_routed(t: &crate::graph::Template) -> Result<Vec<i32>, EngineError> {
+    let mut out = Vec::new();
+    for r in t.routed() {
+        let [k, rows, _, _] = r.ne();
+        let stride = r.nb()[1] / 4;
+        let mut buf = vec![0i32; r.nbytes().div_ceil(4)];
+        r.get_bytes(bytemuck::cast_slice_mut(&mut buf), 0)?;
+        for row in 0..rows as usize {
+            out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
+        }
+    }
+    Ok(out)
 }

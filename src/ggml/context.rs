@@ -323,10 +323,19 @@ impl<'ctx> Tensor<'ctx> {
         unsafe { sys::ggml_set_input(self.raw()) };
         self
     }
-    /// Marks the tensor as a graph output (its memory is not reused).
+    /// Marks the tensor as a graph output (its memory is not reused). A
+    /// view's source is marked too: the memory is the source's, which the
+    /// allocator would otherwise free after its last view.
     pub fn as_output(self) -> Self {
-        // SAFETY: header is valid.
-        unsafe { sys::ggml_set_output(self.raw()) };
+        let mut t = self.raw();
+        while !t.is_null() {
+            // SAFETY: t is this tensor or a view source of it, all headers
+            // in the same live context.
+            unsafe {
+                sys::ggml_set_output(t);
+                t = (*t).view_src;
+            }
+        }
         self
     }
     /// True when the tensor has memory (bound to a buffer).

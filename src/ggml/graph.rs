@@ -99,6 +99,17 @@ impl<'ctx> Graph<'ctx> {
         // SAFETY: i < n_nodes (callers iterate 0..n_nodes).
         unsafe { sys::ggml_graph_node(self.raw(), i as i32) }
     }
+    /// The nodes named `name`, in execution order (raw: the owner of the
+    /// context hands them out as tensors with its lifetime).
+    pub fn nodes_named(&self, name: &str) -> Vec<NonNull<sys::ggml_tensor>> {
+        (0..self.n_nodes())
+            .map(|i| self.node_raw(i))
+            // SAFETY: each is a node of this live graph; its name is a
+            // NUL-terminated array in the header.
+            .filter(|&t| unsafe { cstr_to_string((*t).name.as_ptr()) } == name)
+            .filter_map(NonNull::new)
+            .collect()
+    }
     /// The nodes in execution order, as (name, op, type, shape).
     pub fn snapshot(&self) -> Vec<NodeInfo> {
         (0..self.n_nodes())

@@ -29,6 +29,9 @@ pub struct Experts<'c> {
     pub down: Tensor<'c>,
 }
 
+/// The name of the router's picks, I32 [n_used, n_tokens].
+pub const ROUTED: &str = "ffn_moe_topk";
+
 /// F16's smallest normal value: the floor of the routing weights' sum.
 const WEIGHT_SUM_MIN: f32 = 6.103_515_6e-5;
 
@@ -56,7 +59,11 @@ pub fn moe_ffn<'c>(
         .as_output();
     let probs = ctx.soft_max(logits).named("ffn_moe_probs");
     // I32 [n_used, n_tokens]
-    let selected = ctx.argsort_top_k(probs, k as i32).named("ffn_moe_topk");
+    let mut selected = ctx.argsort_top_k(probs, k as i32).named(ROUTED);
+    if d.read_routing {
+        // read after the compute (expert statistics)
+        selected = selected.as_output();
+    }
     // F32 [1, n_used, n_tokens]: the chosen experts' probabilities
     let probs3 = ctx.reshape_3d(probs, 1, n_exp, n).named("ffn_moe_probs_3d");
     let weights = ctx.get_rows(probs3, selected).named("ffn_moe_weights");

@@ -24,6 +24,10 @@ pub struct Dims {
     pub arch: Arch,
     pub hp: Hparams,
     pub has_rope_freqs: bool,
+    /// A mixture's router picks stay readable after its FFN graph (graph
+    /// outputs), for expert statistics. Costs ggml-cuda's fused routing
+    /// kernel (an output inside the routing cannot be fused away).
+    pub read_routing: bool,
 }
 
 /// Nodes a group graph may hold at most (llama.cpp uses far fewer per

@@ -74,6 +74,9 @@ pub struct Template {
     weights: Vec<NonNull<crate::sys::ggml_tensor>>,
     kv: Option<[NonNull<crate::sys::ggml_tensor>; 2]>,
     out: NonNull<crate::sys::ggml_tensor>,
+    /// A mixture's FFN: the experts its router picked, I32 [n_used, rows]
+    /// per chunk of rows (graph outputs, readable after the compute).
+    routed: Vec<NonNull<crate::sys::ggml_tensor>>,
     /// Identity of the weights/KV bound last, to skip redundant rebinding.
     bound_to: Option<BindId>,
     /// What the placeholders point into, kept so those buffers outlive the
@@ -130,7 +133,10 @@ impl Template {
                 nn(b.out),
             )
         };
+        // SAFETY: the graph lives in ctx, alive here.
+        let routed = unsafe { Graph::from_raw(&ctx, graph) }.nodes_named(super::moe::ROUTED);
         Ok(Template {
+            routed,
             ctx,
             graph,
             ext,
@@ -155,6 +161,11 @@ impl Template {
     }
     pub fn out(&self) -> Tensor<'_> {
         self.tensor(self.out)
+    }
+    /// A mixture's FFN: the router's picks, one tensor per chunk of rows
+    /// (none in other templates).
+    pub fn routed(&self) -> Vec<Tensor<'_>> {
+        self.routed.iter().map(|&p| self.tensor(p)).collect()
     }
     pub fn weights(&self) -> Vec<Tensor<'_>> {
         self.weights.iter().map(|&p| self.tensor(p)).collect()

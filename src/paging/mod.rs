@@ -9,6 +9,7 @@ mod hybrid;
 mod memory;
 mod plan;
 mod ring;
+pub mod routing;
 pub mod sizes;
 #[cfg(test)]
 mod testutil;

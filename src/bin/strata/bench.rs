@@ -411,6 +411,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             });
             print_row(rows.last().expect("row"), json);
         }
+        if let Some(r) = e.router_counts() {
+            println!("{r}");
+        }
         if let Some((n, moves)) = e.thread_tuning().filter(|_| json.is_none()) {
             println!(
                 "{:<47} CPU threads at the end: {n} ({moves} moves by the tuner; -t fixes the count)",

@@ -96,6 +96,12 @@ pub struct ModelArgs {
     /// Compute device.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
+    /// Count the experts a mixture's router picks, per layer, and print the
+    /// share a hot set of the most picked experts would have caught. A
+    /// measuring mode: the GPU runs the routing unfused and finishes each
+    /// mixture layer before the next is queued.
+    #[arg(long = "expert-stats")]
+    expert_stats: bool,
     /// GPU memory strata may use (e.g. 12G); layer groups beyond it stream
     /// from pinned host memory. Default: everything that fits stays resident.
     #[arg(long = "gpu-budget", value_parser = strata::paging::parse_size)]
@@ -373,6 +379,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         n_threads: m.threads.unwrap_or(EngineConfig::default().n_threads),
         // a count the user chose is kept; the default one adapts
         tune_threads: m.threads.is_none(),
+        expert_stats: m.expert_stats,
         poll: m.poll,
         device: match m.device {
             DeviceArg::Auto => DeviceChoice::Auto,
@@ -582,6 +589,9 @@ fn run(mut a: RunArgs) -> Result<()> {
         );
         if let Some(s) = &spec {
             eprintln!("{}", s.stats.summary());
+        }
+        if let Some(r) = session.engine.router_counts() {
+            eprintln!("{r}");
         }
         if let Some(p) = &a.save_session {
             let n = session
