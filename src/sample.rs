@@ -37,6 +37,12 @@
 //! - After the first call, `sample` allocates nothing as long as the vocabulary
 //!   size does not grow: candidates and the penalty window live in scratch
 //!   buffers owned by the [`Sampler`].
+//! - A [`Constraint`] (a grammar: `response_format` json_object in serve)
+//!   comes before stage 0: it sets the logit of every token it forbids to
+//!   `-inf` in a copy of the row, and the chain then samples as usual, so
+//!   the token drawn is always one the constraint allows. The constraint
+//!   sees only the tokens accepted after [`Sampler::constrain`] (not the
+//!   prompt the penalties see), and is no part of [`SamplerState`].
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
@@ -212,6 +218,24 @@ pub enum SampleError {
     /// The logits row contains NaN or `+inf`.
     #[error("logits contain NaN or +inf")]
     NonFiniteLogits,
+    /// The constraint failed (its message), or refused a token accepted
+    /// into the sampler.
+    #[error("constraint: {0}")]
+    Constraint(String),
+}
+
+/// A rule on which tokens may come next (a grammar), applied before the
+/// sampling chain. The sampler calls `mask` on a copy of each row it
+/// samples and `accept` with each token accepted after that row.
+pub trait Constraint: Send + std::fmt::Debug {
+    /// Sets the logit of every token that may not come next to `-inf`
+    /// (`logits`: `F32 [n_vocab]`; others are left as they are).
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), SampleError>;
+    /// Moves past `token`, which the last `mask` allowed; an error (the
+    /// token was not allowed) leaves the constraint unchanged.
+    fn accept(&mut self, token: u32) -> Result<(), SampleError>;
+    /// Back to the start, as if nothing had been accepted.
+    fn reset(&mut self);
 }
 
 /// One token under consideration: its id and its (possibly penalized) logit.
@@ -232,6 +256,13 @@ pub struct Sampler {
     candidates: Vec<Candidate>,
     /// Scratch: the distinct tokens of `history`.
     window: Vec<u32>,
+    /// Applied before the chain, when set ([`Sampler::constrain`]).
+    constraint: Option<Box<dyn Constraint>>,
+    /// Scratch: the row the constraint masks.
+    masked: Vec<f32>,
+    /// Why the constraint refused an accepted token: every later `sample`
+    /// fails with it (`accept` itself cannot fail).
+    constraint_error: Option<String>,
 }
 
 /// Upper bound on memory reserved up front for the history ring; a larger
@@ -249,7 +280,23 @@ impl Sampler {
             candidates: Vec::new(),
             window: Vec::with_capacity(reserve),
             cfg,
+            constraint: None,
+            masked: Vec::new(),
+            constraint_error: None,
         })
+    }
+
+    /// Applies `c` before the chain from now on: it sees the tokens
+    /// accepted from here (tokens accepted before, a prompt, feed only the
+    /// penalties).
+    pub fn constrain(&mut self, c: Box<dyn Constraint>) {
+        self.constraint = Some(c);
+        self.constraint_error = None;
+    }
+
+    /// Whether a constraint is set.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
     }
 
     /// The configuration this sampler was built with.
@@ -275,6 +322,18 @@ impl Sampler {
                 reason: "vocabulary larger than u32 token ids can address",
             });
         }
+        if let Some(e) = &self.constraint_error {
+            return Err(SampleError::Constraint(e.clone()));
+        }
+        let logits = match self.constraint.as_mut() {
+            Some(c) => {
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                c.mask(&mut self.masked)?;
+                &self.masked[..]
+            }
+            None => logits,
+        };
 
         self.candidates.clear();
         self.candidates.extend(
@@ -316,8 +375,17 @@ impl Sampler {
         draw(&self.candidates, self.cfg.temperature, u).ok_or(SampleError::EmptyLogits)
     }
 
-    /// Records an emitted token in the repetition-penalty history.
+    /// Records an emitted token in the repetition-penalty history, and
+    /// moves the constraint past it. A token the constraint refuses makes
+    /// every later `sample` fail.
     pub fn accept(&mut self, token: u32) {
+        if let Some(c) = self.constraint.as_mut() {
+            if self.constraint_error.is_none() {
+                if let Err(e) = c.accept(token) {
+                    self.constraint_error = Some(e.to_string());
+                }
+            }
+        }
         let n = self.cfg.repeat_last_n;
         if n == 0 {
             return;
@@ -328,10 +396,15 @@ impl Sampler {
         self.history.push_back(token);
     }
 
-    /// Forgets the history and restarts the random stream from `seed`, so the
-    /// next calls reproduce a fresh sampler's output.
+    /// Forgets the history, resets the constraint and restarts the random
+    /// stream from `seed`, so the next calls reproduce a fresh sampler's
+    /// output.
     pub fn reset(&mut self) {
         self.history.clear();
+        if let Some(c) = self.constraint.as_mut() {
+            c.reset();
+        }
+        self.constraint_error = None;
         self.rng = ChaCha20Rng::seed_from_u64(self.cfg.seed);
     }
 }
@@ -957,6 +1030,83 @@ mod tests {
             500,
         );
         assert_eq!((c[0], c[2]), (0, 0));
+    }
+
+    /// A constraint for the tests: after token `t`, only multiples of
+    /// `t + 1` may come (any token first); it records what it accepted.
+    #[derive(Debug, Default)]
+    struct Multiples {
+        last: Option<u32>,
+        accepted: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+    }
+
+    impl Constraint for Multiples {
+        fn mask(&mut self, logits: &mut [f32]) -> Result<(), SampleError> {
+            if let Some(t) = self.last {
+                for (i, l) in logits.iter_mut().enumerate() {
+                    if !(i as u32).is_multiple_of(t + 1) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            Ok(())
+        }
+        fn accept(&mut self, token: u32) -> Result<(), SampleError> {
+            if self.last.is_some_and(|t| !token.is_multiple_of(t + 1)) {
+                return Err(SampleError::Constraint(format!("{token} not allowed")));
+            }
+            self.last = Some(token);
+            self.accepted.lock().unwrap().push(token);
+            Ok(())
+        }
+        fn reset(&mut self) {
+            self.last = None;
+        }
+    }
+
+    /// The constraint masks before the chain: greedy and sampled draws
+    /// take only allowed tokens, the prompt accepted before `constrain`
+    /// never reaches it, and a refused token fails every later draw
+    /// instead of corrupting the constraint.
+    #[test]
+    fn a_constraint_masks_before_the_chain() {
+        let row: Vec<f32> = (0..12).map(|i| (i % 5) as f32).collect();
+        for temp in [0.0, 1.0] {
+            let mut s = sampler(cfg(temp));
+            s.accept(7); // a prompt token: penalties only
+            let seen = std::sync::Arc::default();
+            s.constrain(Box::new(Multiples {
+                last: None,
+                accepted: std::sync::Arc::clone(&seen),
+            }));
+            assert!(s.is_constrained());
+            let first = s.sample(&row).unwrap();
+            if temp == 0.0 {
+                assert_eq!(first, 4, "unconstrained argmax, lowest id");
+            }
+            s.accept(first);
+            for _ in 0..20 {
+                let t = s.sample(&row).unwrap();
+                let prev = *seen.lock().unwrap().last().unwrap();
+                assert!(t.is_multiple_of(prev + 1), "{t} after {prev}");
+                s.accept(t);
+            }
+            assert_eq!(
+                seen.lock().unwrap()[0],
+                first,
+                "the prompt token is not seen"
+            );
+            // after 4 only multiples of 5: the argmax 4 is masked, 0 is next
+            s.reset();
+            s.accept(4);
+            if temp == 0.0 {
+                assert_eq!(s.sample(&row).unwrap(), 0);
+            }
+            s.accept(3); // refused
+            assert!(matches!(s.sample(&row), Err(SampleError::Constraint(_))));
+            s.reset();
+            assert!(s.sample(&row).is_ok(), "reset clears the failure");
+        }
     }
 
     #[test]

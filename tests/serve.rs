@@ -1363,3 +1363,168 @@ fn logprobs_and_logit_bias() {
     let accepted = s.metric("strata_draft_accepted_total");
     assert!(accepted > 0.0, "some drafts were accepted");
 }
+
+/// Whether `text` is JSON or could become JSON with more text: serde stops
+/// at its end (EOF), not at a syntax error.
+fn json_prefix(text: &str) -> bool {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(_) => true,
+        Err(e) => e.is_eof(),
+    }
+}
+
+/// An answer under `response_format` json_object: a JSON object when the
+/// model ended it ("stop"), else cut by max_tokens ("length") and a prefix
+/// of one.
+fn check_json_answer(text: &str, finish: &str, what: &str) {
+    match finish {
+        "stop" => {
+            let v: serde_json::Value = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text:?}"));
+            assert!(v.is_object(), "{what}: {text:?}");
+        }
+        "length" => assert!(json_prefix(text), "{what}: not a JSON prefix: {text:?}"),
+        f => panic!("{what}: finish_reason {f:?}"),
+    }
+}
+
+/// `response_format: {"type": "json_object"}` on both endpoints, streamed
+/// and not, at temperature 0 and 1: the answer is JSON (or, cut by
+/// max_tokens, a prefix of JSON); a prompt that does not ask for JSON
+/// still gets an object; streaming gives greedy decoding's text; prompt
+/// lookup drafting answers as plain decoding; `json_schema` answers 400.
+#[test]
+fn response_format_json_object() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let s = Server::start(&model, &["--parallel", "2", "--batch-invariant"]);
+    let post = |port: u16, path: &str, body: &serde_json::Value| {
+        let (st, b) = http(port, "POST", path, body.to_string().as_bytes()).expect("answer");
+        let v: serde_json::Value = serde_json::from_slice(&b)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
+        (st, v)
+    };
+    let chat_path = "/v1/chat/completions";
+    let cmpl_path = "/v1/completions";
+    let text_of = |v: &serde_json::Value| {
+        let c = &v["choices"][0];
+        let t = c["message"]["content"].as_str().or(c["text"].as_str());
+        (
+            t.expect("text").to_string(),
+            c["finish_reason"].as_str().unwrap().to_string(),
+        )
+    };
+    let fmt = serde_json::json!({"type": "json_object"});
+    let chat = serde_json::json!({
+        "messages": [
+            {"role": "system", "content": "You answer in JSON only."},
+            {"role": "user", "content": "Describe a cat as a JSON object with the keys name, age and color."},
+        ],
+        "max_tokens": 200, "temperature": 0, "response_format": fmt,
+    });
+    let (st, whole) = post(s.port, chat_path, &chat);
+    assert_eq!(st, 200, "{whole}");
+    let (greedy, finish) = text_of(&whole);
+    eprintln!("greedy chat ({finish}): {greedy}");
+    check_json_answer(&greedy, &finish, "greedy chat");
+    // streamed: the same text and finish
+    let mut body = chat.clone();
+    body["stream"] = true.into();
+    let (out, err) = curl(&[
+        "-N",
+        &format!("{}{chat_path}", s.url()),
+        "-d",
+        &body.to_string(),
+    ]);
+    assert!(err.is_empty(), "{err}");
+    let chunks = sse_chunks(&out);
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let last = chunks.last().unwrap()["choices"][0]["finish_reason"].clone();
+    assert_eq!(
+        (streamed.as_str(), last.as_str()),
+        (greedy.as_str(), Some(finish.as_str()))
+    );
+    // sampled, several seeds
+    let mut stops = usize::from(finish == "stop");
+    for seed in 1..=3 {
+        let mut b = chat.clone();
+        b["temperature"] = 1.0.into();
+        b["seed"] = seed.into();
+        let (st, v) = post(s.port, chat_path, &b);
+        assert_eq!(st, 200, "{v}");
+        let (t, f) = text_of(&v);
+        eprintln!("seed {seed} ({f}): {t}");
+        check_json_answer(&t, &f, &format!("seed {seed}"));
+        stops += usize::from(f == "stop");
+    }
+    assert!(stops > 0, "no answer closed its JSON object");
+    // a completion prompt that asks for no JSON gets an object all the same
+    let cmpl = serde_json::json!({
+        "prompt": "The capital of France is", "max_tokens": 200, "temperature": 0,
+    });
+    let (_, plain) = post(s.port, cmpl_path, &cmpl);
+    let (plain_text, _) = text_of(&plain);
+    assert!(!plain_text.trim_start().starts_with('{'), "{plain_text:?}");
+    let mut jc = cmpl.clone();
+    jc["response_format"] = fmt.clone();
+    let (st, v) = post(s.port, cmpl_path, &jc);
+    assert_eq!(st, 200, "{v}");
+    let (t, f) = text_of(&v);
+    eprintln!("completion ({f}): {t}");
+    assert!(t.starts_with('{'), "{t:?}");
+    check_json_answer(&t, &f, "completion");
+    let mut b = jc.clone();
+    b["stream"] = true.into();
+    let (out, _) = curl(&[
+        "-N",
+        &format!("{}{cmpl_path}", s.url()),
+        "-d",
+        &b.to_string(),
+    ]);
+    let streamed: String = sse_chunks(&out)
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, t);
+    // max_tokens cuts the object: "length", a JSON prefix
+    let mut short = chat.clone();
+    short["max_tokens"] = 5.into();
+    let (_, v) = post(s.port, chat_path, &short);
+    let (t5, f5) = text_of(&v);
+    assert_eq!(f5, "length", "{v}");
+    assert!(greedy.starts_with(&t5), "{t5:?} begins {greedy:?}");
+    assert!(json_prefix(&t5), "{t5:?}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&t5).is_err(),
+        "an object cut short: {t5:?}"
+    );
+    // json_schema and other types: 400 naming what is supported
+    for (path, mut b) in [(chat_path, chat.clone()), (cmpl_path, cmpl.clone())] {
+        b["response_format"] =
+            serde_json::json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}});
+        let (st, v) = post(s.port, path, &b);
+        assert_eq!(st, 400, "{v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.contains("only {\"type\": \"json_object\"}"), "{m}");
+    }
+    // prompt lookup drafting: the same greedy answers
+    let d = Server::start(
+        &model,
+        &[
+            "--parallel",
+            "2",
+            "--batch-invariant",
+            "--draft-fixed",
+            "--lookup",
+            "8",
+        ],
+    );
+    let (_, v) = post(d.port, chat_path, &chat);
+    assert_eq!(text_of(&v), (greedy.clone(), finish.clone()));
+    let (_, v) = post(d.port, cmpl_path, &jc);
+    assert_eq!(text_of(&v).0, t);
+}

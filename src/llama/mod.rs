@@ -1,12 +1,15 @@
 //! llama.cpp through libllama: the tokenizer and chat templates (a
-//! vocabulary-only model load), and the reference decoder that parity tests
-//! and `strata bench` compare against.
+//! vocabulary-only model load), its grammar sampler (GBNF constraints on
+//! strata's sampler), and the reference decoder that parity tests and
+//! `strata bench` compare against.
 
 #[cfg(feature = "reference")]
 mod fill;
+mod grammar;
 mod model;
 #[cfg(feature = "reference")]
 mod reference;
+pub use grammar::{GrammarError, GrammarSampler, JSON_GBNF};
 pub use model::{builtin_chat_template, CpuExperts, LlamaError, LlamaModel, LoadOptions};
 #[cfg(feature = "reference")]
 pub use reference::{Reference, ReferenceConfig};

@@ -7,7 +7,10 @@
 //! `max_tokens` is given. Fields strata does not implement are refused by
 //! name ([`check_fields`]); fields it uses are checked, and a bad one
 //! answers 400 naming it. `logprobs`, `top_logprobs` and `logit_bias` are
-//! read and answered in [`super::logprobs`].
+//! read and answered in [`super::logprobs`]. `response_format`
+//! `{"type": "json_object"}` constrains the answer with llama.cpp's JSON
+//! grammar ([`crate::llama::JSON_GBNF`], applied in the worker);
+//! `json_schema` is refused (no schema-to-grammar converter is vendored).
 
 use super::chat::{ChatError, ChatTemplate, Message};
 use super::logprobs;
@@ -55,6 +58,48 @@ pub struct Job {
     /// Some(k): report each generated token's logprob and its row's `k`
     /// most likely tokens (`logprobs`); None: compute nothing of the sort.
     pub logprobs: Option<usize>,
+    /// What the answer must be (`response_format`).
+    pub format: ResponseFormat,
+}
+
+/// OpenAI's `response_format`, as far as this server implements it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ResponseFormat {
+    /// Any text (`{"type": "text"}`, or no field).
+    #[default]
+    Text,
+    /// A JSON object (`{"type": "json_object"}`): sampled under llama.cpp's
+    /// JSON grammar. `max_tokens` can still cut it (finish_reason
+    /// "length"), as at OpenAI.
+    JsonObject,
+}
+
+/// Reads `response_format`: absent, null or `{"type": "text"}` asks for
+/// text, `{"type": "json_object"}` for JSON; anything else is refused.
+fn parse_response_format(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    let o = match v {
+        None | Some(Value::Null) => return Ok(ResponseFormat::Text),
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "response_format must be an object such as {\"type\": \"json_object\"}",
+            ))
+        }
+    };
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => Err(ApiError::bad(
+            "response_format json_schema is not supported by this server: only \
+             {\"type\": \"json_object\"} is (no JSON-schema-to-grammar converter is built in)",
+        )),
+        Some(t) => Err(ApiError::bad(format!(
+            "response_format type {t:?}: this server takes \"text\" or \"json_object\""
+        ))),
+        None => Err(ApiError::bad(
+            "response_format needs a type: \"text\" or \"json_object\"",
+        )),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,7 +232,7 @@ fn field<T: for<'de> Deserialize<'de>>(v: &Value, what: &str) -> Result<T, ApiEr
 /// agent frameworks, structured-output libraries and evaluation harnesses
 /// wrong results without a word), except at its "off" value (below) or
 /// when it carries no instruction at all (`user`, `metadata`).
-const COMMON_FIELDS: [&str; 21] = [
+const COMMON_FIELDS: [&str; 22] = [
     "model",
     "stream",
     "stream_options",
@@ -206,6 +251,7 @@ const COMMON_FIELDS: [&str; 21] = [
     "presence_penalty",
     "ignore_eos",
     "logit_bias",
+    "response_format",
     // identify the caller, instruct nothing
     "user",
     "metadata",
@@ -224,7 +270,6 @@ fn is_off(name: &str, v: &Value) -> bool {
         ("logit_bias", Value::Object(o)) => o.is_empty(),
         ("suffix", Value::String(s)) => s.is_empty(),
         ("tool_choice", Value::String(s)) => s == "none",
-        ("response_format", Value::Object(o)) => o.get("type") == Some(&json!("text")),
         ("modalities", Value::Array(a)) => a.iter().all(|m| m == "text"),
         _ => false,
     }
@@ -252,8 +297,7 @@ fn check_fields(endpoint: Endpoint, v: &Value) -> Result<(), ApiError> {
                 "is a field of /v1/chat/completions \
                  (here logprobs: N asks for N alternatives per token)"
             }
-            "response_format"
-            | "tools"
+            "tools"
             | "tool_choice"
             | "echo"
             | "suffix"
@@ -361,6 +405,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         logit_bias: Vec::new(),
     };
     let logprobs = logprobs::parse_request(endpoint, &v)?;
+    let format = parse_response_format(v.get("response_format"))?;
+    if format == ResponseFormat::JsonObject && c.ignore_eos {
+        return Err(ApiError::bad(
+            "ignore_eos cannot be combined with response_format json_object: \
+             the grammar ends the answer with an end-of-generation token",
+        ));
+    }
     let logit_bias = logprobs::parse_logit_bias(v.get("logit_bias"), lim.n_vocab)?;
     let sampler = SamplerConfig {
         logit_bias,
@@ -462,6 +513,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
             sampler,
             ignore_eos: c.ignore_eos,
             logprobs,
+            format,
         },
         stream: c.stream,
         include_usage: c.stream_options.is_some_and(|o| o.include_usage),
@@ -639,8 +691,18 @@ mod tests {
         let m = r#""messages":[{"role":"user","content":"hi"}]"#;
         for (field, says) in [
             (
-                r#""response_format":{"type":"json_object"}"#,
-                "response_format is not supported",
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}"#,
+                "json_schema is not supported by this server: only {\"type\": \"json_object\"}",
+            ),
+            (
+                r#""response_format":{"type":"xml"}"#,
+                "response_format type \"xml\"",
+            ),
+            (r#""response_format":"json""#, "must be an object"),
+            (r#""response_format":{}"#, "needs a type"),
+            (
+                r#""response_format":{"type":"json_object"},"ignore_eos":true"#,
+                "ignore_eos cannot be combined",
             ),
             (
                 r#""tools":[{"type":"function","function":{"name":"f"}}]"#,
@@ -662,6 +724,8 @@ mod tests {
             r#""logprobs":false"#,
             r#""top_logprobs":0"#,
             r#""response_format":{"type":"text"}"#,
+            r#""response_format":{"type":"json_object"}"#,
+            r#""response_format":null"#,
             r#""tools":[]"#,
             r#""tool_choice":"none""#,
             r#""logit_bias":{}"#,
@@ -715,6 +779,47 @@ mod tests {
                 Ok(_) => String::new(),
             };
             assert!(e.contains(says), "{body}: {e}");
+        }
+    }
+
+    /// `response_format` reaches the job on both endpoints: json_object
+    /// as JSON, text and no field as text.
+    #[test]
+    fn response_format_reaches_the_job() {
+        let t = chatml();
+        let m = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for (ep, head) in [
+            (Endpoint::Chat, m),
+            (Endpoint::Completion, r#""prompt":"x""#),
+        ] {
+            let f = |extra: &str| {
+                parse(ep, format!("{{{head}{extra}}}").as_bytes(), &lim(&t), 0)
+                    .unwrap()
+                    .job
+                    .format
+            };
+            assert_eq!(f(""), ResponseFormat::Text);
+            assert_eq!(
+                f(r#","response_format":{"type":"text"}"#),
+                ResponseFormat::Text
+            );
+            assert_eq!(
+                f(r#","response_format":{"type":"json_object"},"stream":true"#),
+                ResponseFormat::JsonObject
+            );
+            let e = parse(
+                ep,
+                format!(r#"{{{head},"response_format":{{"type":"json_schema"}}}}"#).as_bytes(),
+                &lim(&t),
+                0,
+            )
+            .unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(
+                e.message.contains("only {\"type\": \"json_object\"}"),
+                "{}",
+                e.message
+            );
         }
     }
 

@@ -7,15 +7,26 @@
 //! for every sequence that wanted logits, each with its own sampler. Text
 //! goes back to the request's handler on its own channel as it forms, with
 //! the logprobs of its tokens when the request asked for them.
+//!
+//! A request for a JSON object (`response_format`) samples under
+//! llama.cpp's JSON grammar, a [`crate::sample::Constraint`] inside its
+//! sampler: each row is masked before the chain and each token drawn is
+//! accepted into the grammar. Drafting (prompt lookup or a draft model)
+//! stays on for it: [`crate::speculative::verify`] samples and accepts row
+//! by row and stops at the first draft that differs from the token drawn,
+//! so the grammar accepts exactly the tokens emitted, each drawn from the
+//! row computed after the tokens before it; a draft the grammar forbids is
+//! simply never verified. (The logprobs reported are the model's, from
+//! the unmasked row.)
 
-use super::api::{ApiError, Job, Usage};
+use super::api::{ApiError, Job, ResponseFormat, Usage};
 use super::batch::{Batcher, Feed, Finish, KvOp, StepPlan};
 use super::logprobs::{EntryQueue, LogprobEntry};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
 use crate::engine::{BatchToken, Engine};
 use crate::generate::Utf8Stream;
-use crate::llama::LlamaModel;
+use crate::llama::{GrammarSampler, LlamaModel, JSON_GBNF};
 use crate::sample::logprobs::{token_logprob, TokenLogprob};
 use crate::sample::{SampleError, Sampler};
 use crate::speculative::{DraftModel, DraftRequest, Drafter, NgramLookup, SpecConfig, Speculator};
@@ -228,6 +239,22 @@ impl Worker {
         // the penalties see the prompt, as in `strata run`
         for &t in &prompt {
             sampler.accept(t);
+        }
+        // the grammar sees the answer only: set after the prompt
+        if s.job.format == ResponseFormat::JsonObject {
+            match GrammarSampler::new(self.vocab.clone(), JSON_GBNF, "root") {
+                Ok(g) => sampler.constrain(Box::new(g)),
+                Err(e) => {
+                    self.batcher.finish(s.id, Finish::Cancelled);
+                    return self.refuse(
+                        &s,
+                        ApiError {
+                            status: 500,
+                            message: format!("the JSON grammar failed: {e}"),
+                        },
+                    );
+                }
+            }
         }
         let room = self.batcher.n_ctx_seq() - n;
         let _ = s.events.send(Event::Queued { prompt_tokens: n });
