@@ -176,7 +176,7 @@ impl HostCompute {
     /// mixture's FFN built with `Dims::read_routing`), token-major.
     pub fn routed(&self, key: &TemplateKey) -> Result<Vec<i32>, EngineError> {
         match self.templates.get(key) {
-            Some(t) => super::step::read_routed(t),
+            Some(t) => Ok(t.read_routed()?),
             None => Ok(Vec::new()),
         }
     }

@@ -418,7 +418,7 @@ impl Engine {
         if kind == GroupKind::Ffn && self.routing.is_some() {
             // a measuring mode: the device finishes the layer first
             self.backend.synchronize();
-            let ids = read_routed(self.templates.get(&key)?)?;
+            let ids = self.templates.get(&key)?.read_routed()?;
             self.count_routed(layer, &ids)?;
         }
         if let Some(ring) = streamed {
@@ -525,22 +525,4 @@ impl Engine {
         }
         Ok(())
     }
-}
-
-/// The router's picks a mixture's FFN template computed last, token-major
-/// (`n_used` per token, each chunk of rows in turn); empty for templates
-/// without them. Each is a view of the first `n_used` columns of the
-/// router's full argsort, read with its row stride.
-pub(super) fn read_routed(t: &crate::graph::Template) -> Result<Vec<i32>, EngineError> {
-    let mut out = Vec::new();
-    for r in t.routed() {
-        let [k, rows, _, _] = r.ne();
-        let stride = r.nb()[1] / 4;
-        let mut buf = vec![0i32; r.nbytes().div_ceil(4)];
-        r.get_bytes(bytemuck::cast_slice_mut(&mut buf), 0)?;
-        for row in 0..rows as usize {
-            out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
-        }
-    }
-    Ok(out)
 }

@@ -162,10 +162,23 @@ impl Template {
     pub fn out(&self) -> Tensor<'_> {
         self.tensor(self.out)
     }
-    /// A mixture's FFN: the router's picks, one tensor per chunk of rows
-    /// (none in other templates).
-    pub fn routed(&self) -> Vec<Tensor<'_>> {
-        self.routed.iter().map(|&p| self.tensor(p)).collect()
+    /// The router's picks this template computed last (a mixture's FFN
+    /// built with `Dims::read_routing`; empty for others), token-major:
+    /// `n_used` per token, each chunk of rows in turn. Each is a view of
+    /// the first `n_used` columns of the router's full argsort, read with
+    /// its row stride.
+    pub fn read_routed(&self) -> Result<Vec<i32>> {
+        let mut out = Vec::new();
+        for r in self.routed.iter().map(|&p| self.tensor(p)) {
+            let [k, rows, _, _] = r.ne();
+            let stride = r.nb()[1] / 4;
+            let mut buf = vec![0i32; r.nbytes().div_ceil(4)];
+            r.get_bytes(bytemuck::cast_slice_mut(&mut buf), 0)?;
+            for row in 0..rows as usize {
+                out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
+            }
+        }
+        Ok(out)
     }
     pub fn weights(&self) -> Vec<Tensor<'_>> {
         self.weights.iter().map(|&p| self.tensor(p)).collect()

@@ -16,7 +16,7 @@
 //! - End-of-generation tokens are allowed exactly when the grammar is
 //!   complete (libllama's rule), so a constrained answer ends with one.
 
-use super::LlamaModel;
+use super::model::LlamaModel;
 use crate::sample::{Constraint, SampleError};
 use crate::sys;
 use std::ffi::CString;

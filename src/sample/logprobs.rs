@@ -18,7 +18,7 @@
 //! - NaN or `+inf` in the row, or a row without a finite logit, is an
 //!   error, as in the sampler.
 
-use super::SampleError;
+use super::error::SampleError;
 use std::cmp::Ordering;
 
 /// Most alternatives a token may report (OpenAI's and vLLM's limit).

@@ -14,36 +14,10 @@
 
 use super::chat::{ChatError, ChatTemplate, Message};
 use super::logprobs;
+pub use super::request::{ApiError, Endpoint};
 use crate::sample::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
-
-/// An error answer: HTTP status and message, sent as OpenAI's error body.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn bad(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: 400,
-            message: message.into(),
-        }
-    }
-    pub fn kind(&self) -> &'static str {
-        match self.status {
-            400 | 413 | 422 => "invalid_request_error",
-            404 => "not_found_error",
-            503 => "server_busy",
-            _ => "server_error",
-        }
-    }
-    pub fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind(), "code": self.status}})
-    }
-}
 
 /// What the engine loop needs to know about a request.
 #[derive(Clone, Debug)]
@@ -107,13 +81,6 @@ pub enum Prompt {
     /// Tokenized with the model's special tokens (BOS where it adds one).
     Text(String),
     Tokens(Vec<u32>),
-}
-
-/// Which endpoint a request came to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completion,
 }
 
 /// A parsed request: the job, whether to stream, and the usage option.

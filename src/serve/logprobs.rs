@@ -19,7 +19,7 @@
 //! character) as U+FFFD; `bytes` are its exact bytes. Logprobs of `-inf`
 //! (a masked token) are sent as -9999, as vLLM does: JSON has no infinity.
 
-use super::api::{ApiError, Endpoint};
+use super::request::{ApiError, Endpoint};
 use crate::sample::logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 use serde_json::{json, Map, Value};
 use std::collections::VecDeque;

@@ -20,6 +20,7 @@ pub mod http;
 pub mod listen;
 pub mod logprobs;
 pub mod metrics;
+pub mod request;
 pub mod stop;
 pub mod worker;
 
