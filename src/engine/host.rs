@@ -96,9 +96,13 @@ impl HostCompute {
         self.weights.repacked_bytes
     }
 
-    /// Computes the next graphs with `n` of the pool's threads.
-    pub fn set_threads(&self, n: usize) {
+    /// Computes the next graphs with a pool of `n` threads (a new pool: a
+    /// larger one's idle threads would still poll for work, on the cores
+    /// fewer threads are meant to leave).
+    pub fn set_threads(&mut self, n: usize, poll: u32) -> Result<(), EngineError> {
+        self.backend.attach_cpu_threadpool(n, poll)?;
         self.backend.set_n_threads(n);
+        Ok(())
     }
 
     /// Lets the pool threads sleep (between steps).

@@ -314,11 +314,13 @@ impl Engine {
                 )
             }),
             threads: cfg.tune_threads.then(|| {
-                super::threads::ThreadTuner::new(if device.is_cpu() {
+                let mut t = super::threads::ThreadTuner::new(if device.is_cpu() {
                     cfg.n_threads
                 } else {
                     host_threads(device, cfg.n_threads)
-                })
+                });
+                t.poll = cfg.poll;
+                t
             }),
         })
     }

@@ -237,7 +237,7 @@ impl Engine {
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
         };
         self.calibrate_cpu(n);
-        self.tune_threads();
+        self.tune_threads()?;
         Ok(())
     }
 
@@ -284,9 +284,9 @@ impl Engine {
     /// The CPU's thread count for the next step, from this step's time:
     /// on the CPU device the whole step, with hybrid decode the host's
     /// groups (steps without them say nothing about its threads).
-    fn tune_threads(&mut self) {
+    fn tune_threads(&mut self) -> Result<(), EngineError> {
         let Some(t) = self.threads.as_mut() else {
-            return;
+            return Ok(());
         };
         let st = &self.last_step;
         let secs = if self.device.is_cpu() {
@@ -294,21 +294,28 @@ impl Engine {
         } else if st.host.groups > 0 {
             st.host.compute.as_secs_f64()
         } else {
-            return;
+            return Ok(());
         };
         if let Some(n) = t.observe(st.n_tokens, secs) {
+            // a pool of that size: a larger pool's idle threads would still
+            // poll for work on the cores fewer threads are meant to leave
+            let poll = t.poll;
             if self.device.is_cpu() {
+                self.backend.attach_cpu_threadpool(n, poll)?;
                 self.backend.set_n_threads(n);
-            } else if let Some(h) = self.host.as_ref() {
-                h.set_threads(n);
+            } else if let Some(h) = self.host.as_mut() {
+                h.set_threads(n, poll)?;
             }
         }
+        Ok(())
     }
 
     /// The thread count the CPU computes with now, and the moves the tuner
     /// made (None when the count is fixed).
-    pub fn thread_tuning(&self) -> Option<(usize, u32)> {
-        self.threads.as_ref().map(|t| (t.threads(), t.moves))
+    pub fn thread_tuning(&self) -> Option<(usize, u32, u32)> {
+        self.threads
+            .as_ref()
+            .map(|t| (t.threads(), t.moves, t.trials))
     }
 
     /// Tracks the host CPU's speed in hybrid steps against its probe's.

@@ -84,6 +84,8 @@ pub struct ThreadTuner {
     /// The next trial goes up the ladder (more threads) when true.
     up_next: bool,
     slow_run: u32,
+    /// The pools' polling level (a move makes a new pool).
+    pub poll: u32,
     /// Moves made, for reports and tests.
     pub moves: u32,
     /// Trials judged.
@@ -93,6 +95,7 @@ pub struct ThreadTuner {
 impl ThreadTuner {
     pub fn new(max: usize) -> ThreadTuner {
         ThreadTuner {
+            poll: 50,
             ladder: ladder(max),
             cur: 0,
             history: HashMap::new(),

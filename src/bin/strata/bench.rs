@@ -414,9 +414,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         if let Some(r) = e.router_counts() {
             println!("{r}");
         }
-        if let Some((n, moves)) = e.thread_tuning().filter(|_| json.is_none()) {
+        if let Some((n, moves, trials)) = e.thread_tuning().filter(|_| json.is_none()) {
             println!(
-                "{:<47} CPU threads at the end: {n} ({moves} moves by the tuner; -t fixes the count)",
+                "{:<47} CPU threads at the end: {n} (the tuner judged {trials} trials, moved {moves} times; -t fixes the count)",
                 ""
             );
         }
