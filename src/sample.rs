@@ -244,6 +244,11 @@ pub struct Sampler {
     /// Why the constraint refused an accepted token: every later `sample`
     /// fails with it (`accept` itself cannot fail).
     constraint_error: Option<String>,
+    /// Scratch of [`Sampler::sampled_logprob`]: the last draw's tokens in
+    /// id order and their logits over the temperature, and top-k ids.
+    dist_ids: Vec<u32>,
+    dist: Vec<f32>,
+    top: Vec<u32>,
 }
 
 /// Upper bound on memory reserved up front for the history ring; a larger
@@ -264,6 +269,9 @@ impl Sampler {
             constraint: None,
             masked: Vec::new(),
             constraint_error: None,
+            dist_ids: Vec::new(),
+            dist: Vec::new(),
+            top: Vec::new(),
         })
     }
 
@@ -354,6 +362,52 @@ impl Sampler {
 
         let u = uniform01(&mut self.rng);
         draw(&self.candidates, self.cfg.temperature, u).ok_or(SampleError::EmptyLogits)
+    }
+
+    /// `token`'s logprob in the distribution the last [`Sampler::sample`]
+    /// drew from, and that distribution's `k` most likely tokens: the
+    /// logits after the constraint, the bias and the penalties, the tokens
+    /// top-k, top-p and min-p kept, at the temperature. A token the draw
+    /// could not pick has logprob `-inf`; the kept tokens' probabilities
+    /// sum to 1. Greedy decoding (temperature 0) picks the maximum of that
+    /// distribution, reported at temperature 1 over every token left
+    /// (filters do not apply to it).
+    pub fn sampled_logprob(
+        &mut self,
+        token: u32,
+        k: usize,
+    ) -> Result<logprobs::TokenLogprob, SampleError> {
+        let t = if self.cfg.temperature > 0.0 {
+            self.cfg.temperature
+        } else {
+            1.0
+        };
+        let mut kept: Vec<(u32, f32)> = self.candidates.iter().map(|c| (c.id, c.logit)).collect();
+        if !kept.is_sorted_by_key(|c| c.0) {
+            kept.sort_unstable_by_key(|c| c.0);
+        }
+        self.dist_ids.clear();
+        self.dist.clear();
+        for (id, logit) in kept {
+            self.dist_ids.push(id);
+            self.dist.push(logit / t);
+        }
+        let Ok(at) = self.dist_ids.binary_search(&token) else {
+            // not drawable: its logprob is -inf, the alternatives stand
+            let mut lp = logprobs::token_logprob(&self.dist, 0, k, &mut self.top)?;
+            lp.token = token;
+            lp.logprob = f32::NEG_INFINITY;
+            lp.top
+                .iter_mut()
+                .for_each(|e| e.0 = self.dist_ids[e.0 as usize]);
+            return Ok(lp);
+        };
+        let mut lp = logprobs::token_logprob(&self.dist, at as u32, k, &mut self.top)?;
+        lp.token = token;
+        lp.top
+            .iter_mut()
+            .for_each(|e| e.0 = self.dist_ids[e.0 as usize]);
+        Ok(lp)
     }
 
     /// Records an emitted token in the repetition-penalty history, and

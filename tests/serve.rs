@@ -1316,6 +1316,39 @@ fn logprobs_and_logit_bias() {
         s.run_py(&py, "logprobs.py");
     }
 
+    // sampled: the logprobs are those of the distribution the token was
+    // drawn from, here the 5 tokens top-k keeps at temperature 0.7, so the
+    // top 5 hold all of it and the chosen token is among them
+    let sampled = serde_json::json!({
+        "messages": [{"role": "user", "content": "Write a short story about a cat."}],
+        "max_tokens": 24, "temperature": 0.7, "top_k": 5, "seed": 3,
+        "logprobs": true, "top_logprobs": 5,
+    });
+    let (st, v) = post(chat_path, &sampled);
+    assert_eq!(st, 200, "{v}");
+    let entries = chat_entries(&v["choices"][0]["logprobs"]);
+    assert!(entries.len() >= 8, "{v}");
+    for (tok, lp, _, top) in &entries {
+        let mass: f64 = top.iter().map(|(_, l)| l.exp()).sum();
+        assert!(
+            (mass - 1.0).abs() < 1e-3,
+            "the kept tokens' mass {mass}: {top:?}"
+        );
+        let own = top.iter().find(|(t, _)| t == tok).map(|(_, l)| *l);
+        assert_eq!(own, Some(*lp), "{tok:?} among {top:?}");
+    }
+    // at temperature 2 the same five share the mass more evenly than at
+    // 0.7: the temperature is in the numbers
+    let spread = |t: f64| {
+        let mut b = sampled.clone();
+        b["temperature"] = t.into();
+        b["max_tokens"] = 1.into();
+        let (_, v) = post(chat_path, &b);
+        let e = chat_entries(&v["choices"][0]["logprobs"]);
+        e[0].3.iter().map(|(_, l)| *l).fold(f64::INFINITY, f64::min)
+    };
+    assert!(spread(2.0) > spread(0.7), "the least likely of the five");
+
     // drafting: a token accepted from a draft reports its own row's
     // logprobs, the ones plain decoding reports
     let rep = serde_json::json!({

@@ -1,10 +1,7 @@
-//! Log-probabilities of one row of logits: what the server reports for
-//! OpenAI's `logprobs` / `top_logprobs`. Plain Rust, no FFI.
-//!
-//! A token's logprob is the log-softmax of the model's *raw* logits at its
-//! position (vLLM's default, `logprobs_mode = raw_logprobs`): taken before
-//! logit bias, penalties, temperature and the top-k/top-p/min-p filters, so
-//! it says what the model thinks of the token, whatever chose it.
+//! Log-probabilities of one row of logits. Plain Rust, no FFI. The server
+//! reports OpenAI's `logprobs` / `top_logprobs` from the row of the
+//! distribution a token was sampled from
+//! ([`super::Sampler::sampled_logprob`] builds it and calls this).
 //!
 //! Invariants:
 //! - Numerically stable: the row's maximum is subtracted before `exp`, the

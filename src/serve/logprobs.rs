@@ -1,9 +1,9 @@
 //! OpenAI's `logprobs`, `top_logprobs` and `logit_bias` on the wire:
 //! checked out of a request, and the `logprobs` object of an answer built.
 //!
-//! The numbers come from [`crate::sample::logprobs`] (the log-softmax of
-//! the model's raw logits, vLLM's default); the engine loop computes them
-//! only for requests that asked. Two shapes:
+//! The numbers are those of the distribution each token was sampled from
+//! ([`crate::sample::Sampler::sampled_logprob`]); the engine loop computes
+//! them only for requests that asked. Two shapes:
 //!
 //! - chat (`logprobs: true`, `top_logprobs: 0..=20`):
 //!   `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",

@@ -16,8 +16,9 @@
 //! by row and stops at the first draft that differs from the token drawn,
 //! so the grammar accepts exactly the tokens emitted, each drawn from the
 //! row computed after the tokens before it; a draft the grammar forbids is
-//! simply never verified. (The logprobs reported are the model's, from
-//! the unmasked row.)
+//! simply never verified. The logprobs reported are those of the
+//! distribution each token was drawn from (grammar, bias, penalties,
+//! filters and temperature applied).
 
 use super::api::{ApiError, Job, ResponseFormat, Usage};
 use super::batch::{Batcher, Feed, Finish, KvOp, StepPlan};
@@ -27,7 +28,7 @@ use super::stop::StopMatcher;
 use crate::engine::{BatchToken, Engine};
 use crate::generate::Utf8Stream;
 use crate::llama::{GrammarSampler, LlamaModel, JSON_GBNF};
-use crate::sample::logprobs::{token_logprob, TokenLogprob};
+use crate::sample::logprobs::TokenLogprob;
 use crate::sample::{SampleError, Sampler};
 use crate::speculative::{DraftModel, DraftRequest, Drafter, NgramLookup, SpecConfig, Speculator};
 use std::collections::{HashMap, VecDeque};
@@ -472,22 +473,26 @@ impl Worker {
             let mut d = Drawn::default();
             let mut failed = None;
             let rows = w.rows;
-            let r = crate::speculative::verify(w.sampler, rows, n_vocab, w.drafts, |tok, _| {
-                if let Some((top, scratch)) = w.logprobs.as_mut() {
-                    // the row this token was drawn from
-                    let i = d.tokens.len();
-                    let row = &rows[i * n_vocab..(i + 1) * n_vocab];
-                    match token_logprob(row, tok, *top, scratch) {
-                        Ok(lp) => d.logprobs.push(lp),
-                        Err(e) => {
-                            failed = Some(e);
-                            return false;
+            let r = crate::speculative::verify_with(
+                w.sampler,
+                rows,
+                n_vocab,
+                w.drafts,
+                |tok, _, sampler| {
+                    if let Some((top, _)) = w.logprobs.as_mut() {
+                        // the distribution this token was drawn from
+                        match sampler.sampled_logprob(tok, *top) {
+                            Ok(lp) => d.logprobs.push(lp),
+                            Err(e) => {
+                                failed = Some(e);
+                                return false;
+                            }
                         }
                     }
-                }
-                d.tokens.push(tok);
-                true
-            });
+                    d.tokens.push(tok);
+                    true
+                },
+            );
             w.out = Some(match (r, failed) {
                 (Err(e), _) | (_, Some(e)) => Err(e),
                 (Ok(_), None) => Ok(d),

@@ -268,12 +268,25 @@ pub fn verify(
     drafts: &[u32],
     mut emit: impl FnMut(u32, bool) -> bool,
 ) -> Result<usize, crate::sample::SampleError> {
+    verify_with(sampler, rows, n_vocab, drafts, |t, v, _| emit(t, v))
+}
+
+/// [`verify`], handing `emit` the sampler right after it drew the token
+/// (whose last draw's distribution [`crate::sample::Sampler::sampled_logprob`]
+/// reports).
+pub fn verify_with(
+    sampler: &mut crate::sample::Sampler,
+    rows: &[f32],
+    n_vocab: usize,
+    drafts: &[u32],
+    mut emit: impl FnMut(u32, bool, &mut crate::sample::Sampler) -> bool,
+) -> Result<usize, crate::sample::SampleError> {
     let mut i = 0;
     loop {
         let tok = sampler.sample(&rows[i * n_vocab..(i + 1) * n_vocab])?;
         sampler.accept(tok);
         let verified = drafts.get(i) == Some(&tok);
-        if !emit(tok, verified) || !verified {
+        if !emit(tok, verified, sampler) || !verified {
             return Ok(i);
         }
         i += 1;
