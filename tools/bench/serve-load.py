@@ -9,7 +9,9 @@ abusive clients run beside them for as long as the well-formed ones do:
 - malformed JSON and wrong content types,
 - half-sent requests (headers, part of the body, then nothing),
 - slow headers (one byte a second),
-- 200 connections opened and left idle.
+- 200 connections opened and left idle,
+
+each kind in its own loop, one request every --pace seconds (0.5).
 
 Prints the well-formed requests' throughput, latency (p50, p99), errors,
 the completion tokens per second, what the abusive requests were answered,
@@ -87,7 +89,7 @@ async def well_formed(host, port, queue, rng, out):
                     "tokens": completion_tokens(status, data, stream)})
 
 
-async def abusive(host, port, done, rng, seen, kind):
+async def abusive(host, port, done, rng, seen, kind, pace):
     """Abusive requests of one kind (an index into the kinds below), one
     after another, until `done` is set."""
     flood = {"prompt": "<|im_start|>" * 16000, "max_tokens": 4}
@@ -141,6 +143,10 @@ async def abusive(host, port, done, rng, seen, kind):
     ]
     while not done.is_set():
         await kinds[kind % len(kinds)]()
+        # mixed in, not a flood: a loop in a tight cycle would measure how
+        # many bad requests per second the cores can refuse (tens of
+        # thousands a minute), not whether they stall the good ones
+        await asyncio.sleep(pace)
 
 
 async def idle_connections(host, port, n, done):
@@ -181,7 +187,7 @@ async def main(a):
     if a.abuse:
         # every kind in its own loop: a half-sent request holds its loop for
         # the body timeout, the floods keep coming meanwhile
-        side += [asyncio.create_task(abusive(host, port, done, random.Random(a.seed + k), seen, k))
+        side += [asyncio.create_task(abusive(host, port, done, random.Random(a.seed + k), seen, k, a.pace))
                  for k in range(a.abusers)]
         idle = asyncio.create_task(idle_connections(host, port, 200, done))
     # warm-up, untimed: the first steps of each size build their graphs
@@ -232,6 +238,7 @@ if __name__ == "__main__":
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--abuse", action="store_true")
     p.add_argument("--abusers", type=int, default=6, help="abusive loops, each of one kind (6 kinds)")
+    p.add_argument("--pace", type=float, default=0.5, help="seconds each abusive loop waits between requests")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json")
     raise SystemExit(asyncio.run(main(p.parse_args())))
