@@ -382,28 +382,23 @@ impl Sampler {
         } else {
             1.0
         };
-        let mut kept: Vec<(u32, f32)> = self.candidates.iter().map(|c| (c.id, c.logit)).collect();
-        if !kept.is_sorted_by_key(|c| c.0) {
-            kept.sort_unstable_by_key(|c| c.0);
+        // in id order, so ties among the alternatives go to the lower id
+        // (the candidates are rebuilt by the next draw)
+        if !self.candidates.is_sorted_by_key(|c| c.id) {
+            self.candidates.sort_unstable_by_key(|c| c.id);
         }
         self.dist_ids.clear();
+        self.dist_ids.extend(self.candidates.iter().map(|c| c.id));
         self.dist.clear();
-        for (id, logit) in kept {
-            self.dist_ids.push(id);
-            self.dist.push(logit / t);
-        }
-        let Ok(at) = self.dist_ids.binary_search(&token) else {
-            // not drawable: its logprob is -inf, the alternatives stand
-            let mut lp = logprobs::token_logprob(&self.dist, 0, k, &mut self.top)?;
-            lp.token = token;
-            lp.logprob = f32::NEG_INFINITY;
-            lp.top
-                .iter_mut()
-                .for_each(|e| e.0 = self.dist_ids[e.0 as usize]);
-            return Ok(lp);
-        };
-        let mut lp = logprobs::token_logprob(&self.dist, at as u32, k, &mut self.top)?;
+        self.dist
+            .extend(self.candidates.iter().map(|c| c.logit / t));
+        let at = self.dist_ids.binary_search(&token).ok();
+        let mut lp = logprobs::token_logprob(&self.dist, at.unwrap_or(0) as u32, k, &mut self.top)?;
         lp.token = token;
+        if at.is_none() {
+            // not drawable: its logprob is -inf, the alternatives stand
+            lp.logprob = f32::NEG_INFINITY;
+        }
         lp.top
             .iter_mut()
             .for_each(|e| e.0 = self.dist_ids[e.0 as usize]);

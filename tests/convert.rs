@@ -16,7 +16,7 @@ mod malformed;
 use common::model;
 use convert_support as cs;
 use std::path::{Path, PathBuf};
-use strata::convert::{self, quant, synth, GgufOptions};
+use strata::convert::{self, quant, GgufOptions};
 use strata::gguf::{GgmlType, GgufFile};
 use strata::model::ModelSpec;
 
@@ -206,17 +206,16 @@ fn requantize_smollm2() {
 
 fn synth_to(dir: &Path, preset: &str, ty: &str, layers: Option<u32>, vocab: &Path) -> PathBuf {
     let out = dir.join(format!("{preset}-{ty}.gguf"));
-    let opts = synth::SynthOptions {
-        preset: synth::preset(preset).expect("preset"),
-        target: quant::parse_type(ty).expect("type"),
-        layers,
-        vocab_from: vocab.to_path_buf(),
-        seed: 7,
-        router_skew: 0.0,
-        threads: 2,
-        progress: false,
-    };
-    let s = synth::synth(&opts, &out).expect("synth");
+    let s = common::synth(
+        &out,
+        vocab,
+        common::Synth {
+            preset,
+            ty,
+            layers,
+            ..common::Synth::default()
+        },
+    );
     eprintln!(
         "synth {preset} {ty}: {} bytes in {:.2} s",
         s.file_size, s.seconds
@@ -407,17 +406,13 @@ fn synth_router_skew_skews_selection() {
     for preset in ["qwen3moe-tiny", "mixtral-tiny"] {
         for skew in [0.0f32, 1.0] {
             let out = dir.path().join(format!("{preset}-skew{skew}.gguf"));
-            let opts = synth::SynthOptions {
-                preset: synth::preset(preset).expect("preset"),
-                target: GgmlType::Q8_0,
-                layers: None,
-                vocab_from: vocab.clone(),
-                seed: 7,
+            let s = common::Synth {
+                preset,
+                ty: "q8_0",
                 router_skew: skew,
-                threads: 2,
-                progress: false,
+                ..common::Synth::default()
             };
-            synth::synth(&opts, &out).expect("synth");
+            common::synth(&out, &vocab, s);
             let f = GgufFile::open(&out).expect("open");
             assert_eq!(f.get_str("strata.synth.preset").expect("preset"), preset);
             assert_eq!(f.get_f32("strata.synth.router_skew").expect("skew"), skew);

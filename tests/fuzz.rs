@@ -408,17 +408,12 @@ fn run_cases(
 fn base_model(dir: &Path) -> Option<PathBuf> {
     let vocab = model(SMOLLM2)?;
     let out = dir.join("base.gguf");
-    let opts = strata::convert::synth::SynthOptions {
-        preset: strata::convert::synth::preset("tiny").expect("preset"),
-        target: strata::gguf::GgmlType::Q4_0,
+    let s = common::Synth {
         layers: Some(2),
-        vocab_from: vocab,
         seed: 1,
-        router_skew: 0.0,
-        threads: 2,
-        progress: false,
+        ..common::Synth::default()
     };
-    strata::convert::synth::synth(&opts, &out).expect("synth");
+    common::synth(&out, &vocab, s);
     Some(out)
 }
 

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cpu_cfg, model};
+use common::{cpu_cfg, model, Synth};
 use std::path::Path;
 use strata::engine::{Engine, EngineConfig, Hybrid, PagingOptions};
 use strata::llama::LlamaModel;
@@ -105,23 +105,21 @@ fn smollm2_hybrid_equals_resident() {
 /// H100 refused to, "bound to 5 externals, its signature has 6").
 #[test]
 fn llama3_rope_factors_hybrid_equals_resident() {
-    use strata::convert::{quant, synth};
     let Some(vocab) = model(common::SMOLLM2) else {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("llama3.2-1b-2l.gguf");
-    let opts = synth::SynthOptions {
-        preset: synth::preset("llama3.2-1b").expect("preset"),
-        target: quant::parse_type("q4_0").expect("type"),
-        layers: Some(2),
-        vocab_from: vocab,
-        seed: 7,
-        router_skew: 0.0,
-        threads: 2,
-        progress: false,
-    };
-    synth::synth(&opts, &path).expect("synth");
+    let preset = "llama3.2-1b";
+    common::synth(
+        &path,
+        &vocab,
+        Synth {
+            preset,
+            layers: Some(2),
+            ..Synth::default()
+        },
+    );
     let spec = strata::model::ModelSpec::from_gguf(&strata::gguf::GgufFile::open(&path).unwrap())
         .expect("spec");
     assert!(spec.rope_freqs.is_some(), "the preset carries rope factors");
@@ -159,24 +157,21 @@ fn qwen2_repacked_hybrid_stays_close() {
 /// plain host memory) as the device does.
 #[test]
 fn moe_hybrid_equals_resident() {
-    use strata::convert::{quant, synth};
     let Some(vocab) = model(common::SMOLLM2) else {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
     for preset in ["mixtral-tiny", "qwen3moe-tiny"] {
         let path = dir.path().join(format!("{preset}.gguf"));
-        let opts = synth::SynthOptions {
-            preset: synth::preset(preset).expect("preset"),
-            target: quant::parse_type("q4_0").expect("type"),
-            layers: None,
-            vocab_from: vocab.clone(),
-            seed: 5,
-            router_skew: 0.0,
-            threads: 2,
-            progress: false,
-        };
-        synth::synth(&opts, &path).expect("synth");
+        common::synth(
+            &path,
+            &vocab,
+            Synth {
+                preset,
+                seed: 5,
+                ..Synth::default()
+            },
+        );
         hybrid_equals_resident_at(&path, preset, |n| vec![1, n]);
     }
 }
@@ -193,23 +188,21 @@ fn gemma3_hybrid_equals_resident() {
 /// counting changes no logit.
 #[test]
 fn expert_stats_count_every_pick_and_change_nothing() {
-    use strata::convert::{quant, synth};
     let Some(vocab) = model(common::SMOLLM2) else {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("qwen3moe-tiny.gguf");
-    let opts = synth::SynthOptions {
-        preset: synth::preset("qwen3moe-tiny").expect("preset"),
-        target: quant::parse_type("q4_0").expect("type"),
-        layers: None,
-        vocab_from: vocab.clone(),
-        seed: 5,
-        threads: 2,
-        progress: false,
-        router_skew: 0.0,
-    };
-    synth::synth(&opts, &path).expect("synth");
+    let preset = "qwen3moe-tiny";
+    common::synth(
+        &path,
+        &vocab,
+        Synth {
+            preset,
+            seed: 5,
+            ..Synth::default()
+        },
+    );
     let lm = LlamaModel::load(&path, true, 0).expect("vocab");
     let prompt = lm.tokenize(PROMPTS[0], true, true).expect("tokenize");
     let n_gen = 8;
@@ -266,24 +259,19 @@ fn expert_stats_count_every_pick_and_change_nothing() {
 /// they do not.
 #[test]
 fn expert_stats_see_the_synthetic_router_skew() {
-    use strata::convert::{quant, synth};
     let Some(vocab) = model(common::SMOLLM2) else {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let file = |skew: f32| {
-        let path = dir.path().join(format!("qwen3moe-tiny-{skew}.gguf"));
-        let opts = synth::SynthOptions {
-            preset: synth::preset("qwen3moe-tiny").expect("preset"),
-            target: quant::parse_type("q8_0").expect("type"),
-            layers: None,
-            vocab_from: vocab.clone(),
-            seed: 7,
-            threads: 2,
-            progress: false,
-            router_skew: skew,
+    let file = |router_skew: f32| {
+        let path = dir.path().join(format!("qwen3moe-tiny-{router_skew}.gguf"));
+        let s = Synth {
+            preset: "qwen3moe-tiny",
+            ty: "q8_0",
+            router_skew,
+            ..Synth::default()
         };
-        synth::synth(&opts, &path).expect("synth");
+        common::synth(&path, &vocab, s);
         path
     };
     let (uniform, skewed) = (file(0.0), file(1.0));

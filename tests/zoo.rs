@@ -12,7 +12,6 @@ mod common;
 
 use common::{model, nmse};
 use std::path::{Path, PathBuf};
-use strata::convert::{quant, synth};
 use strata::engine::{Engine, EngineConfig, PagingOptions};
 use strata::llama::{LlamaModel, Reference, ReferenceConfig};
 
@@ -25,17 +24,13 @@ const PROMPTS: [&str; 2] = [
 /// A synthetic model of `preset` (Q8_0 matrices) with SmolLM2's vocabulary.
 fn synth_file(dir: &Path, preset: &str, vocab: &Path) -> PathBuf {
     let out = dir.join(format!("{preset}.gguf"));
-    let opts = synth::SynthOptions {
-        preset: synth::preset(preset).expect("preset"),
-        target: quant::parse_type("q8_0").expect("type"),
-        layers: None,
-        vocab_from: vocab.to_path_buf(),
+    let s = common::Synth {
+        preset,
+        ty: "q8_0",
         seed: 11,
-        router_skew: 0.0,
-        threads: 2,
-        progress: false,
+        ..common::Synth::default()
     };
-    synth::synth(&opts, &out).expect("synth");
+    common::synth(&out, vocab, s);
     out
 }
 

@@ -618,15 +618,8 @@ mod tests {
             .collect();
         let streamed: Vec<bool> = (0..moe.len()).map(|i| i >= 39).collect();
         let c = CpuInput {
-            s_per_byte_1: 1.0 / 93.2e9,
-            s_per_byte_n: 1.0 / 30.3e9,
-            probe_tokens: 16,
-            host_room: u64::MAX,
-            hop_s: 45e-6,
-            gpu_s_per_byte: 1.0 / 2502e9,
-            gpu_group_s: GPU_GROUP_S,
             bus_bw_beside: Some(45e9),
-            force: None,
+            ..h100_cpu()
         };
         let n_ffn = (0..moe.len())
             .filter(|&i| streamed[i] && moe[i].kind == GroupKind::Ffn)
@@ -675,14 +668,9 @@ mod tests {
     /// resident groups in 6.9 ms for 3.3 ms of weight reads).
     const GPU_GROUP_S: f64 = 100e-6;
 
-    /// The H100 machine's measurements (docs/device/hybrid/run4, 70B-shaped
-    /// Q4_0): groups of 85.8 and 378.0 MiB, the probe's rates, and tg16
-    /// steps measured at three splits at 12 GB and one at 24 GB.
-    #[test]
-    fn simulation_matches_the_h100_runs() {
-        let mib = |x: f64| (x * 1048576.0) as u64;
-        let g = layers(80, mib(85.8), mib(378.0));
-        let c = CpuInput {
+    /// The H100 machine's probe readings (docs/device/hybrid/run4).
+    fn h100_cpu() -> CpuInput {
+        CpuInput {
             s_per_byte_1: 1.0 / 93.2e9,
             s_per_byte_n: 1.0 / 30.3e9,
             probe_tokens: 16,
@@ -692,7 +680,17 @@ mod tests {
             gpu_group_s: GPU_GROUP_S,
             bus_bw_beside: None,
             force: None,
-        };
+        }
+    }
+
+    /// The H100 machine's measurements (docs/device/hybrid/run4, 70B-shaped
+    /// Q4_0): groups of 85.8 and 378.0 MiB, the probe's rates, and tg16
+    /// steps measured at three splits at 12 GB and one at 24 GB.
+    #[test]
+    fn simulation_matches_the_h100_runs() {
+        let mib = |x: f64| (x * 1048576.0) as u64;
+        let g = layers(80, mib(85.8), mib(378.0));
+        let c = h100_cpu();
         let check = |resident: usize, slots, k: usize, measured_ms: f64| {
             let at = spread_on_cpu(&g, resident, k);
             let p = simulate(&g, &at, slots, 55.2e9, &c, 1);

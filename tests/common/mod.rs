@@ -88,3 +88,47 @@ pub fn sampled_cfg(seed: u64) -> strata::sample::SamplerConfig {
         logit_bias: Vec::new(),
     }
 }
+
+/// What [`synth`] writes: a preset, its matrices' type and what differs
+/// between the tests' files.
+pub struct Synth<'a> {
+    pub preset: &'a str,
+    /// `--type` spelling: "q4_0", "q8_0", ...
+    pub ty: &'a str,
+    pub layers: Option<u32>,
+    pub seed: u64,
+    pub router_skew: f32,
+}
+
+impl Default for Synth<'_> {
+    fn default() -> Self {
+        Synth {
+            preset: "tiny",
+            ty: "q4_0",
+            layers: None,
+            seed: 7,
+            router_skew: 0.0,
+        }
+    }
+}
+
+/// Writes the synthetic model `s` describes to `out`, with `vocab`'s
+/// tokenizer (`strata-convert synth` on two threads, no progress bar).
+pub fn synth(
+    out: &std::path::Path,
+    vocab: &std::path::Path,
+    s: Synth,
+) -> strata::convert::WriteSummary {
+    use strata::convert::{quant, synth};
+    let opts = synth::SynthOptions {
+        preset: synth::preset(s.preset).expect("preset"),
+        target: quant::parse_type(s.ty).expect("type"),
+        layers: s.layers,
+        vocab_from: vocab.to_path_buf(),
+        seed: s.seed,
+        router_skew: s.router_skew,
+        threads: 2,
+        progress: false,
+    };
+    synth::synth(&opts, out).expect("synth")
+}
