@@ -34,7 +34,7 @@ fn prompt_tokens(path: &Path) -> Vec<u32> {
 
 fn gguf_opts(target: Option<GgmlType>) -> GgufOptions {
     GgufOptions {
-        target,
+        target: target.map(strata::convert::quant::Target::Type),
         // the test models are quantized; these tests requantize on purpose
         allow_requantize: true,
         threads: 2,
@@ -497,6 +497,62 @@ fn synth_router_skew_refuses_dense_and_bad_values() {
         std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
         "left a file"
     );
+}
+
+/// Each tensor's type in a file: name -> type.
+fn tensor_types(path: &Path) -> Vec<(String, GgmlType)> {
+    let f = GgufFile::open(path).expect("gguf");
+    let mut v: Vec<_> = f.tensors.iter().map(|t| (t.name.clone(), t.ty)).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// `--type q4_k_m` gives every tensor the type llama.cpp's own quantizer
+/// (llama_model_quantize, LLAMA_FTYPE_MOSTLY_Q4_K_M) gives it: a dense
+/// model of 16 layers (q6_K on the layers use_more_bits picks), Mixtral's
+/// 8 experts (q8_0 attn_v/attn_k, q5_K attn_output) and Qwen3-MoE's 16;
+/// through `strata-convert gguf` and `synth` alike, and the file runs in
+/// strata as in llama.cpp.
+#[test]
+fn q4_k_m_mix_equals_llama_quantize() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    for (preset, layers) in [("tiny", 16), ("mixtral-tiny", 8), ("qwen3moe-tiny", 9)] {
+        let d = dir.path().join(preset);
+        std::fs::create_dir(&d).expect("mkdir");
+        let f32_file = synth_to(&d, preset, "f32", Some(layers), &vocab);
+        let reference = d.join("llama-quantize.gguf");
+        strata::llama::quantize_reference(&f32_file, &reference, 15, 2).expect("llama quantize");
+        let ours = d.join("strata.gguf");
+        let opts = GgufOptions {
+            target: Some(quant::Target::Q4KM),
+            ..gguf_opts(None)
+        };
+        convert::convert_gguf(&f32_file, &ours, &opts).expect("convert");
+        let want = tensor_types(&reference);
+        assert!(
+            want.iter().any(|t| t.1 == GgmlType::Q6_K) && want.iter().any(|t| t.1 == GgmlType::Q4_K),
+            "{preset}: llama.cpp's file is a mix"
+        );
+        assert_eq!(tensor_types(&ours), want, "{preset}: strata-convert gguf");
+        let synthesized = synth_to(&d, preset, "q4_k_m", Some(layers), &vocab);
+        assert_eq!(tensor_types(&synthesized), want, "{preset}: synth");
+        let f = GgufFile::open(&synthesized).expect("gguf");
+        assert_eq!(f.get_u32("general.file_type").ok(), Some(15));
+        if preset == "tiny" {
+            let tokens = prompt_tokens(&synthesized);
+            let mut e = cs::engine(&synthesized);
+            let sl = cs::strata_logits(&mut e, &tokens);
+            let ll = cs::llama_logits(&synthesized, &tokens);
+            // the K-quant kernels differ between strata's repacked CPU
+            // weights and llama.cpp's (3.7e-4 measured); a type read
+            // wrongly gives NMSE near 1
+            let nmse = cs::worst_nmse(&sl, &ll);
+            assert!(nmse <= 1e-3, "strata vs llama.cpp on a q4_k_m mix: NMSE {nmse}");
+        }
+    }
 }
 
 /// Requantizing an already-quantized file is refused unless asked for

@@ -9,6 +9,14 @@
 //! f32, which is what strata computes with. Conversion is row-parallel:
 //! rows are split over threads, each calling ggml's `to_float` and
 //! `ggml_quantize_chunk` on its own slice.
+//!
+//! `--type q4_k_m` is llama.cpp's Q4_K_M mix (`llama_tensor_get_type_impl`
+//! for LLAMA_FTYPE_MOSTLY_Q4_K_M, the file type most models are published
+//! in): q4_K matrices; q6_K for the output (the token embedding when it is
+//! tied) and for `attn_v` and `ffn_down` (experts too) on the layers
+//! `use_more_bits` picks; with 8 experts (Mixtral) `attn_v`/`attn_k` q8_0
+//! and `attn_output` q5_K. A test checks every tensor against libllama's
+//! own quantizer.
 
 use super::error::ConvertError;
 use super::error::Result;
@@ -33,6 +41,35 @@ const TYPES: [(&str, GgmlType); 14] = [
     ("iq4_nl", GgmlType::IQ4_NL),
 ];
 
+/// What `--type` asks for: one type for every matrix, or llama.cpp's
+/// Q4_K_M mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Type(GgmlType),
+    Q4KM,
+}
+
+/// `general.file_type` of the Q4_K_M mix (LLAMA_FTYPE_MOSTLY_Q4_K_M).
+const FTYPE_Q4_K_M: u32 = 15;
+
+impl Target {
+    /// `general.file_type` (llama_ftype) of a model converted to this target.
+    pub fn file_type(self) -> Option<u32> {
+        match self {
+            Target::Type(t) => file_type(t),
+            Target::Q4KM => Some(FTYPE_Q4_K_M),
+        }
+    }
+
+    /// The type most matrices take.
+    pub fn main_type(self) -> GgmlType {
+        match self {
+            Target::Type(t) => t,
+            Target::Q4KM => GgmlType::Q4_K,
+        }
+    }
+}
+
 /// Parses a `--type` value (case-insensitive: "q4_K" and "q4_k" both work).
 pub fn parse_type(s: &str) -> Result<GgmlType> {
     let l = s.to_ascii_lowercase();
@@ -41,6 +78,63 @@ pub fn parse_type(s: &str) -> Result<GgmlType> {
         .find(|(n, _)| *n == l)
         .map(|&(_, t)| t)
         .ok_or_else(|| ConvertError::UnknownType(s.to_string()))
+}
+
+/// Parses a `--type` value: a type of [`parse_type`] or the mix "q4_k_m".
+pub fn parse_target(s: &str) -> Result<Target> {
+    if s.eq_ignore_ascii_case("q4_k_m") {
+        return Ok(Target::Q4KM);
+    }
+    parse_type(s).map(Target::Type)
+}
+
+/// What a mix's per-tensor rule reads of the model.
+#[derive(Clone, Copy, Debug)]
+pub struct MixInfo {
+    pub n_layer: u32,
+    /// Experts per layer (0 or 1: dense).
+    pub n_expert: u32,
+    /// Whether the model has its own `output.weight` (else the token
+    /// embedding is the output and takes the output's type).
+    pub has_output: bool,
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers and
+/// every third layer between.
+fn use_more_bits(i: i64, n: i64) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// The layer index of a `blk.N.` tensor.
+fn layer_of(name: &str) -> Option<i64> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// The Q4_K_M mix's type for matrix `name` (before the block fallback).
+fn q4_k_m_type(name: &str, m: &MixInfo) -> GgmlType {
+    let more_bits = || layer_of(name).is_some_and(|i| use_more_bits(i, i64::from(m.n_layer)));
+    let eight = m.n_expert == 8;
+    if name == "output.weight" || (name == "token_embd.weight" && !m.has_output) {
+        GgmlType::Q6_K
+    } else if name.contains("attn_v.weight") {
+        if eight {
+            GgmlType::Q8_0
+        } else if more_bits() {
+            GgmlType::Q6_K
+        } else {
+            GgmlType::Q4_K
+        }
+    } else if name.contains("attn_k.weight") && eight {
+        GgmlType::Q8_0
+    } else if name.contains("ffn_down") && more_bits() {
+        GgmlType::Q6_K
+    } else if name.contains("attn_output.weight") && eight {
+        GgmlType::Q5_K
+    } else if name.contains("attn_qkv.weight") {
+        GgmlType::Q5_K
+    } else {
+        GgmlType::Q4_K
+    }
 }
 
 /// `general.file_type` (llama_ftype) for a model whose matrices are `ty`.
@@ -99,14 +193,21 @@ fn is_float(t: GgmlType) -> bool {
 }
 
 /// The output type of tensor `name` (shape `ne`, now `src`) under `target`
-/// (`None`: keep matrices as they are).
-pub fn choose_type(name: &str, ne: &[u64], src: GgmlType, target: Option<GgmlType>) -> GgmlType {
+/// (`None`: keep matrices as they are) in a model `m` describes.
+pub fn choose_type(
+    name: &str,
+    ne: &[u64],
+    src: GgmlType,
+    target: Option<Target>,
+    m: &MixInfo,
+) -> GgmlType {
     if !allows_quantization(name, ne) {
         // norms, biases, rope_freqs: f32 (strata's kernels want f32 there)
         return if is_float(src) { GgmlType::F32 } else { src };
     }
     match target {
-        Some(t) => fallback(t, ne[0]),
+        Some(Target::Type(t)) => fallback(t, ne[0]),
+        Some(Target::Q4KM) => fallback(q4_k_m_type(name, m), ne[0]),
         None => src,
     }
 }
@@ -251,27 +352,34 @@ pub fn from_f32(
 mod tests {
     use super::*;
 
+    const DENSE24: MixInfo = MixInfo {
+        n_layer: 24,
+        n_expert: 0,
+        has_output: true,
+    };
+
     #[test]
     fn type_choice_follows_llama_cpp() {
-        let q = Some(GgmlType::Q4_K);
+        let q = Some(Target::Type(GgmlType::Q4_K));
+        let c = |name: &str, ne: &[u64], src, t| choose_type(name, ne, src, t, &DENSE24);
         assert_eq!(
-            choose_type("blk.0.attn_q.weight", &[576, 576], GgmlType::F16, q),
+            c("blk.0.attn_q.weight", &[576, 576], GgmlType::F16, q),
             GgmlType::Q5_0
         );
         assert_eq!(
-            choose_type("blk.0.ffn_down.weight", &[1536, 576], GgmlType::F16, q),
+            c("blk.0.ffn_down.weight", &[1536, 576], GgmlType::F16, q),
             GgmlType::Q4_K
         );
         assert_eq!(
-            choose_type("blk.0.attn_norm.weight", &[576], GgmlType::F16, q),
+            c("blk.0.attn_norm.weight", &[576], GgmlType::F16, q),
             GgmlType::F32
         );
         assert_eq!(
-            choose_type("blk.0.attn_q.bias", &[576], GgmlType::BF16, q),
+            c("blk.0.attn_q.bias", &[576], GgmlType::BF16, q),
             GgmlType::F32
         );
         assert_eq!(
-            choose_type("output.weight", &[576, 100], GgmlType::Q6_K, None),
+            c("output.weight", &[576, 100], GgmlType::Q6_K, None),
             GgmlType::Q6_K
         );
         assert_eq!(fallback(GgmlType::Q8_0, 48), GgmlType::F16);
@@ -281,6 +389,45 @@ mod tests {
             parse_type("q4_k_m"),
             Err(ConvertError::UnknownType(_))
         ));
+        assert_eq!(parse_target("Q4_K_M").ok(), Some(Target::Q4KM));
+        assert_eq!(
+            parse_target("q8_0").ok(),
+            Some(Target::Type(GgmlType::Q8_0))
+        );
+    }
+
+    #[test]
+    fn q4_k_m_mix_picks_more_bits_where_llama_cpp_does() {
+        // 24 layers: the first and last three, and every third between
+        let more: Vec<i64> = (0..24).filter(|&i| use_more_bits(i, 24)).collect();
+        assert_eq!(more, [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]);
+        let t = Some(Target::Q4KM);
+        let c = |name: &str, m: &MixInfo| choose_type(name, &[1024, 1024], GgmlType::F32, t, m);
+        assert_eq!(c("blk.5.ffn_down.weight", &DENSE24), GgmlType::Q6_K);
+        assert_eq!(c("blk.6.ffn_down_exps.weight", &DENSE24), GgmlType::Q4_K);
+        assert_eq!(c("blk.20.attn_v.weight", &DENSE24), GgmlType::Q6_K);
+        assert_eq!(c("blk.19.attn_v.weight", &DENSE24), GgmlType::Q4_K);
+        assert_eq!(c("blk.0.ffn_gate.weight", &DENSE24), GgmlType::Q4_K);
+        assert_eq!(c("output.weight", &DENSE24), GgmlType::Q6_K);
+        assert_eq!(c("token_embd.weight", &DENSE24), GgmlType::Q4_K);
+        let tied = MixInfo {
+            has_output: false,
+            ..DENSE24
+        };
+        assert_eq!(c("token_embd.weight", &tied), GgmlType::Q6_K);
+        let mixtral = MixInfo {
+            n_expert: 8,
+            ..DENSE24
+        };
+        assert_eq!(c("blk.7.attn_v.weight", &mixtral), GgmlType::Q8_0);
+        assert_eq!(c("blk.7.attn_k.weight", &mixtral), GgmlType::Q8_0);
+        assert_eq!(c("blk.7.attn_output.weight", &mixtral), GgmlType::Q5_K);
+        // rows that are no whole number of q6_K blocks fall back to q8_0
+        assert_eq!(
+            choose_type("output.weight", &[576, 100], GgmlType::F32, t, &DENSE24),
+            GgmlType::Q8_0
+        );
+        assert_eq!(Target::Q4KM.file_type(), Some(15));
     }
 
     #[test]

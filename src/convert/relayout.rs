@@ -23,8 +23,8 @@ use std::sync::Arc;
 /// Options of [`convert_gguf`].
 #[derive(Clone, Debug)]
 pub struct GgufOptions {
-    /// Requantize matrices to this type; `None` copies bytes unchanged.
-    pub target: Option<GgmlType>,
+    /// Requantize matrices to this type or mix; `None` copies bytes unchanged.
+    pub target: Option<quant::Target>,
     /// Requantize tensors that are already quantized (llama-quantize's
     /// --allow-requantize): quality is lost twice, so it is refused unless asked.
     pub allow_requantize: bool,
@@ -85,14 +85,14 @@ fn convert_fill(
 
 /// Metadata for the output: everything but layout keys; `general.file_type`
 /// follows the new type.
-fn metadata(f: &GgufFile, target: Option<GgmlType>) -> Vec<(String, Value)> {
+fn metadata(f: &GgufFile, target: Option<quant::Target>) -> Vec<(String, Value)> {
     let mut kv: Vec<(String, Value)> = f
         .metadata
         .iter()
         .filter(|(k, _)| k != crate::gguf::KEY_ALIGNMENT && !super::layout::is_layout_key(k))
         .cloned()
         .collect();
-    if let Some(ft) = target.and_then(quant::file_type) {
+    if let Some(ft) = target.and_then(quant::Target::file_type) {
         match kv.iter_mut().find(|(k, _)| k == "general.file_type") {
             Some(slot) => slot.1 = Value::U32(ft),
             None => kv.push(("general.file_type".into(), Value::U32(ft))),
@@ -112,10 +112,15 @@ pub fn convert_gguf(input: &Path, output: &Path, opts: &GgufOptions) -> Result<W
             err: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file shrank while open"),
         });
     }
+    let mix = quant::MixInfo {
+        n_layer: spec.hp.n_layer,
+        n_expert: spec.hp.n_expert,
+        has_output: f.tensors.iter().any(|t| t.name == "output.weight"),
+    };
     let mut tensors = Vec::with_capacity(f.tensors.len());
     for t in &f.tensors {
         let ty = match opts.target {
-            Some(_) => quant::choose_type(&t.name, &t.ne, t.ty, opts.target),
+            Some(_) => quant::choose_type(&t.name, &t.ne, t.ty, opts.target, &mix),
             None => t.ty,
         };
         if ty != t.ty && t.ty.block_size().is_some_and(|b| b > 1) && !opts.allow_requantize {

@@ -288,8 +288,8 @@ pub fn preset(name: &str) -> Result<Preset> {
 #[derive(Clone, Debug)]
 pub struct SynthOptions {
     pub preset: Preset,
-    /// Type of the matrices (norms, biases, rope_freqs stay f32).
-    pub target: GgmlType,
+    /// Type (or mix) of the matrices (norms, biases, rope_freqs stay f32).
+    pub target: quant::Target,
     /// Override the number of layers.
     pub layers: Option<u32>,
     /// GGUF whose tokenizer is copied.
@@ -476,7 +476,7 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
             Value::Str(format!("strata synthetic {}", p.name)),
         ),
     ];
-    if let Some(ft) = quant::file_type(opts.target) {
+    if let Some(ft) = opts.target.file_type() {
         md.push(("general.file_type".into(), Value::U32(ft)));
     }
     md.push((router::KEY_PRESET.into(), Value::Str(p.name.into())));
@@ -605,6 +605,11 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
         }
     }
 
+    let model_info = quant::MixInfo {
+        n_layer,
+        n_expert: p.n_expert,
+        has_output: specs.iter().any(|s| s.0 == "output.weight"),
+    };
     let mut pools: HashMap<(u32, u32), Arc<Pool>> = HashMap::new();
     let mut tensors = Vec::with_capacity(specs.len() + 1);
     if p.llama3_rope {
@@ -617,7 +622,7 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
         });
     }
     for (i, (name, ne, std)) in specs.into_iter().enumerate() {
-        let ty = quant::choose_type(&name, &ne, GgmlType::F32, Some(opts.target));
+        let ty = quant::choose_type(&name, &ne, GgmlType::F32, Some(opts.target), &model_info);
         let fill = if let Some(rows) = routers.remove(&name) {
             // routers stay f32 (quant::allows_quantization)
             if ty != GgmlType::F32 {
@@ -671,7 +676,7 @@ mod tests {
     fn opts(preset: &str, router_skew: f32) -> SynthOptions {
         SynthOptions {
             preset: super::preset(preset).expect("preset"),
-            target: GgmlType::Q8_0,
+            target: quant::Target::Type(GgmlType::Q8_0),
             layers: None,
             // never opened: the options are refused first
             vocab_from: PathBuf::from("/nonexistent/vocab.gguf"),

@@ -8,8 +8,12 @@ mod fill;
 mod grammar;
 mod model;
 #[cfg(feature = "reference")]
+mod quantize;
+#[cfg(feature = "reference")]
 mod reference;
 pub use grammar::{GrammarError, GrammarSampler, JSON_GBNF};
 pub use model::{builtin_chat_template, CpuExperts, LlamaError, LlamaModel, LoadOptions};
+#[cfg(feature = "reference")]
+pub use quantize::quantize_reference;
 #[cfg(feature = "reference")]
 pub use reference::{Reference, ReferenceConfig};

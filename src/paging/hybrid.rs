@@ -22,8 +22,12 @@ use super::groups::GroupInfo;
 use crate::model::GroupKind;
 
 /// The most tokens a step may have for the CPU to take part (the host's
-/// step buffers are sized for it); larger steps stream everything.
-pub const MAX_TOKENS: u32 = 32;
+/// step buffers are sized for it); larger steps stream everything. 64
+/// covers a mixture of experts' batched decode (64 sequences), where the
+/// CPU reads each routed expert once for all the tokens routed to it and
+/// pays beside the bus; for dense groups the plan gives the CPU fewer
+/// groups as steps grow, none where it is slower than the bus.
+pub const MAX_TOKENS: u32 = 64;
 
 /// What the planner knows about the host CPU as a compute tier.
 #[derive(Clone, Debug, PartialEq)]

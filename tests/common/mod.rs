@@ -122,7 +122,7 @@ pub fn synth(
     use strata::convert::{quant, synth};
     let opts = synth::SynthOptions {
         preset: synth::preset(s.preset).expect("preset"),
-        target: quant::parse_type(s.ty).expect("type"),
+        target: quant::parse_target(s.ty).expect("type"),
         layers: s.layers,
         vocab_from: vocab.to_path_buf(),
         seed: s.seed,

@@ -44,7 +44,7 @@ fn hf_matches_reference(
         dir,
         &out,
         &hf::HfOptions {
-            target,
+            target: target.map(strata::convert::quant::Target::Type),
             pre: None,
             threads: 2,
             progress: false,

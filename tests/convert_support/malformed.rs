@@ -236,7 +236,7 @@ fn failed_write_leaves_nothing() {
     let d = tempfile::tempdir().expect("tmp");
     let opts = strata::convert::synth::SynthOptions {
         preset: strata::convert::synth::preset("tiny").expect("tiny"),
-        target: strata::gguf::GgmlType::Q8_0,
+        target: strata::convert::quant::Target::Type(strata::gguf::GgmlType::Q8_0),
         layers: None,
         vocab_from: vocab,
         seed: 1,

@@ -136,7 +136,7 @@ fn run(cli: Cli) -> Result<()> {
             allow_requantize,
             common,
         } => {
-            let target = ty.as_deref().map(quant::parse_type).transpose()?;
+            let target = ty.as_deref().map(quant::parse_target).transpose()?;
             let opts = convert::GgufOptions {
                 target,
                 allow_requantize,
@@ -154,7 +154,7 @@ fn run(cli: Cli) -> Result<()> {
             pre,
             common,
         } => {
-            let target = ty.as_deref().map(quant::parse_type).transpose()?;
+            let target = ty.as_deref().map(quant::parse_target).transpose()?;
             let opts = hf::HfOptions {
                 target,
                 pre,
@@ -177,7 +177,7 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let opts = synth::SynthOptions {
                 preset: synth::preset(&preset)?,
-                target: quant::parse_type(&ty)?,
+                target: quant::parse_target(&ty)?,
                 layers,
                 vocab_from,
                 seed,

@@ -44,21 +44,23 @@ dev_vocab() {
   echo /root/m/vocab.gguf
 }
 
-# dev_synth PRESET [LAYERS]: prints the path of the Q4_0 model `strata-convert
-# synth --preset PRESET` makes (cut to LAYERS layers), in /root/m, writing it
+# dev_synth PRESET [LAYERS]: prints the path of the model `strata-convert
+# synth --preset PRESET --type $TYPE` makes (TYPE: q4_0 unless set, q4_k_m
+# for llama.cpp's Q4_K_M mix), cut to LAYERS layers, in /root/m, writing it
 # only where this machine lacks it (the 70B one takes 30-70 s; its last log
 # line goes to $out/synth.txt). The written file's dirty pages are flushed
 # before anything is timed (hybrid run 14: the CPU read 64.5 GB/s during
 # the writeback, 90 a minute later). With SKEW set and not 0 (mixtures of
 # experts), the router is skewed (--router-skew $SKEW) and the file name
-# says so (PRESET-q4_0-skew$SKEW.gguf), so uniform and skewed files coexist.
+# says so (PRESET-TYPE-skew$SKEW.gguf), so uniform and skewed files coexist.
 dev_synth() {
-  local preset=$1 layers=${2:-} skew=${SKEW:-0} p
-  if [ -n "$layers" ]; then p=/root/m/$preset-$layers; else p=/root/m/$preset-q4_0; fi
+  local preset=$1 layers=${2:-} skew=${SKEW:-0} ty=${TYPE:-q4_0} p
+  if [ -n "$layers" ]; then p=/root/m/$preset-$layers; else p=/root/m/$preset-$ty; fi
+  [ -z "$layers" ] || [ "$ty" = q4_0 ] || p=$p-$ty
   case $skew in 0|0.0|"") skew= ;; esac
   p=$p${skew:+-skew$skew}.gguf
   if [ ! -f "$p" ]; then
-    $bin/strata-convert synth --preset "$preset" --type q4_0 ${layers:+--layers "$layers"} \
+    $bin/strata-convert synth --preset "$preset" --type "$ty" ${layers:+--layers "$layers"} \
       ${skew:+--router-skew "$skew"} --vocab-from "$(dev_vocab)" "$p" 2>&1 | tail -1 >> "$out/synth.txt"
     sync
   fi

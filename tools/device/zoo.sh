@@ -23,6 +23,10 @@
 # uniform random router; the model file and the mixture modes' result files
 # carry -skewS and their first line says which routing was measured. Run
 # once without and once with it to report both.
+# TYPE=q4_k_m (optional): the models in llama.cpp's Q4_K_M mix instead of
+# Q4_0 (result files carry -q4_k_m); NGL and NCM (optional) replace the
+# mixture modes' llama.cpp layer count and --n-cpu-moe (Q4_K_M's larger
+# ffn_down needs one more layer's experts on the CPU to stay under 8G).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/lib.sh
@@ -30,6 +34,7 @@ dev_machine
 dev_module_start
 case ${SKEW:-0} in 0|0.0) SKEW= ;; esac
 sk=${SKEW:+-skew$SKEW}
+case ${TYPE:-q4_0} in q4_0) ;; *) sk=-$TYPE$sk ;; esac
 routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew)}"
 [ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
@@ -68,8 +73,8 @@ case $what in
     # defaults and --no-mmap -ub 2048 at a layer count under strata's GPU
     # memory, and every layer on the GPU but the first N layers' experts
     # (--n-cpu-moe N, what its users run a mixture of experts with)
-    if [ $what = qwen3moe ]; then s=$(dev_synth qwen3-30b-a3b); b=8G; ngl=20; ncm=30
-    else s=$(dev_synth mixtral-8x7b); b=12G; ngl=12; ncm=20; fi
+    if [ $what = qwen3moe ]; then s=$(dev_synth qwen3-30b-a3b); b=8G; ngl=${NGL:-20}; ncm=${NCM:-30}
+    else s=$(dev_synth mixtral-8x7b); b=12G; ngl=${NGL:-12}; ncm=${NCM:-20}; fi
     echo "$routing" | tee "$out/zoo_${what}$sk.txt"
     timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget $b --hybrid off -n 16 2>&1 | quiet \
       | tee -a "$out/zoo_${what}$sk.txt"
@@ -83,7 +88,7 @@ case $what in
     s=$(dev_synth qwen3-30b-a3b)
     echo "$routing" | tee "$out/zoo_qwen3moe_batch$sk.txt"
     timeout 540 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 -r 2 \
-      --llama-ngl 20 --llama-best --llama-n-cpu-moe 30 2>&1 | quiet | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
+      --llama-ngl ${NGL:-20} --llama-best --llama-n-cpu-moe ${NCM:-30} 2>&1 | quiet | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
     ;;
   gemma3)
     s=$(SKEW= dev_synth gemma3-27b)

@@ -43,7 +43,7 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub struct HfOptions {
     /// Output type of the matrices; `None`: the checkpoint's dtype.
-    pub target: Option<GgmlType>,
+    pub target: Option<quant::Target>,
     /// llama.cpp pre-tokenizer name, overriding detection.
     pub pre: Option<String>,
     pub threads: usize,
@@ -310,6 +310,11 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: &HfOptions) -> Result<WriteSumma
             stacked: false,
         });
     }
+    let mix = quant::MixInfo {
+        n_layer: c.n_layer as u32,
+        n_expert: c.moe.as_ref().map_or(0, |m| m.n_expert as u32),
+        has_output: exp.iter().any(|x| x.gguf == "output.weight"),
+    };
     for x in exp {
         let mut srcs = Vec::with_capacity(x.sources.len());
         for hf in &x.sources {
@@ -332,8 +337,8 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: &HfOptions) -> Result<WriteSumma
         // follows the first (a checkpoint stores its experts alike)
         let src_ty = srcs[0].dtype;
         let ty = match opts.target {
-            Some(_) => quant::choose_type(&gname, &ne, GgmlType::F32, opts.target),
-            None => quant::choose_type(&gname, &ne, src_ty.ggml(), None),
+            Some(_) => quant::choose_type(&gname, &ne, GgmlType::F32, opts.target, &mix),
+            None => quant::choose_type(&gname, &ne, src_ty.ggml(), None, &mix),
         };
         quant::check_target(&gname, ty, ne[0])?;
         let permute = c.permute_qk() && (gname.contains(".attn_q.") || gname.contains(".attn_k."));
@@ -373,7 +378,7 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: &HfOptions) -> Result<WriteSumma
         });
     }
     let mut md = c.metadata();
-    let main_ty = opts.target.unwrap_or_else(|| {
+    let main_ty = opts.target.map(quant::Target::main_type).unwrap_or_else(|| {
         let all16 = src_types.iter().all(|&d| d == Dtype::BF16);
         let any32 = src_types.contains(&Dtype::F32);
         if all16 {
@@ -384,7 +389,11 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: &HfOptions) -> Result<WriteSumma
             GgmlType::F16
         }
     });
-    if let Some(ft) = quant::file_type(main_ty) {
+    let ft = match opts.target {
+        Some(t) => t.file_type(),
+        None => quant::file_type(main_ty),
+    };
+    if let Some(ft) = ft {
         md.push(("general.file_type".into(), Value::U32(ft)));
     }
     md.extend(tokenizer::metadata(
