@@ -533,7 +533,8 @@ fn q4_k_m_mix_equals_llama_quantize() {
         convert::convert_gguf(&f32_file, &ours, &opts).expect("convert");
         let want = tensor_types(&reference);
         assert!(
-            want.iter().any(|t| t.1 == GgmlType::Q6_K) && want.iter().any(|t| t.1 == GgmlType::Q4_K),
+            want.iter().any(|t| t.1 == GgmlType::Q6_K)
+                && want.iter().any(|t| t.1 == GgmlType::Q4_K),
             "{preset}: llama.cpp's file is a mix"
         );
         assert_eq!(tensor_types(&ours), want, "{preset}: strata-convert gguf");
@@ -550,7 +551,10 @@ fn q4_k_m_mix_equals_llama_quantize() {
             // weights and llama.cpp's (3.7e-4 measured); a type read
             // wrongly gives NMSE near 1
             let nmse = cs::worst_nmse(&sl, &ll);
-            assert!(nmse <= 1e-3, "strata vs llama.cpp on a q4_k_m mix: NMSE {nmse}");
+            assert!(
+                nmse <= 1e-3,
+                "strata vs llama.cpp on a q4_k_m mix: NMSE {nmse}"
+            );
         }
     }
 }

@@ -90,7 +90,10 @@ fn hybrid_equals_resident_at(path: &Path, name: &str, splits: fn(usize) -> Vec<u
         let batch = common::all_positions(&[medium]);
         let a = resident.decode(&batch).expect("resident prompt");
         let b = hybrid.decode(&batch).expect("hybrid prompt");
-        assert_eq!(hybrid.last_step.host.groups, k as u64, "{name} k={k}: CPU groups");
+        assert_eq!(
+            hybrid.last_step.host.groups, k as u64,
+            "{name} k={k}: CPU groups"
+        );
         assert_eq!(common::nmse(&b, &a), 0.0, "{name} k={k}: medium prompt");
         // a prompt longer than the CPU's step limit streams everything
         let long: Vec<u32> = vocab

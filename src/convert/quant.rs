@@ -128,9 +128,7 @@ fn q4_k_m_type(name: &str, m: &MixInfo) -> GgmlType {
         GgmlType::Q8_0
     } else if name.contains("ffn_down") && more_bits() {
         GgmlType::Q6_K
-    } else if name.contains("attn_output.weight") && eight {
-        GgmlType::Q5_K
-    } else if name.contains("attn_qkv.weight") {
+    } else if (name.contains("attn_output.weight") && eight) || name.contains("attn_qkv.weight") {
         GgmlType::Q5_K
     } else {
         GgmlType::Q4_K

@@ -30,7 +30,11 @@ pub fn quantize_reference(
     // (empty key) ends the list.
     // SAFETY: an all-zero override is a valid C struct (tag INT, empty key).
     let mut overrides: [sys::llama_model_kv_override; 2] = unsafe { std::mem::zeroed() };
-    for (d, s) in overrides[0].key.iter_mut().zip(c"general.alignment".to_bytes()) {
+    for (d, s) in overrides[0]
+        .key
+        .iter_mut()
+        .zip(c"general.alignment".to_bytes())
+    {
         *d = *s as std::os::raw::c_char;
     }
     overrides[0].tag = sys::LLAMA_KV_OVERRIDE_TYPE_INT;

@@ -378,17 +378,20 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: &HfOptions) -> Result<WriteSumma
         });
     }
     let mut md = c.metadata();
-    let main_ty = opts.target.map(quant::Target::main_type).unwrap_or_else(|| {
-        let all16 = src_types.iter().all(|&d| d == Dtype::BF16);
-        let any32 = src_types.contains(&Dtype::F32);
-        if all16 {
-            GgmlType::BF16
-        } else if any32 {
-            GgmlType::F32
-        } else {
-            GgmlType::F16
-        }
-    });
+    let main_ty = opts
+        .target
+        .map(quant::Target::main_type)
+        .unwrap_or_else(|| {
+            let all16 = src_types.iter().all(|&d| d == Dtype::BF16);
+            let any32 = src_types.contains(&Dtype::F32);
+            if all16 {
+                GgmlType::BF16
+            } else if any32 {
+                GgmlType::F32
+            } else {
+                GgmlType::F16
+            }
+        });
     let ft = match opts.target {
         Some(t) => t.file_type(),
         None => quant::file_type(main_ty),
