@@ -87,7 +87,7 @@ case $what in
     # llama.cpp's four configurations
     s=$(dev_synth qwen3-30b-a3b)
     echo "$routing" | tee "$out/zoo_qwen3moe_batch$sk.txt"
-    timeout 540 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 -r 2 \
+    timeout ${BENCH_TIMEOUT:-540} $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 -r 2 \
       --llama-ngl ${NGL:-20} --llama-best --llama-n-cpu-moe ${NCM:-30} 2>&1 | quiet | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
     ;;
   gemma3)
