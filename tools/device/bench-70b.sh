@@ -8,6 +8,11 @@
 #   bash tools/device/bench-70b.sh llama    # llama.cpp ngl=24 and ngl=99, the same tests
 #   bash tools/device/bench-70b.sh decode   # 12G, -b 64 -c 1536, SLOTS (default 3) slots: pp64, tg16,
 #                                           # 8 and 64 sequences beside llama.cpp ngl=24 (trace)
+#   bash tools/device/bench-70b.sh batch64  # 12G, 64 sequences: the plan's hybrid split of 64-token steps
+#                                           # against --hybrid off (every 64-token step on the bus)
+#   bash tools/device/bench-70b.sh kv32k    # 12G, 32k context, KV tiered, decode beside llama.cpp with its
+#                                           # default KV placement (ngl=${KV_NGL:-16}: weights and KV of its
+#                                           # layers on the GPU) and with -nkvo (ngl=${NKVO_NGL:-26})
 # Several may be named in one call (default: strata). Results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +37,18 @@ case $what in
       --batch-steps 4 -r 3 --llama-ngl 24 --trace "$out/trace_70b_decode.json" 2>&1 | quiet \
       | tee "$out/bench_70b_decode.txt"
     ;;
-  *) echo "bench-70b.sh: unknown mode $what (strata, llama, decode)" >&2; exit 2 ;;
+  batch64)
+    for h in auto off; do
+      timeout 240 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 0 -B 64 --batch-steps 4 -r 2 \
+        --hybrid $h 2>&1 | quiet | tee -a "$out/bench_70b_batch64.txt"
+    done
+    ;;
+  kv32k)
+    timeout 300 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --kv-budget 0 -c 32768 --depth 32000 \
+      -p 0 -n 8 -B 0 -r 2 --llama-ngl "${KV_NGL:-16}" 2>&1 | quiet | tee "$out/bench_70b_kv32k.txt"
+    timeout 200 $bin/strata bench -m "$m" --device gpu --no-strata -c 32768 --depth 32000 \
+      -p 0 -n 8 -B 0 -r 2 --llama-ngl "${NKVO_NGL:-26}" --llama-nkvo 2>&1 | quiet | tee -a "$out/bench_70b_kv32k.txt"
+    ;;
+  *) echo "bench-70b.sh: unknown mode $what (strata, llama, decode, batch64, kv32k)" >&2; exit 2 ;;
 esac
 done
