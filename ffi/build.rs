@@ -13,7 +13,10 @@
 //!   tools/build-cuda-module.sh, the script a GPU machine without Rust uses,
 //!   for the architectures in STRATA_CUDA_ARCHS (default 90);
 //! - the C shim (shim/) with `cc`; the bindings with bindgen only under the
-//!   `bindgen` feature (src/bindings.rs is committed).
+//!   `bindgen` feature (src/bindings.rs is committed);
+//! - llama.cpp's JSON-schema-to-grammar converter from
+//!   vendor/llama-common.tar.xz (a part of the same tree's common/ library)
+//!   with its C entry shim/json_schema.cpp, as a static library.
 
 use std::env;
 use std::fs;
@@ -49,10 +52,19 @@ fn run() -> Result<()> {
         .to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let archive = root.join("vendor/llama.cpp.tar.xz");
-    for p in ["build.rs", "wrapper.h", "shim/shim.c", "shim/shim.h"] {
+    for p in [
+        "build.rs",
+        "wrapper.h",
+        "shim/shim.c",
+        "shim/shim.h",
+        "shim/json_schema.cpp",
+    ] {
         println!("cargo:rerun-if-changed={}", manifest.join(p).display());
     }
-    println!("cargo:rerun-if-changed={}", archive.display());
+    let common = root.join("vendor/llama-common.tar.xz");
+    for p in [&archive, &common] {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
     println!(
         "cargo:rerun-if-changed={}",
         root.join("vendor/llama.cpp.tar.xz.sha256").display()
@@ -101,6 +113,7 @@ fn run() -> Result<()> {
         .include(src.join("ggml/include"))
         .warnings(true)
         .compile("strata_shim");
+    build_json_schema(&manifest, &src, &common, &out)?;
     println!("cargo:rustc-link-search=native={}", core.display());
     for lib in ["llama", "ggml", "ggml-base", "dl"] {
         println!("cargo:rustc-link-lib=dylib={lib}");
@@ -109,6 +122,45 @@ fn run() -> Result<()> {
     println!("cargo:lib_dir={}", bin.display());
     #[cfg(feature = "bindgen")]
     bindings(&manifest, &src, &out)?;
+    Ok(())
+}
+
+/// llama.cpp's JSON-schema-to-grammar converter (vendor/llama-common.tar.xz,
+/// unpacked beside the main source) and its C entry, as a static library.
+fn build_json_schema(manifest: &Path, src: &Path, archive: &Path, out: &Path) -> Result<()> {
+    let dir = out.join("llama-common");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    run_cmd(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&dir)
+            .arg("-xJf")
+            .arg(archive),
+        "tar (is xz-utils installed?)",
+    )?;
+    let common = dir.join("common");
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("c++17")
+        .opt_level(2)
+        .debug(false)
+        .warnings(false)
+        .include(&common)
+        .include(dir.join("vendor"))
+        .include(src.join("include"))
+        .include(src.join("ggml/include"))
+        .file(manifest.join("shim/json_schema.cpp"));
+    for f in [
+        "json-schema-to-grammar",
+        "json-schema",
+        "json",
+        "trie",
+        "unicode",
+    ] {
+        b.file(common.join(format!("{f}.cpp")));
+    }
+    b.compile("strata_json_schema");
     Ok(())
 }
 

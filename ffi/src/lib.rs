@@ -23,3 +23,17 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 /// The CPU backend variant modules this build produced (ggml's variant
 /// names, comma-separated), chosen by STRATA_CPU_VARIANTS at build time.
 pub const CPU_VARIANTS: &str = env!("STRATA_CPU_VARIANTS_BUILT");
+
+// shim/json_schema.cpp (C++, so outside wrapper.h and bindgen): llama.cpp's
+// JSON-schema-to-grammar converter behind a C entry.
+unsafe extern "C" {
+    /// Converts a JSON schema (NUL-terminated UTF-8) to a GBNF grammar whose
+    /// root rule is "root": 0 and the grammar in `*out`, or 1 and the error
+    /// text in `*out` (NULL when out of memory). `*out` is freed with
+    /// [`strata_json_schema_free`].
+    pub fn strata_json_schema_to_grammar(
+        schema: *const ::std::os::raw::c_char,
+        out: *mut *mut ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int;
+    pub fn strata_json_schema_free(p: *mut ::std::os::raw::c_char);
+}

@@ -71,6 +71,9 @@ pub enum GrammarError {
     RowSize { got: usize, n_vocab: usize },
     #[error("token {token} is not allowed by the grammar here")]
     NotAllowed { token: u32 },
+    /// llama.cpp's JSON-schema converter refused the schema.
+    #[error("JSON schema: {0}")]
+    Schema(String),
 }
 
 impl From<GrammarError> for SampleError {

@@ -11,9 +11,11 @@ mod model;
 mod quantize;
 #[cfg(feature = "reference")]
 mod reference;
+mod schema;
 pub use grammar::{GrammarError, GrammarSampler, JSON_GBNF};
 pub use model::{builtin_chat_template, CpuExperts, LlamaError, LlamaModel, LoadOptions};
 #[cfg(feature = "reference")]
 pub use quantize::quantize_reference;
 #[cfg(feature = "reference")]
 pub use reference::{Reference, ReferenceConfig};
+pub use schema::{json_schema_to_gbnf, MAX_GRAMMAR_BYTES};

@@ -10,7 +10,11 @@
 //! read and answered in [`super::logprobs`]. `response_format`
 //! `{"type": "json_object"}` constrains the answer with llama.cpp's JSON
 //! grammar ([`crate::llama::JSON_GBNF`], applied in the worker);
-//! `json_schema` is refused (no schema-to-grammar converter is vendored).
+//! `{"type": "json_schema", "json_schema": {"schema": ...}}` (and
+//! llama-server's `{"type": "json_object", "schema": ...}`) with the
+//! grammar llama.cpp's converter makes of the schema
+//! ([`crate::llama::json_schema_to_gbnf`], run here, off the engine's
+//! thread).
 
 use super::chat::{ChatError, ChatTemplate, Message};
 use super::logprobs;
@@ -18,6 +22,7 @@ pub use super::request::{ApiError, Endpoint};
 use crate::sample::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// What the engine loop needs to know about a request.
 #[derive(Clone, Debug)]
@@ -37,19 +42,51 @@ pub struct Job {
 }
 
 /// OpenAI's `response_format`, as far as this server implements it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// `max_tokens` can still cut a constrained answer (finish_reason
+/// "length"), as at OpenAI.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ResponseFormat {
     /// Any text (`{"type": "text"}`, or no field).
     #[default]
     Text,
     /// A JSON object (`{"type": "json_object"}`): sampled under llama.cpp's
-    /// JSON grammar. `max_tokens` can still cut it (finish_reason
-    /// "length"), as at OpenAI.
+    /// JSON grammar.
     JsonObject,
+    /// A JSON value a schema accepts: sampled under the grammar (GBNF, root
+    /// rule "root") llama.cpp's converter made of the schema.
+    JsonSchema { grammar: Arc<str> },
+}
+
+impl ResponseFormat {
+    /// The grammar the answer is sampled under, if any.
+    pub fn grammar(&self) -> Option<&str> {
+        match self {
+            ResponseFormat::Text => None,
+            ResponseFormat::JsonObject => Some(crate::llama::JSON_GBNF),
+            ResponseFormat::JsonSchema { grammar } => Some(grammar),
+        }
+    }
+}
+
+/// The grammar of a schema given in a request.
+fn schema_format(schema: &Value) -> Result<ResponseFormat, ApiError> {
+    if !schema.is_object() && !schema.is_boolean() {
+        return Err(ApiError::bad(
+            "response_format's schema must be a JSON schema (an object)",
+        ));
+    }
+    let grammar = crate::llama::json_schema_to_gbnf(&schema.to_string())
+        .map_err(|e| ApiError::bad(format!("response_format: {e}")))?;
+    Ok(ResponseFormat::JsonSchema {
+        grammar: grammar.into(),
+    })
 }
 
 /// Reads `response_format`: absent, null or `{"type": "text"}` asks for
-/// text, `{"type": "json_object"}` for JSON; anything else is refused.
+/// text, `{"type": "json_object"}` for JSON, `{"type": "json_schema",
+/// "json_schema": {"name": ..., "schema": {...}}}` for what the schema
+/// accepts (llama-server's `{"type": "json_object", "schema": {...}}` too);
+/// anything else is refused.
 fn parse_response_format(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
     let o = match v {
         None | Some(Value::Null) => return Ok(ResponseFormat::Text),
@@ -62,16 +99,21 @@ fn parse_response_format(v: Option<&Value>) -> Result<ResponseFormat, ApiError> 
     };
     match o.get("type").and_then(Value::as_str) {
         Some("text") => Ok(ResponseFormat::Text),
-        Some("json_object") => Ok(ResponseFormat::JsonObject),
-        Some("json_schema") => Err(ApiError::bad(
-            "response_format json_schema is not supported by this server: only \
-             {\"type\": \"json_object\"} is (no JSON-schema-to-grammar converter is built in)",
-        )),
+        Some("json_object") => match o.get("schema") {
+            None | Some(Value::Null) => Ok(ResponseFormat::JsonObject),
+            Some(schema) => schema_format(schema),
+        },
+        Some("json_schema") => match o.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(schema) => schema_format(schema),
+            None => Err(ApiError::bad(
+                "response_format json_schema needs json_schema.schema (the JSON schema)",
+            )),
+        },
         Some(t) => Err(ApiError::bad(format!(
-            "response_format type {t:?}: this server takes \"text\" or \"json_object\""
+            "response_format type {t:?}: this server takes \"text\", \"json_object\" or \"json_schema\""
         ))),
         None => Err(ApiError::bad(
-            "response_format needs a type: \"text\" or \"json_object\"",
+            "response_format needs a type: \"text\", \"json_object\" or \"json_schema\"",
         )),
     }
 }
@@ -373,9 +415,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
     };
     let logprobs = logprobs::parse_request(endpoint, &v)?;
     let format = parse_response_format(v.get("response_format"))?;
-    if format == ResponseFormat::JsonObject && c.ignore_eos {
+    if format.grammar().is_some() && c.ignore_eos {
         return Err(ApiError::bad(
-            "ignore_eos cannot be combined with response_format json_object: \
+            "ignore_eos cannot be combined with response_format json_object or json_schema: \
              the grammar ends the answer with an end-of-generation token",
         ));
     }
@@ -658,8 +700,20 @@ mod tests {
         let m = r#""messages":[{"role":"user","content":"hi"}]"#;
         for (field, says) in [
             (
-                r#""response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}"#,
-                "json_schema is not supported by this server: only {\"type\": \"json_object\"}",
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"x"}}"#,
+                "json_schema needs json_schema.schema",
+            ),
+            (
+                r#""response_format":{"type":"json_schema","json_schema":{"schema":{"type":"array","maxItems":5000}}}"#,
+                "maxItems 5000 is above",
+            ),
+            (
+                r#""response_format":{"type":"json_schema","json_schema":{"schema":"x"}}"#,
+                "must be a JSON schema",
+            ),
+            (
+                r#""response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}},"ignore_eos":true"#,
+                "ignore_eos cannot be combined",
             ),
             (
                 r#""response_format":{"type":"xml"}"#,
@@ -750,7 +804,8 @@ mod tests {
     }
 
     /// `response_format` reaches the job on both endpoints: json_object
-    /// as JSON, text and no field as text.
+    /// as JSON, a schema (OpenAI's and llama-server's spelling) as its
+    /// grammar, text and no field as text.
     #[test]
     fn response_format_reaches_the_job() {
         let t = chatml();
@@ -774,6 +829,18 @@ mod tests {
                 f(r#","response_format":{"type":"json_object"},"stream":true"#),
                 ResponseFormat::JsonObject
             );
+            let schema =
+                r#"{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}"#;
+            let want = crate::llama::json_schema_to_gbnf(schema).expect("grammar");
+            for rf in [
+                format!(
+                    r#","response_format":{{"type":"json_schema","json_schema":{{"name":"x","strict":true,"schema":{schema}}}}}"#
+                ),
+                format!(r#","response_format":{{"type":"json_object","schema":{schema}}}"#),
+            ] {
+                let got = f(&rf);
+                assert_eq!(got.grammar(), Some(want.as_str()), "{rf}");
+            }
             let e = parse(
                 ep,
                 format!(r#"{{{head},"response_format":{{"type":"json_schema"}}}}"#).as_bytes(),
@@ -783,7 +850,7 @@ mod tests {
             .unwrap_err();
             assert_eq!(e.status, 400);
             assert!(
-                e.message.contains("only {\"type\": \"json_object\"}"),
+                e.message.contains("needs json_schema.schema"),
                 "{}",
                 e.message
             );

@@ -20,14 +20,14 @@
 //! distribution each token was drawn from (grammar, bias, penalties,
 //! filters and temperature applied).
 
-use super::api::{ApiError, Job, ResponseFormat, Usage};
+use super::api::{ApiError, Job, Usage};
 use super::batch::{Batcher, Feed, Finish, KvOp, StepPlan};
 use super::logprobs::{EntryQueue, LogprobEntry};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
 use crate::engine::{BatchToken, Engine};
 use crate::generate::Utf8Stream;
-use crate::llama::{GrammarSampler, LlamaModel, JSON_GBNF};
+use crate::llama::{GrammarSampler, LlamaModel};
 use crate::sample::logprobs::TokenLogprob;
 use crate::sample::{SampleError, Sampler};
 use crate::speculative::{DraftModel, DraftRequest, Drafter, NgramLookup, SpecConfig, Speculator};
@@ -242,8 +242,8 @@ impl Worker {
             sampler.accept(t);
         }
         // the grammar sees the answer only: set after the prompt
-        if s.job.format == ResponseFormat::JsonObject {
-            match GrammarSampler::new(self.vocab.clone(), JSON_GBNF, "root") {
+        if let Some(grammar) = s.job.format.grammar() {
+            match GrammarSampler::new(self.vocab.clone(), grammar, "root") {
                 Ok(g) => sampler.constrain(Box::new(g)),
                 Err(e) => {
                     self.batcher.finish(s.id, Finish::Cancelled);
@@ -251,7 +251,7 @@ impl Worker {
                         &s,
                         ApiError {
                             status: 500,
-                            message: format!("the JSON grammar failed: {e}"),
+                            message: format!("the response_format grammar failed: {e}"),
                         },
                     );
                 }
