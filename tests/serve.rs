@@ -1531,6 +1531,205 @@ fn response_format_json_schema() {
     assert!(m.contains("response_format: JSON schema"), "{m}");
 }
 
+/// Function calling with Qwen2.5-Coder-0.5B (its template lists tools
+/// and writes calls in `<tool_call>` tags): a named tool_choice and
+/// "required" return `tool_calls` whose arguments validate against the
+/// function's parameters (finish_reason "tool_calls", content null), the
+/// same streamed; "auto" answers with content or calls that validate; the
+/// assistant's call and the tool's result sent back are in the prompt (its
+/// token count grows with them and with a longer result; with
+/// tool_choice "none" no call is read); SmolLM2's template, which renders
+/// no tools, is refused.
+#[test]
+fn tool_calls() {
+    let Some(model) = common::model(common::QWEN2) else {
+        return;
+    };
+    let s = Server::start(&model, &["--parallel", "2"]);
+    let post = |port: u16, body: &serde_json::Value| {
+        let (st, b) = http(
+            port,
+            "POST",
+            "/v1/chat/completions",
+            body.to_string().as_bytes(),
+        )
+        .expect("answer");
+        let v: serde_json::Value = serde_json::from_slice(&b)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
+        (st, v)
+    };
+    let weather_params = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "unit": {"enum": ["celsius", "fahrenheit"]}
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": false
+    });
+    let time_params = serde_json::json!({
+        "type": "object",
+        "properties": {"timezone": {"type": "string", "maxLength": 20}},
+        "required": ["timezone"],
+        "additionalProperties": false
+    });
+    let tools = serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "description": "The current weather of a city", "parameters": weather_params}},
+        {"type": "function", "function": {"name": "get_time",
+            "description": "The current time in a timezone", "parameters": time_params}},
+    ]);
+    let validators = [
+        (
+            "get_weather",
+            jsonschema::validator_for(&weather_params).unwrap(),
+        ),
+        ("get_time", jsonschema::validator_for(&time_params).unwrap()),
+    ];
+    let check_calls = |v: &serde_json::Value, what: &str| -> Vec<(String, serde_json::Value)> {
+        let c = &v["choices"][0];
+        let calls = c["message"]["tool_calls"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for call in &calls {
+            assert_eq!(call["type"], "function", "{what}: {v}");
+            assert!(
+                call["id"].as_str().is_some_and(|i| !i.is_empty()),
+                "{what}: {v}"
+            );
+            let name = call["function"]["name"].as_str().expect("name").to_string();
+            let args: serde_json::Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().expect("a string"))
+                    .unwrap_or_else(|e| panic!("{what}: arguments not JSON ({e}): {v}"));
+            let (_, val) = validators
+                .iter()
+                .find(|(n, _)| *n == name)
+                .expect("a listed tool");
+            let errors: Vec<String> = val.iter_errors(&args).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{what}: {errors:?} in {args}");
+            out.push((name, args));
+        }
+        out
+    };
+    let user =
+        serde_json::json!({"role": "user", "content": "What is the weather in Paris, in celsius?"});
+    // a named function, greedy and sampled
+    for seed in [None, Some(3)] {
+        let mut b = serde_json::json!({
+            "messages": [user], "tools": tools, "max_tokens": 100,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        });
+        match seed {
+            None => b["temperature"] = 0.into(),
+            Some(x) => {
+                b["temperature"] = 1.0.into();
+                b["seed"] = x.into();
+            }
+        }
+        let (st, v) = post(s.port, &b);
+        assert_eq!(st, 200, "{v}");
+        eprintln!("named, seed {seed:?}: {v}");
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        assert!(c["message"]["content"].is_null(), "{v}");
+        let calls = check_calls(&v, "named");
+        assert_eq!(calls.len(), 1, "{v}");
+        assert_eq!(calls[0].0, "get_weather");
+    }
+    // required: one of the two, and the same streamed
+    let req = serde_json::json!({
+        "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
+        "tools": tools, "tool_choice": "required", "max_tokens": 100, "temperature": 0,
+    });
+    let (st, v) = post(s.port, &req);
+    assert_eq!(st, 200, "{v}");
+    eprintln!("required: {v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let calls = check_calls(&v, "required");
+    assert_eq!(calls.len(), 1, "{v}");
+    let mut sb = req.clone();
+    sb["stream"] = true.into();
+    let (out, err) = curl(&[
+        "-N",
+        &format!("{}/v1/chat/completions", s.url()),
+        "-d",
+        &sb.to_string(),
+    ]);
+    assert!(err.is_empty(), "{err}");
+    let chunks = sse_chunks(&out);
+    let last = chunks.last().expect("a chunk");
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{out}");
+    let streamed = &last["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(streamed["index"], 0, "{out}");
+    assert_eq!(
+        streamed["function"], v["choices"][0]["message"]["tool_calls"][0]["function"],
+        "{out}"
+    );
+    // auto: whatever the model does, calls validate
+    let (st, v) = post(
+        s.port,
+        &serde_json::json!({"messages": [user], "tools": tools, "max_tokens": 100, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{v}");
+    eprintln!("auto: {v}");
+    let calls = check_calls(&v, "auto");
+    let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert_eq!(finish == "tool_calls", !calls.is_empty(), "{v}");
+    // the call and its result go back into the prompt
+    let call_id = "call-1";
+    let conversation = |result: &str| {
+        serde_json::json!({
+            "messages": [
+                user,
+                {"role": "assistant", "content": null, "tool_calls": [{"id": call_id, "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": result},
+            ],
+            "tools": tools, "tool_choice": "none", "max_tokens": 24, "temperature": 0,
+        })
+    };
+    let (st, sunny) = post(s.port, &conversation("Sunny, 31 degrees celsius."));
+    assert_eq!(st, 200, "{sunny}");
+    let (_, snow) = post(
+        s.port,
+        &conversation("Heavy snow all day long, minus 12 degrees celsius."),
+    );
+    eprintln!("after the tool: {sunny}\n{snow}");
+    let tokens = |v: &serde_json::Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let (_, bare) = post(
+        s.port,
+        &serde_json::json!({"messages": [user], "tools": tools, "tool_choice": "none", "max_tokens": 1}),
+    );
+    assert!(
+        tokens(&sunny) > tokens(&bare) + 20,
+        "the call and result are in the prompt: {sunny} {bare}"
+    );
+    assert!(tokens(&snow) > tokens(&sunny), "{snow} {sunny}");
+    assert!(
+        sunny["choices"][0]["message"]["tool_calls"].is_null(),
+        "tool_choice none: {sunny}"
+    );
+    // a template without tools is refused
+    let Some(smol) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let t = Server::start(&smol, &[]);
+    let (st, v) = post(
+        t.port,
+        &serde_json::json!({"messages": [user], "tools": tools, "tool_choice": "required"}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("renders no tools"),
+        "{v}"
+    );
+}
+
 /// An answer under `response_format` json_object: a JSON object when the
 /// model ended it ("stop"), else cut by max_tokens ("length") and a prefix
 /// of one.

@@ -16,9 +16,10 @@
 //! ([`crate::llama::json_schema_to_gbnf`], run here, off the engine's
 //! thread).
 
-use super::chat::{ChatError, ChatTemplate, Message};
+use super::chat::{ChatTemplate, Message};
 use super::logprobs;
 pub use super::request::{ApiError, Endpoint};
+use super::tools::{self, Tools};
 use crate::sample::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -39,6 +40,19 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// What the answer must be (`response_format`).
     pub format: ResponseFormat,
+    /// The functions the model may call (`tools`, `tool_choice`).
+    pub tools: Option<Arc<Tools>>,
+}
+
+impl Job {
+    /// The grammar the answer is sampled under and its root rule, if any:
+    /// a required tool call's, else `response_format`'s.
+    pub fn grammar(&self) -> Option<(&str, &str)> {
+        match self.tools.as_ref().and_then(|t| t.grammar.as_deref()) {
+            Some(g) => Some((g, tools::ROOT)),
+            None => self.format.grammar().map(|g| (g, "root")),
+        }
+    }
 }
 
 /// OpenAI's `response_format`, as far as this server implements it.
@@ -288,7 +302,14 @@ fn is_off(name: &str, v: &Value) -> bool {
 /// [`COMMON_FIELDS`]), naming it.
 fn check_fields(endpoint: Endpoint, v: &Value) -> Result<(), ApiError> {
     let own: &[&str] = match endpoint {
-        Endpoint::Chat => &["messages", "logprobs", "top_logprobs"],
+        Endpoint::Chat => &[
+            "messages",
+            "logprobs",
+            "top_logprobs",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+        ],
         Endpoint::Completion => &["prompt", "logprobs"],
     };
     let Some(obj) = v.as_object() else {
@@ -326,9 +347,9 @@ fn check_fields(endpoint: Endpoint, v: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Chat roles a message may have: OpenAI's, less those of tools (tool
-/// calls are not supported yet: refused, never dropped from the prompt).
-const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+/// Chat roles a message may have: OpenAI's (its old `function` role
+/// aside).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// Parses and checks a request body.
 pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result<Parsed, ApiError> {
@@ -421,6 +442,29 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
              the grammar ends the answer with an end-of-generation token",
         ));
     }
+    let job_tools = match endpoint {
+        Endpoint::Chat => tools::parse(&v, lim.chat.tagged_tool_calls())?,
+        Endpoint::Completion => None,
+    };
+    if let Some(t) = &job_tools {
+        if format != ResponseFormat::Text {
+            return Err(ApiError::bad(
+                "tools cannot be combined with a response_format other than text",
+            ));
+        }
+        if c.stream && logprobs.is_some() {
+            return Err(ApiError::bad(
+                "logprobs cannot be combined with tools in a stream: an answer with tools is \
+                 held back until it ends (ask without stream for both)",
+            ));
+        }
+        if t.grammar.is_some() && c.ignore_eos {
+            return Err(ApiError::bad(
+                "ignore_eos cannot be combined with a required tool call: \
+                 the grammar ends the answer with an end-of-generation token",
+            ));
+        }
+    }
     let logit_bias = logprobs::parse_logit_bias(v.get("logit_bias"), lim.n_vocab)?;
     let sampler = SamplerConfig {
         logit_bias,
@@ -455,10 +499,23 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
                             ROLES.join(", ")
                         )));
                     }
-                    if let Some((k, _)) = m.other.iter().find(|(_, v)| !v.is_null()) {
-                        return Err(ApiError::bad(format!(
-                            "messages: the field {k:?} of a message is not supported by this server"
-                        )));
+                    let mut tool_calls = Vec::new();
+                    let mut tool_call_id = None;
+                    let mut name = None;
+                    for (k, v) in m.other.iter().filter(|(_, v)| !v.is_null()) {
+                        match (k.as_str(), m.role.as_str(), v) {
+                            ("tool_calls", "assistant", _) => tool_calls = tools::message_calls(v)?,
+                            ("tool_call_id", "tool", Value::String(s)) => {
+                                tool_call_id = Some(s.clone())
+                            }
+                            ("name", _, Value::String(s)) => name = Some(s.clone()),
+                            _ => {
+                                return Err(ApiError::bad(format!(
+                                    "messages: the field {k:?} of a {} message is not supported by this server",
+                                    m.role
+                                )))
+                            }
+                        }
                     }
                     // OpenAI's newer name for the system role; templates know "system"
                     let role = if m.role == "developer" {
@@ -482,16 +539,51 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
                                 .join("")
                         }
                     };
-                    Ok(Message { role, content })
+                    Ok(Message {
+                        role,
+                        content,
+                        tool_calls,
+                        tool_call_id,
+                        name,
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let text = lim.chat.render(&msgs, true).map_err(|e| match e {
-                ChatError::NoTemplate => ApiError {
-                    status: 400,
-                    message: e.to_string(),
-                },
-                e => ApiError::bad(e.to_string()),
-            })?;
+            let listed = job_tools
+                .as_ref()
+                .map(|t| t.template_value())
+                .unwrap_or_default();
+            let render = |tools: &[Value]| {
+                lim.chat
+                    .render_with_tools(&msgs, true, tools)
+                    .map_err(|e| ApiError::bad(e.to_string()))
+            };
+            let text = render(&listed)?;
+            if !listed.is_empty() && text == render(&[])? {
+                return Err(ApiError::bad(
+                    "tools: this model's chat template renders no tools, so the model would not \
+                     know them (--chat-template can give one that does)",
+                ));
+            }
+            // calls the template would drop from the prompt are refused
+            if msgs.iter().any(|m| !m.tool_calls.is_empty()) {
+                let stripped: Vec<Message> = msgs
+                    .iter()
+                    .map(|m| Message {
+                        tool_calls: Vec::new(),
+                        ..m.clone()
+                    })
+                    .collect();
+                let without = lim
+                    .chat
+                    .render_with_tools(&stripped, true, &listed)
+                    .map_err(|e| ApiError::bad(e.to_string()))?;
+                if without == text {
+                    return Err(ApiError::bad(
+                        "messages: this model's chat template renders no tool_calls, so the \
+                         model would not see its own calls (--chat-template can give one that does)",
+                    ));
+                }
+            }
             Prompt::Text(text)
         }
         Endpoint::Completion => {
@@ -523,6 +615,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
             ignore_eos: c.ignore_eos,
             logprobs,
             format,
+            tools: job_tools.map(Arc::new),
         },
         stream: c.stream,
         include_usage: c.stream_options.is_some_and(|o| o.include_usage),
@@ -561,13 +654,33 @@ impl Answer<'_> {
     /// The whole answer of a non-streaming request. `logprobs`: its
     /// `logprobs` object ([`logprobs::answer_json`]), null when not asked.
     pub fn full(&self, text: &str, finish: &str, usage: Usage, logprobs: Value) -> Value {
+        self.full_with_calls(Some(text), &[], finish, usage, logprobs)
+    }
+
+    /// [`Self::full`] of a chat answer that may call tools: `content` null
+    /// where the answer is only calls; `calls` as `tool_calls`.
+    pub fn full_with_calls(
+        &self,
+        content: Option<&str>,
+        calls: &[Value],
+        finish: &str,
+        usage: Usage,
+        logprobs: Value,
+    ) -> Value {
+        let text = content.unwrap_or("");
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }),
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    message["tool_calls"] = json!(calls);
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                })
+            }
             Endpoint::Completion => json!({
                 "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }),
@@ -613,6 +726,32 @@ impl Answer<'_> {
             "created": self.created,
             "model": self.model,
             "choices": [choice],
+        })
+    }
+
+    /// The one chunk of a streamed chat answer that may call tools (held
+    /// back until the answer ended, so its calls are whole): the role, the
+    /// content and the calls (each with its index), and the finish reason.
+    pub fn calls_chunk(&self, content: Option<&str>, calls: &[Value], finish: &str) -> Value {
+        let mut delta = json!({"role": "assistant", "content": content});
+        if !calls.is_empty() {
+            let indexed: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut c = c.clone();
+                    c["index"] = json!(i);
+                    c
+                })
+                .collect();
+            delta["tool_calls"] = json!(indexed);
+        }
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish}],
         })
     }
 
@@ -727,12 +866,13 @@ mod tests {
             ),
             (
                 r#""tools":[{"type":"function","function":{"name":"f"}}]"#,
-                "tools is not supported",
+                "writes calls in no format this server reads",
             ),
             (
-                r#""tool_choice":"required""#,
-                "tool_choice is not supported",
+                r#""tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required""#,
+                "renders no tools",
             ),
+            (r#""tool_choice":"required""#, "tool_choice needs tools"),
             (r#""frobnicate":1"#, "frobnicate is not a field"),
             (r#""stop":["a",""]"#, "empty string"),
             (r#""temperature":-1"#, "temperature must be in [0, 2]"),
@@ -760,11 +900,20 @@ mod tests {
         }
         let e = msg(r#"{"messages":[{"role":"hacker","content":"x"}]}"#);
         assert!(e.contains("role \"hacker\""), "{e}");
-        let e = msg(r#"{"messages":[{"role":"tool","content":"42","tool_call_id":"c1"}]}"#);
-        assert!(e.contains("role \"tool\""), "{e}");
+        assert_eq!(
+            msg(r#"{"messages":[{"role":"tool","content":"42","tool_call_id":"c1"}]}"#),
+            ""
+        );
+        let e = msg(r#"{"messages":[{"role":"user","content":"x","tool_call_id":"c1"}]}"#);
+        assert!(e.contains("\"tool_call_id\" of a user message"), "{e}");
         let e =
             msg(r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1"}]}]}"#);
-        assert!(e.contains("tool_calls"), "{e}");
+        assert!(e.contains("a tool call needs a \"function\""), "{e}");
+        // a template that would drop the calls from the prompt is refused
+        let e = msg(
+            r#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}"#,
+        );
+        assert!(e.contains("renders no tool_calls"), "{e}");
         // developer is the system role
         let p = parse(
             Endpoint::Chat,

@@ -5,7 +5,9 @@
 //! with minijinja in Hugging Face's environment: `trim_blocks` and
 //! `lstrip_blocks` on, Python string methods (`.strip()`, `.startswith()`,
 //! ...), `raise_exception`, `strftime_now`, `tojson`, and the variables
-//! `messages`, `add_generation_prompt`, `bos_token` and `eos_token`. A
+//! `messages` (with `tool_calls`, `tool_call_id` and `name` where a
+//! message has them), `tools` (when a request lists some),
+//! `add_generation_prompt`, `bos_token` and `eos_token`. A
 //! template minijinja cannot compile or render falls back to libllama's
 //! built-in renderer, which recognises the common templates by their text.
 //! `--chat-template` overrides the GGUF's: a file holding a Jinja template,
@@ -38,6 +40,15 @@ pub enum ChatError {
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant's calls, as templates read them: `{"id", "type":
+    /// "function", "function": {"name", "arguments": {...}}}`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A tool result's call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -45,7 +56,14 @@ impl Message {
         Message {
             role: role.to_string(),
             content: content.to_string(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
+    }
+
+    fn is_plain(&self) -> bool {
+        self.tool_calls.is_empty() && self.tool_call_id.is_none() && self.name.is_none()
     }
 }
 
@@ -137,16 +155,43 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_with_tools(messages, add_generation_prompt, &[])
+    }
+
+    /// [`Self::render`] with the `tools` variable (OpenAI's tool list, as
+    /// Hugging Face passes it); only Jinja templates render tools and tool
+    /// messages.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: &[serde_json::Value],
+    ) -> Result<String, ChatError> {
+        let plain = tools.is_empty() && messages.iter().all(Message::is_plain);
+        let builtin = |name: &str| {
+            if !plain {
+                return Err(ChatError::Render(
+                    "libllama's built-in templates render no tools or tool messages".into(),
+                ));
+            }
+            render_builtin(name, messages, add_generation_prompt)
+        };
         match &self.renderer {
             None => Err(ChatError::NoTemplate),
-            Some(Renderer::Builtin(name)) => render_builtin(name, messages, add_generation_prompt),
+            Some(Renderer::Builtin(name)) => builtin(name),
             Some(Renderer::Jinja(src)) => self
-                .render_jinja(src, messages, add_generation_prompt)
+                .render_jinja(src, messages, add_generation_prompt, tools)
                 .or_else(|e| {
                     // libllama knows the common templates by their text
-                    render_builtin(src, messages, add_generation_prompt).map_err(|_| e)
+                    builtin(src).map_err(|_| e)
                 }),
         }
+    }
+
+    /// Whether the template writes tool calls in `<tool_call>` tags
+    /// (Hermes, Qwen2.5, Qwen3).
+    pub fn tagged_tool_calls(&self) -> bool {
+        matches!(&self.renderer, Some(Renderer::Jinja(s)) if s.contains("<tool_call>"))
     }
 
     fn render_jinja(
@@ -154,6 +199,7 @@ impl ChatTemplate {
         src: &str,
         messages: &[Message],
         add_generation_prompt: bool,
+        tools: &[serde_json::Value],
     ) -> Result<String, ChatError> {
         let mut env = minijinja::Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -176,15 +222,14 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         let msgs: Vec<minijinja::Value> = messages
             .iter()
-            .map(|m| {
-                minijinja::Value::from_pairs([
-                    ("role", m.role.as_str()),
-                    ("content", m.content.as_str()),
-                ])
-            })
+            .map(|m| minijinja::Value::from(minijinja::value::Serde(m)))
             .collect();
+        // templates test `if tools`: absent (none) when the request has none
+        let tools =
+            (!tools.is_empty()).then(|| minijinja::Value::from(minijinja::value::Serde(tools)));
         let ctx = minijinja::context! {
             messages => minijinja::Value::from(msgs),
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos,
             eos_token => &self.eos,

@@ -14,6 +14,7 @@ use super::api::{self, Answer, ApiError, Endpoint, Parsed, Prompt};
 use super::chat::ChatTemplate;
 use super::logprobs::{self, LogprobEntry};
 use super::metrics::Metrics;
+use super::tools::Tools;
 use super::worker::{Event, Shutdown, Submit};
 use crate::llama::LlamaModel;
 use axum::body::{Body, Bytes};
@@ -319,6 +320,7 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
         });
     }
     let want_logprobs = parsed.job.logprobs.is_some();
+    let tools = parsed.job.tools.clone();
     let (tx, mut rx) = unbounded_channel();
     let sent = st
         .submit
@@ -369,6 +371,7 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
                 logprobs: want_logprobs,
                 model: parsed.model,
                 vocab: st.vocab.clone(),
+                tools,
             },
             rx,
         )
@@ -395,6 +398,18 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
                     } else {
                         serde_json::Value::Null
                     };
+                    if let Some(t) = &tools {
+                        let (content, calls) = t.extract(&text, &id);
+                        let finish = calls_finish(&calls, finish);
+                        return Json(a.full_with_calls(
+                            content.as_deref(),
+                            &calls,
+                            finish,
+                            usage,
+                            lp,
+                        ))
+                        .into_response();
+                    }
                     return Json(a.full(&text, finish, usage, lp)).into_response();
                 }
                 Event::Error(e) => return error(e),
@@ -419,6 +434,18 @@ struct StreamOf {
     model: String,
     /// Token ids to text, for logprobs.
     vocab: Arc<LlamaModel>,
+    /// With tools the text is held back and sent whole at the end, its
+    /// calls read from it.
+    tools: Option<Arc<Tools>>,
+}
+
+/// An answer that ended with calls finishes as "tool_calls".
+fn calls_finish<'a>(calls: &[serde_json::Value], finish: &'a str) -> &'a str {
+    if !calls.is_empty() && finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
+    }
 }
 
 /// The server-sent event stream of one answer.
@@ -428,11 +455,14 @@ fn stream(of: StreamOf, rx: UnboundedReceiver<Event>) -> Response {
         rx: UnboundedReceiver<Event>,
         first: bool,
         done: bool,
+        /// The text held back (answers with tools).
+        held: String,
     }
     let state = S {
         rx,
         first: true,
         done: false,
+        held: String::new(),
     };
     let events = futures_util::stream::unfold(state, move |mut s| {
         let of = of.clone();
@@ -449,6 +479,22 @@ fn stream(of: StreamOf, rx: UnboundedReceiver<Event>) -> Response {
             let null = serde_json::Value::Null;
             let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
             let out: Vec<SseEvent> = match s.rx.recv().await {
+                Some(Event::Text { text, .. }) if of.tools.is_some() => {
+                    s.held.push_str(&text);
+                    Vec::new()
+                }
+                Some(Event::Done { finish, usage }) if of.tools.is_some() => {
+                    s.done = true;
+                    let t = of.tools.as_ref().expect("tools");
+                    let (content, calls) = t.extract(&s.held, &of.id);
+                    let finish = calls_finish(&calls, finish);
+                    let mut v = vec![data(a.calls_chunk(content.as_deref(), &calls, finish))];
+                    if of.include_usage {
+                        v.push(data(a.usage_chunk(usage)));
+                    }
+                    v.push(SseEvent::default().data("[DONE]"));
+                    v
+                }
                 Some(Event::Text { text, logprobs }) => {
                     let first = std::mem::take(&mut s.first);
                     let lp = if of.logprobs {

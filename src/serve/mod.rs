@@ -22,6 +22,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod request;
 pub mod stop;
+pub mod tools;
 pub mod worker;
 
 use crate::engine::Engine;

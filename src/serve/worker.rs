@@ -242,8 +242,8 @@ impl Worker {
             sampler.accept(t);
         }
         // the grammar sees the answer only: set after the prompt
-        if let Some(grammar) = s.job.format.grammar() {
-            match GrammarSampler::new(self.vocab.clone(), grammar, "root") {
+        if let Some((grammar, root)) = s.job.grammar() {
+            match GrammarSampler::new(self.vocab.clone(), grammar, root) {
                 Ok(g) => sampler.constrain(Box::new(g)),
                 Err(e) => {
                     self.batcher.finish(s.id, Finish::Cancelled);
