@@ -327,3 +327,69 @@ fn chunked_ffn_equals_whole() {
         }
     }
 }
+
+/// `--resident spread`: under a budget that keeps part of the model, the
+/// same number of groups of each kind stay resident, spread through the
+/// layers instead of the first ones, and the tokens and logits are those of
+/// the all-resident run, for one sequence and a batch.
+#[test]
+fn spread_residents_equal_resident() {
+    let Some(path) = model(common::SMOLLM2) else {
+        return;
+    };
+    let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
+    let mut resident = Engine::load(&path, &cfg(false, 3)).expect("resident engine");
+    let groups: u64 = resident
+        .store()
+        .layouts
+        .iter()
+        .map(|l| l.bytes as u64)
+        .sum();
+    let with = |order, budget| {
+        let mut c = cfg(false, 2);
+        c.budgets.gpu = Some(budget);
+        c.paging.resident = order;
+        Engine::load(&path, &c)
+    };
+    // the smallest budget (fixed bytes and the rings), then half the groups
+    let minimum = match with(strata::paging::ResidentOrder::First, 1) {
+        Err(strata::engine::EngineError::Plan(strata::paging::PlanError::BudgetTooSmall {
+            minimum,
+            ..
+        })) => minimum,
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a 1-byte budget is refused"),
+    };
+    let budgeted = |order| with(order, minimum + groups / 2).expect("budgeted engine");
+    let first = budgeted(strata::paging::ResidentOrder::First);
+    let mut spread = budgeted(strata::paging::ResidentOrder::Spread);
+    let (f, s) = (first.plan.placement.clone(), spread.plan.placement.clone());
+    let n = f.resident.len();
+    assert!(f.n_streamed() > 0 && f.n_streamed() < n, "a partial plan");
+    assert_eq!(f.resident_bytes, s.resident_bytes);
+    let on = |r: &[bool]| (0..n).filter(|&i| r[i]).collect::<Vec<_>>();
+    assert!(
+        on(&s.resident).last() > on(&f.resident).last(),
+        "spread reaches later layers: {:?} against {:?}",
+        on(&s.resident),
+        on(&f.resident)
+    );
+    assert!(s.resident[0], "the first layer's attention stays resident");
+    for p in PROMPTS {
+        let prompt = vocab.tokenize(p, true, true).expect("tokenize");
+        let a = run_strata(&mut resident, &prompt, 16).expect("resident run");
+        let b = run_strata(&mut spread, &prompt, 16).expect("spread run");
+        assert_eq!(compare(&b, &a), (0.0, None), "spread run differs");
+        assert_eq!(spread.last_step.pager.uploads, s.n_streamed() as u64);
+    }
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
+        .collect();
+    let batch = all_positions(&prompts);
+    resident.clear();
+    spread.clear();
+    let a = resident.decode(&batch).expect("resident batch");
+    let b = spread.decode(&batch).expect("spread batch");
+    assert_eq!(nmse(&b, &a), 0.0, "spread batch differs");
+}

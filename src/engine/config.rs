@@ -80,6 +80,8 @@ pub struct PagingOptions {
     pub slots: usize,
     /// Stream every layer group whatever the budget (tests, benchmarks).
     pub stream_all: bool,
+    /// Which groups stay resident when not all fit.
+    pub resident: crate::paging::ResidentOrder,
     /// Whether the host CPU computes some streamed groups.
     pub hybrid: Hybrid,
     /// Most rows an FFN graph computes at once; None: all of a step's where
@@ -95,6 +97,7 @@ impl Default for PagingOptions {
         PagingOptions {
             slots: 3,
             stream_all: false,
+            resident: crate::paging::ResidentOrder::First,
             hybrid: Hybrid::Auto,
             ffn_rows: None,
             gemm: Gemm::Auto,

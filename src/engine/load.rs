@@ -146,6 +146,7 @@ impl Engine {
             host_available: crate::paging::mem_available().unwrap_or(0),
             slots: cfg.paging.slots,
             stream_all: cfg.paging.stream_all,
+            resident: cfg.paging.resident,
             // measured: a quick pinned copy on a second stream (GPU)
             copy_bw: if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
                 10e9

@@ -67,6 +67,8 @@ pub struct MemoryInput {
     pub slots: usize,
     /// Stream every group whatever the budget (tests, benchmarks).
     pub stream_all: bool,
+    /// Which groups stay resident when not all fit.
+    pub resident: super::plan::ResidentOrder,
     /// Measured host-to-device copy bandwidth, bytes/s.
     pub copy_bw: f64,
     /// The device's measured compute speed (None: not measured).
@@ -205,6 +207,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
         compute: inp.compute,
         slots: inp.slots,
         stream_all: inp.stream_all,
+        resident: inp.resident,
         cpu: None,
     };
     let plain = plan(&pi)?;
@@ -435,6 +438,7 @@ mod tests {
             host_available: 1 << 40,
             slots: 2,
             stream_all: false,
+            resident: Default::default(),
             copy_bw: 100.0,
             compute: None,
             cpu: None,

@@ -24,7 +24,7 @@ pub use hybrid::{
 pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
 };
-pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput};
+pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput, ResidentOrder};
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
 pub use sizes::{Activations, Limits};
 

@@ -31,9 +31,66 @@ pub struct PlanInput {
     pub slots: usize,
     /// Stream every group, whatever the budget (tests, benchmarks).
     pub stream_all: bool,
+    /// Which groups stay resident when not all fit: the first layers', or
+    /// as many spread evenly through the layers.
+    pub resident: ResidentOrder,
     /// The host CPU as a compute tier for streamed groups (hybrid decode);
     /// None: the bus carries every streamed group.
     pub cpu: Option<super::hybrid::CpuInput>,
+}
+
+/// Which groups a plan keeps resident when not all fit (the same number of
+/// each kind either way).
+///
+/// `First` keeps the first layers: the streamed groups are one run at the
+/// end. `Spread` spaces the resident groups of each kind evenly through the
+/// layers, the first layer's among them: in a large step the bus then
+/// uploads the next streamed groups while resident ones compute all
+/// through the step, where with `First` it fills the rings while the first
+/// layers compute and then waits (the H100's pp512 at 12G: 12-14% above
+/// its bus floor, docs/device-runs.md run 7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ResidentOrder {
+    #[default]
+    First,
+    Spread,
+}
+
+/// `k` of `m` positions spaced evenly, the first at 0.
+fn evenly(m: usize, k: usize) -> impl Iterator<Item = usize> {
+    (0..k.min(m)).map(move |i| i * m / k)
+}
+
+/// The resident set `resident` (a prefix) moved to the same number of each
+/// kind's groups spread evenly through the layers, if that fits in the
+/// same bytes (groups of a kind differ in size in some models).
+fn spread_residents(groups: &[GroupInfo], resident: &[bool]) -> Vec<bool> {
+    let mut out = resident.to_vec();
+    for kind in [GroupKind::Attn, GroupKind::Ffn] {
+        let idx: Vec<usize> = (0..groups.len())
+            .filter(|&i| groups[i].kind == kind)
+            .collect();
+        let k = idx.iter().filter(|&&i| resident[i]).count();
+        for &i in &idx {
+            out[i] = false;
+        }
+        for p in evenly(idx.len(), k) {
+            out[idx[p]] = true;
+        }
+    }
+    let bytes = |r: &[bool]| -> u64 {
+        groups
+            .iter()
+            .zip(r)
+            .filter(|(_, r)| **r)
+            .map(|(g, _)| g.bytes)
+            .sum()
+    };
+    if bytes(&out) <= bytes(resident) {
+        out
+    } else {
+        resident.to_vec()
+    }
 }
 
 /// The device's measured compute speed, seconds per weight byte: at one
@@ -127,9 +184,9 @@ pub enum PlanError {
     KvDramBudget { budget: u64, minimum: u64 },
 }
 
-/// Chooses the placement. Groups are kept resident from the first layer on
-/// (streamed groups are then one run at the end, which keeps the ring
-/// simple); everything else streams through `slots` slots per kind. With a
+/// Chooses the placement. As many groups as fit are kept resident, the
+/// first layers' or spread through the layers ([`ResidentOrder`]);
+/// everything else streams through `slots` slots per kind. With a
 /// CPU input, the host CPU computes some streamed FFN groups if that pays
 /// (see `hybrid`), and attention gets the deeper ring that keeps the bus
 /// busy while the CPU computes.
@@ -172,15 +229,23 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
         }
         // fill what is left after the ring with groups, first layers first
         let mut room = budget - minimum;
-        resident_bytes = 0;
         for (i, g) in inp.groups.iter().enumerate() {
             let fits = !inp.stream_all && g.bytes <= room && resident[..i].iter().all(|&r| r);
             resident[i] = fits;
             if fits {
                 room -= g.bytes;
-                resident_bytes += g.bytes;
             }
         }
+        if inp.resident == ResidentOrder::Spread {
+            resident = spread_residents(&inp.groups, &resident);
+        }
+        resident_bytes = inp
+            .groups
+            .iter()
+            .zip(&resident)
+            .filter(|(_, r)| **r)
+            .map(|(g, _)| g.bytes)
+            .sum();
         slot_bytes = ring;
     }
     let streamed: u64 = inp
@@ -326,8 +391,36 @@ mod tests {
             compute: None,
             slots: 2,
             stream_all: false,
+            resident: ResidentOrder::First,
             cpu: None,
         }
+    }
+
+    #[test]
+    fn spread_keeps_as_many_of_each_kind_evenly() {
+        // 8 layers of 10 + 30 bytes; room for 3 attention and 2 FFN groups
+        // beside the ring (2 x 10 + 2 x 30) and 5 fixed bytes
+        let inp = PlanInput {
+            groups: groups(8, 10, 30),
+            budget: Some(5 + 80 + 90),
+            ..input(None)
+        };
+        let first = plan(&inp).unwrap();
+        let spread = plan(&PlanInput {
+            resident: ResidentOrder::Spread,
+            ..inp.clone()
+        })
+        .unwrap();
+        let on = |p: &Plan| -> Vec<usize> { (0..16).filter(|&i| p.resident[i]).collect() };
+        // the prefix: attn 0, ffn 0, attn 1, ffn 1, attn 2
+        assert_eq!(on(&first), [0, 1, 2, 3, 4]);
+        // the same kinds spread: attention of layers 0, 2, 5; FFN of 0, 4
+        assert_eq!(on(&spread), [0, 1, 4, 9, 10]);
+        assert_eq!(spread.resident_bytes, first.resident_bytes);
+        assert_eq!(
+            spread.streamed_bytes_per_step,
+            first.streamed_bytes_per_step
+        );
     }
 
     #[test]
@@ -376,17 +469,22 @@ mod tests {
 
     proptest! {
         #[test]
-        fn plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, slots in 2usize..5) {
-            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute: None, slots, stream_all: false, cpu: None };
+        fn plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, slots in 2usize..5, spread in any::<bool>()) {
+            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute: None, slots, stream_all: false, resident: if spread { ResidentOrder::Spread } else { ResidentOrder::First }, cpu: None };
             match plan(&inp) {
                 Ok(p) => {
                     prop_assert!(p.device_bytes() <= budget);
                     let r: u64 = inp.groups.iter().zip(&p.resident).filter(|(_, r)| **r).map(|(g, _)| g.bytes).sum();
                     prop_assert_eq!(r, p.resident_bytes);
                     prop_assert_eq!(r + p.streamed_bytes_per_step, inp.groups.iter().map(|g| g.bytes).sum::<u64>());
-                    // resident groups form a prefix
+                    // resident groups form a prefix, or as many of each kind
+                    // spread with the first layer's among them
                     let first_streamed = p.resident.iter().position(|r| !r).unwrap_or(p.resident.len());
-                    prop_assert!(p.resident[first_streamed..].iter().all(|r| !r));
+                    if !spread {
+                        prop_assert!(p.resident[first_streamed..].iter().all(|r| !r));
+                    } else if r > 0 {
+                        prop_assert!(p.resident[0] || p.resident[1]);
+                    }
                 }
                 Err(PlanError::BudgetTooSmall { minimum, .. }) => prop_assert!(budget < minimum),
                 Err(e) => prop_assert!(false, "{}", e),
@@ -398,7 +496,7 @@ mod tests {
         #[test]
         fn hybrid_plans_fit_the_budget(n in 1usize..20, a in 1u64..100, f in 1u64..300, fixed in 0u64..500, budget in 0u64..20000, spb in 0.001f64..2.0) {
             let cpu = probe(spb);
-            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute: None, slots: 2, stream_all: false, cpu: Some(cpu) };
+            let inp = PlanInput { groups: groups(n, a, f), fixed_bytes: fixed, budget: Some(budget), copy_bw: 1.0, compute: None, slots: 2, stream_all: false, resident: ResidentOrder::Spread, cpu: Some(cpu) };
             match plan(&inp) {
                 Ok(p) => {
                     prop_assert!(p.device_bytes() <= budget);

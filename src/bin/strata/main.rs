@@ -116,6 +116,11 @@ pub struct ModelArgs {
     /// Stream every layer group whatever the budget.
     #[arg(long = "stream-all")]
     pub stream_all: bool,
+    /// Which layer groups stay on the GPU when not all fit: the first
+    /// layers', or as many spread evenly through the layers (the bus then
+    /// streams while resident groups compute all through a large step).
+    #[arg(long, default_value = "first", value_parser = parse_resident)]
+    pub resident: strata::paging::ResidentOrder,
     /// Debug: fill each slot with NaN after use, so a read before its upload
     /// completed shows as NaN.
     #[arg(long = "poison-slots")]
@@ -176,6 +181,14 @@ fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
             .parse::<usize>()
             .map(Hybrid::Force)
             .map_err(|_| format!("'{s}': use auto, off or a number of groups")),
+    }
+}
+
+fn parse_resident(s: &str) -> Result<strata::paging::ResidentOrder, String> {
+    match s {
+        "first" => Ok(strata::paging::ResidentOrder::First),
+        "spread" => Ok(strata::paging::ResidentOrder::Spread),
+        _ => Err(format!("'{s}': use first or spread")),
     }
 }
 
@@ -396,6 +409,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         paging: PagingOptions {
             slots: m.slots,
             stream_all: m.stream_all,
+            resident: m.resident,
             hybrid: m.hybrid,
             ffn_rows: m.ffn_rows,
             gemm: m.gemm,
