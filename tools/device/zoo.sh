@@ -23,6 +23,7 @@
 # uniform random router; the model file and the mixture modes' result files
 # carry -skewS and their first line says which routing was measured. Run
 # once without and once with it to report both.
+# SPREAD=1 (qwen3moe-batch): strata again with --resident spread.
 # TYPE=q4_k_m (optional): the models in llama.cpp's Q4_K_M mix instead of
 # Q4_0 (result files carry -q4_k_m); NGL and NCM (optional) replace the
 # mixture modes' llama.cpp layer count and --n-cpu-moe (Q4_K_M's larger
@@ -89,6 +90,12 @@ case $what in
     echo "$routing" | tee "$out/zoo_qwen3moe_batch$sk.txt"
     timeout ${BENCH_TIMEOUT:-540} $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 -r 2 \
       --llama-ngl ${NGL:-20} --llama-best --llama-n-cpu-moe ${NCM:-30} 2>&1 | quiet | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
+    # SPREAD=1: strata again with --resident spread (same tests, no llama.cpp)
+    if [ "${SPREAD:-0}" = 1 ]; then
+      echo "== strata --resident spread" | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
+      timeout 150 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 \
+        -r 2 --resident spread 2>&1 | quiet | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
+    fi
     ;;
   gemma3)
     s=$(SKEW= dev_synth gemma3-27b)
