@@ -237,7 +237,25 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
             }
         }
         if inp.resident == ResidentOrder::Spread {
+            let before: u64 = (inp.groups.iter().zip(&resident))
+                .filter(|(_, r)| **r)
+                .map(|(g, _)| g.bytes)
+                .sum();
             resident = spread_residents(&inp.groups, &resident);
+            // groups of one kind differ in size in some models (Q4_K_M's
+            // wider ffn_down on some layers): fill what the spread set
+            // left, in layer order
+            let mut left = room + before
+                - (inp.groups.iter().zip(&resident))
+                    .filter(|(_, r)| **r)
+                    .map(|(g, _)| g.bytes)
+                    .sum::<u64>();
+            for (i, g) in inp.groups.iter().enumerate() {
+                if !resident[i] && g.bytes <= left {
+                    resident[i] = true;
+                    left -= g.bytes;
+                }
+            }
         }
         resident_bytes = inp
             .groups
@@ -421,6 +439,30 @@ mod tests {
             spread.streamed_bytes_per_step,
             first.streamed_bytes_per_step
         );
+        // FFN groups of two sizes (the first layers' wider): the spread set
+        // is smaller, and the room it leaves is filled
+        let mut g = groups(8, 10, 30);
+        g[1].bytes = 40;
+        g[3].bytes = 40;
+        let inp = PlanInput {
+            groups: g,
+            budget: Some(5 + 20 + 80 + 100),
+            resident: ResidentOrder::Spread,
+            ..input(None)
+        };
+        let p = plan(&inp).unwrap();
+        let first = plan(&PlanInput {
+            resident: ResidentOrder::First,
+            ..inp.clone()
+        })
+        .unwrap();
+        // first: attn 0 (10), ffn 0 (40), attn 1 (10), ffn 1 (40) = 100
+        assert_eq!(on(&first), [0, 1, 2, 3]);
+        // spread: attn 0, 4 and FFN 0, 4 (10 + 40 + 10 + 30 = 90), then
+        // attention 1 fills the 10 left
+        assert_eq!(on(&p), [0, 1, 2, 8, 9]);
+        assert!(p.device_bytes() <= 205);
+        assert_eq!(p.resident_bytes, 100);
     }
 
     #[test]
@@ -502,7 +544,9 @@ mod tests {
                     prop_assert!(p.device_bytes() <= budget);
                     let ring = p.slots.0 as u64 * a + p.slots.1 as u64 * f;
                     prop_assert!(p.n_streamed() == 0 || p.slot_bytes >= ring);
-                    if p.hybrid.is_some() { prop_assert!(p.slots.0 >= 2); }
+                    // (spread residents may keep every attention group)
+                    let attn_streams = inp.groups.iter().zip(&p.resident).any(|(g, r)| !r && g.kind == GroupKind::Attn);
+                    if p.hybrid.is_some() && attn_streams { prop_assert!(p.slots.0 >= 2); }
                     let r: u64 = inp.groups.iter().zip(&p.resident).filter(|(_, r)| **r).map(|(g, _)| g.bytes).sum();
                     prop_assert_eq!(r, p.resident_bytes);
                 }
