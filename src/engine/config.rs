@@ -97,7 +97,7 @@ impl Default for PagingOptions {
         PagingOptions {
             slots: 3,
             stream_all: false,
-            resident: crate::paging::ResidentOrder::First,
+            resident: crate::paging::ResidentOrder::Auto,
             hybrid: Hybrid::Auto,
             ffn_rows: None,
             gemm: Gemm::Auto,

@@ -118,8 +118,10 @@ pub struct ModelArgs {
     pub stream_all: bool,
     /// Which layer groups stay on the GPU when not all fit: the first
     /// layers', or as many spread evenly through the layers (the bus then
-    /// streams while resident groups compute all through a large step).
-    #[arg(long, default_value = "first", value_parser = parse_resident)]
+    /// streams while resident groups compute all through a large step:
+    /// faster prefill and batches; a dense model's hybrid decode is slower
+    /// that way). auto: spread for a mixture of experts, first otherwise.
+    #[arg(long, default_value = "auto", value_parser = parse_resident)]
     pub resident: strata::paging::ResidentOrder,
     /// Debug: fill each slot with NaN after use, so a read before its upload
     /// completed shows as NaN.
@@ -186,9 +188,10 @@ fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
 
 fn parse_resident(s: &str) -> Result<strata::paging::ResidentOrder, String> {
     match s {
+        "auto" => Ok(strata::paging::ResidentOrder::Auto),
         "first" => Ok(strata::paging::ResidentOrder::First),
         "spread" => Ok(strata::paging::ResidentOrder::Spread),
-        _ => Err(format!("'{s}': use first or spread")),
+        _ => Err(format!("'{s}': use auto, first or spread")),
     }
 }
 
