@@ -7,6 +7,7 @@
 #   tools/device/pack.sh VOCAB.gguf   (here), then on the device:
 #   bash tools/device/placement.sh dense   # 70B-shaped Q4_0 at 12G: pp512 (-ub 512) and tg16, both orders
 #   bash tools/device/placement.sh moe     # Qwen3-30B-A3B shape in Q4_K_M at 8G: pp2048 (-ub 2048) and tg16
+#   bash tools/device/placement.sh dense-big  # 70B at 12G: pp2048 (-ub 2048) and 64 sequences, both orders
 # Results under $OUT, one file per mode.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,9 +15,9 @@ source tools/device/lib.sh
 dev_machine
 dev_module_start
 case ${1:-dense} in
-  dense) m=$(dev_synth llama3-70b) ;;
+  dense|dense-big) m=$(dev_synth llama3-70b) ;;
   moe) m=$(TYPE=q4_k_m dev_synth qwen3-30b-a3b) ;;
-  *) echo "placement.sh: unknown mode $1 (dense, moe)" >&2; exit 2 ;;
+  *) echo "placement.sh: unknown mode $1 (dense, dense-big, moe)" >&2; exit 2 ;;
 esac
 dev_module_wait || exit 1
 for r in first spread; do
@@ -24,6 +25,9 @@ for r in first spread; do
     dense)
       timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 512 -b 512 -ub 512 -n 16 -B 0 -r 3 \
         --resident $r 2>&1 | quiet | tee -a "$out/placement_dense.txt" ;;
+    dense-big)
+      timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -ub 2048 -n 0 -B 64 \
+        --batch-steps 4 -r 2 --resident $r 2>&1 | quiet | tee -a "$out/placement_dense_big.txt" ;;
     moe)
       timeout 150 $bin/strata bench -m "$m" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 0 \
         -r 3 --resident $r 2>&1 | quiet | tee -a "$out/placement_moe.txt" ;;
