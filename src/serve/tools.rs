@@ -21,6 +21,9 @@
 //!   that call (small models drop the tags). Only templates with the tag
 //!   format take it.
 //! - `"none"`: the tools are shown to the template, no call is read.
+//!
+//! `parallel_tool_calls: false` keeps an answer to its first call (the
+//! others stay in the content); a required call is one call either way.
 
 use super::request::ApiError;
 use serde_json::{json, Value};
@@ -60,6 +63,8 @@ pub struct Tools {
     pub tagged: bool,
     /// For a required or named call: the grammar (GBNF, root [`ROOT`]).
     pub grammar: Option<Arc<str>>,
+    /// More than one call per answer (`parallel_tool_calls`, default true).
+    pub parallel: bool,
 }
 
 fn bad(m: impl Into<String>) -> ApiError {
@@ -205,6 +210,11 @@ pub fn parse(body: &Value, tagged: bool) -> Result<Option<Tools>, ApiError> {
         return Err(bad(format!("tools: {:?} is listed twice", t.1.name)));
     }
     let choice = parse_choice(body.get("tool_choice"), &tools)?;
+    let parallel = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("parallel_tool_calls must be true or false")),
+    };
     let grammar =
         match &choice {
             Choice::None => None,
@@ -224,6 +234,7 @@ pub fn parse(body: &Value, tagged: bool) -> Result<Option<Tools>, ApiError> {
         choice,
         tagged,
         grammar: grammar.map(Arc::from),
+        parallel,
     }))
 }
 
@@ -251,7 +262,11 @@ impl Tools {
         }
         let mut calls = Vec::new();
         let mut content = String::new();
+        let most = if self.parallel { usize::MAX } else { 1 };
         let mut push = |v: &Value| {
+            if calls.len() >= most {
+                return None;
+            }
             let name = v.get("name").and_then(Value::as_str)?;
             self.tools.iter().find(|t| t.name == name)?;
             let args = v.get("arguments").filter(|a| a.is_object())?;
@@ -420,6 +435,19 @@ mod tests {
         let args: Value =
             serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"city": "Paris", "unit": "c"}));
+        // parallel_tool_calls false: the first call only, the rest content
+        let two = "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {\"tz\": \"UTC\"}}</tool_call>";
+        assert_eq!(t.extract(two, "x").1.len(), 2);
+        let one = Tools {
+            parallel: false,
+            ..t.clone()
+        };
+        let (c, calls) = one.extract(two, "x");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0]["function"]["arguments"], "{}");
+        assert!(c.is_some_and(|c| c.contains("UTC")));
+        let e = parse(&body(json!({"parallel_tool_calls": 1})), true).unwrap_err();
+        assert!(e.message.contains("parallel_tool_calls"), "{}", e.message);
         // an unknown function or broken JSON stays content
         let text = "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call> <tool_call>{oops</tool_call>";
         let (c, calls) = t.extract(text, "x");
