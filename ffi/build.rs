@@ -130,15 +130,7 @@ fn run() -> Result<()> {
 fn build_json_schema(manifest: &Path, src: &Path, archive: &Path, out: &Path) -> Result<()> {
     let dir = out.join("llama-common");
     let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    run_cmd(
-        Command::new("tar")
-            .arg("-C")
-            .arg(&dir)
-            .arg("-xJf")
-            .arg(archive),
-        "tar (is xz-utils installed?)",
-    )?;
+    untar(archive, &dir)?;
     let common = dir.join("common");
     let mut b = cc::Build::new();
     b.cpp(true)
@@ -164,6 +156,19 @@ fn build_json_schema(manifest: &Path, src: &Path, archive: &Path, out: &Path) ->
     Ok(())
 }
 
+/// Unpacks the xz tarball `archive` into `dir` (made if missing).
+fn untar(archive: &Path, dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    run_cmd(
+        Command::new("tar")
+            .arg("-C")
+            .arg(dir)
+            .arg("-xJf")
+            .arg(archive),
+        "tar (is xz-utils installed?)",
+    )
+}
+
 /// Extracts the archive into OUT_DIR and applies vendor/patches/ once per
 /// source identity (vendor/source.sh: the archive's checksum and the
 /// patches'), the way tools/build-cuda-module.sh prepares it.
@@ -185,15 +190,7 @@ fn unpack(root: &Path, archive: &Path, out: &Path) -> Result<PathBuf> {
     }
     let _ = fs::remove_file(&stamp);
     let _ = fs::remove_dir_all(&src);
-    fs::create_dir_all(&src).map_err(|e| format!("{}: {e}", src.display()))?;
-    run_cmd(
-        Command::new("tar")
-            .arg("-C")
-            .arg(&src)
-            .arg("-xJf")
-            .arg(archive),
-        "tar (is xz-utils installed?)",
-    )?;
+    untar(archive, &src)?;
     run_cmd(
         Command::new("bash").arg(&source).arg("apply").arg(&src),
         "vendor/source.sh apply (is patch installed?)",

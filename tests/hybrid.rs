@@ -76,41 +76,37 @@ fn hybrid_equals_resident_at(path: &Path, name: &str, splits: fn(usize) -> Vec<u
             );
         }
         // a prompt beyond 32 tokens (64 sequences' batched decode is a
-        // step of this size) keeps the CPU's groups
-        let medium: Vec<u32> = vocab
-            .tokenize(
-                &"The quick brown fox jumps over the lazy dog. ".repeat(4),
-                true,
-                true,
-            )
-            .expect("tokenize");
-        assert!((33..=strata::paging::HYBRID_MAX_TOKENS as usize).contains(&medium.len()));
-        hybrid.clear();
-        resident.clear();
-        let batch = common::all_positions(&[medium]);
-        let a = resident.decode(&batch).expect("resident prompt");
-        let b = hybrid.decode(&batch).expect("hybrid prompt");
-        assert_eq!(
-            hybrid.last_step.host.groups, k as u64,
-            "{name} k={k}: CPU groups"
-        );
-        assert_eq!(common::nmse(&b, &a), 0.0, "{name} k={k}: medium prompt");
-        // a prompt longer than the CPU's step limit streams everything
-        let long: Vec<u32> = vocab
-            .tokenize(
-                &"The quick brown fox jumps over the lazy dog. ".repeat(8),
-                true,
-                true,
-            )
-            .expect("tokenize");
-        assert!(long.len() > strata::paging::HYBRID_MAX_TOKENS as usize);
-        hybrid.clear();
-        resident.clear();
-        let batch = common::all_positions(&[long]);
-        let a = resident.decode(&batch).expect("resident prompt");
-        let b = hybrid.decode(&batch).expect("hybrid prompt");
-        assert_eq!(hybrid.last_step.host.groups, 0);
-        assert_eq!(common::nmse(&b, &a), 0.0);
+        // step of this size) keeps the CPU's groups; one longer than the
+        // CPU's step limit streams everything
+        let limit = strata::paging::HYBRID_MAX_TOKENS as usize;
+        for (repeats, cpu) in [(4, k as u64), (8, 0)] {
+            let prompt: Vec<u32> = vocab
+                .tokenize(
+                    &"The quick brown fox jumps over the lazy dog. ".repeat(repeats),
+                    true,
+                    true,
+                )
+                .expect("tokenize");
+            if cpu > 0 {
+                assert!((33..=limit).contains(&prompt.len()));
+            } else {
+                assert!(prompt.len() > limit);
+            }
+            hybrid.clear();
+            resident.clear();
+            let batch = common::all_positions(&[prompt]);
+            let a = resident.decode(&batch).expect("resident prompt");
+            let b = hybrid.decode(&batch).expect("hybrid prompt");
+            assert_eq!(
+                hybrid.last_step.host.groups, cpu,
+                "{name} k={k}: CPU groups"
+            );
+            assert_eq!(
+                common::nmse(&b, &a),
+                0.0,
+                "{name} k={k}: {repeats} sentences"
+            );
+        }
     }
 }
 

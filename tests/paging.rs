@@ -30,6 +30,15 @@ fn cfg(stream_all: bool, slots: usize) -> EngineConfig {
     }
 }
 
+/// Every position of both PROMPTS, one sequence each.
+fn prompts_batch(vocab: &LlamaModel) -> Vec<strata::engine::BatchToken> {
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
+        .collect();
+    all_positions(&prompts)
+}
+
 fn streamed_equals_resident(name: &str) {
     let Some(path) = model(name) else { return };
     let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
@@ -61,11 +70,7 @@ fn streamed_equals_resident(name: &str) {
     }
     // multi-sequence batch
     let mut streamed = Engine::load(&path, &cfg(true, 2)).expect("streamed engine");
-    let prompts: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
-        .collect();
-    let batch = all_positions(&prompts);
+    let batch = prompts_batch(&vocab);
     resident.clear();
     let a = resident.decode(&batch).expect("resident batch");
     let b = streamed.decode(&batch).expect("streamed batch");
@@ -167,11 +172,7 @@ fn dram_window_equals_resident(name: &str) {
     }
     let mut windowed = Engine::load(&path, &c).expect("windowed engine");
     // a multi-sequence batch through the window
-    let prompts: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
-        .collect();
-    let batch = all_positions(&prompts);
+    let batch = prompts_batch(&vocab);
     resident.clear();
     windowed.clear();
     let a = resident.decode(&batch).expect("resident batch");
@@ -382,11 +383,7 @@ fn spread_residents_equal_resident() {
         assert_eq!(compare(&b, &a), (0.0, None), "spread run differs");
         assert_eq!(spread.last_step.pager.uploads, s.n_streamed() as u64);
     }
-    let prompts: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .map(|p| vocab.tokenize(p, true, true).expect("tokenize"))
-        .collect();
-    let batch = all_positions(&prompts);
+    let batch = prompts_batch(&vocab);
     resident.clear();
     spread.clear();
     let a = resident.decode(&batch).expect("resident batch");

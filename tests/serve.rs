@@ -1024,12 +1024,7 @@ fn logprobs_and_logit_bias() {
     // batch-invariant: a prompt taken from the prefix cache gives the same
     // logits as one computed, so streamed and whole answers compare exactly
     let s = Server::start(&model, &["--parallel", "2", "--batch-invariant"]);
-    let post = |path: &str, body: &serde_json::Value| {
-        let (st, b) = http(s.port, "POST", path, body.to_string().as_bytes()).expect("answer");
-        let v: serde_json::Value = serde_json::from_slice(&b)
-            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
-        (st, v)
-    };
+    let post = |path: &str, body: &serde_json::Value| post_json(s.port, path, body);
     let stream = |path: &str, body: &serde_json::Value| {
         let mut body = body.clone();
         body["stream"] = true.into();
@@ -1422,12 +1417,7 @@ fn response_format_json_schema() {
         return;
     };
     let s = Server::start(&model, &["--parallel", "2"]);
-    let post = |path: &str, body: &serde_json::Value| {
-        let (st, b) = http(s.port, "POST", path, body.to_string().as_bytes()).expect("answer");
-        let v: serde_json::Value = serde_json::from_slice(&b)
-            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
-        (st, v)
-    };
+    let post = |path: &str, body: &serde_json::Value| post_json(s.port, path, body);
     let schemas = [
         serde_json::json!({
             "type": "object",
@@ -1550,18 +1540,7 @@ fn tool_calls() {
         return;
     };
     let s = Server::start(&model, &["--parallel", "2"]);
-    let post = |port: u16, body: &serde_json::Value| {
-        let (st, b) = http(
-            port,
-            "POST",
-            "/v1/chat/completions",
-            body.to_string().as_bytes(),
-        )
-        .expect("answer");
-        let v: serde_json::Value = serde_json::from_slice(&b)
-            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
-        (st, v)
-    };
+    let post = |port: u16, body: &serde_json::Value| post_json(port, "/v1/chat/completions", body);
     let weather_params = serde_json::json!({
         "type": "object",
         "properties": {
@@ -1734,6 +1713,14 @@ fn tool_calls() {
     );
 }
 
+/// POSTs `body` to `path` and returns the status and the JSON answer.
+fn post_json(port: u16, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let (st, b) = http(port, "POST", path, body.to_string().as_bytes()).expect("answer");
+    let v: serde_json::Value = serde_json::from_slice(&b)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
+    (st, v)
+}
+
 /// An answer under `response_format` json_object: a JSON object when the
 /// model ended it ("stop"), else cut by max_tokens ("length") and a prefix
 /// of one.
@@ -1760,12 +1747,7 @@ fn response_format_json_object() {
         return;
     };
     let s = Server::start(&model, &["--parallel", "2", "--batch-invariant"]);
-    let post = |port: u16, path: &str, body: &serde_json::Value| {
-        let (st, b) = http(port, "POST", path, body.to_string().as_bytes()).expect("answer");
-        let v: serde_json::Value = serde_json::from_slice(&b)
-            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&b)));
-        (st, v)
-    };
+    let post = post_json;
     let chat_path = "/v1/chat/completions";
     let cmpl_path = "/v1/completions";
     let text_of = |v: &serde_json::Value| {

@@ -159,14 +159,11 @@ impl LlamaModel {
         vocab_only: bool,
         o: &LoadOptions,
     ) -> Result<LlamaModel, LlamaError> {
-        crate::ggml::load_backends()?;
-        // what libllama would abort or throw on, refused first
+        let f = checked_file(path)?;
         let invalid = |what: String| LlamaError::Invalid {
             path: path.display().to_string(),
             what,
         };
-        let f = crate::gguf::GgufFile::open(path).map_err(|e| invalid(e.to_string()))?;
-        crate::model::validate_vocab(&f).map_err(|e| invalid(e.to_string()))?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| LlamaError::Nul)?;
         // SAFETY: default params are a plain struct; we change plain fields.
         let mut p = unsafe { sys::llama_model_default_params() };
@@ -324,6 +321,19 @@ impl LlamaModel {
         let tmpl = unsafe { CStr::from_ptr(tmpl) }.to_owned();
         builtin_chat_template(&tmpl, messages, add_assistant)
     }
+}
+
+/// Loads ggml's backends and opens the GGUF file `path` for libllama,
+/// refusing first what libllama would abort or throw on.
+pub(super) fn checked_file(path: &Path) -> Result<crate::gguf::GgufFile, LlamaError> {
+    crate::ggml::load_backends()?;
+    let invalid = |what: String| LlamaError::Invalid {
+        path: path.display().to_string(),
+        what,
+    };
+    let f = crate::gguf::GgufFile::open(path).map_err(|e| invalid(e.to_string()))?;
+    crate::model::validate_vocab(&f).map_err(|e| invalid(e.to_string()))?;
+    Ok(f)
 }
 
 /// Formats a conversation with libllama's built-in renderer for `tmpl`: a

@@ -1,7 +1,7 @@
 //! llama.cpp's own quantizer (`llama_model_quantize`, what llama-quantize
 //! runs): the reference the converter's type mixes are checked against.
 
-use super::model::LlamaError;
+use super::model::{checked_file, LlamaError};
 use crate::sys;
 use std::ffi::CString;
 use std::path::Path;
@@ -14,14 +14,7 @@ pub fn quantize_reference(
     ftype: u32,
     threads: i32,
 ) -> Result<(), LlamaError> {
-    crate::ggml::load_backends()?;
-    let invalid = |what: String| LlamaError::Invalid {
-        path: input.display().to_string(),
-        what,
-    };
-    // what libllama would abort on, refused first
-    let f = crate::gguf::GgufFile::open(input).map_err(|e| invalid(e.to_string()))?;
-    crate::model::validate_vocab(&f).map_err(|e| invalid(e.to_string()))?;
+    checked_file(input)?;
     let c = |p: &Path| CString::new(p.to_string_lossy().as_bytes()).map_err(|_| LlamaError::Nul);
     let (i, o) = (c(input)?, c(output)?);
     // llama_model_quantize copies the input's general.alignment (strata
@@ -49,7 +42,10 @@ pub fn quantize_reference(
     // the defaults' NULLs.
     let rc = unsafe { sys::llama_model_quantize(i.as_ptr(), o.as_ptr(), &p) };
     if rc != 0 {
-        return Err(invalid(format!("llama_model_quantize failed ({rc})")));
+        return Err(LlamaError::Invalid {
+            path: input.display().to_string(),
+            what: format!("llama_model_quantize failed ({rc})"),
+        });
     }
     Ok(())
 }

@@ -79,10 +79,22 @@ fn evenly(m: usize, k: usize) -> impl Iterator<Item = usize> {
     (0..k.min(m)).map(move |i| i * m / k)
 }
 
-/// The resident set `resident` (a prefix) moved to the same number of each
-/// kind's groups spread evenly through the layers, if that fits in the
-/// same bytes (groups of a kind differ in size in some models).
-fn spread_residents(groups: &[GroupInfo], resident: &[bool]) -> Vec<bool> {
+/// Bytes of the groups `resident` marks.
+fn bytes_of(groups: &[GroupInfo], resident: &[bool]) -> u64 {
+    groups
+        .iter()
+        .zip(resident)
+        .filter(|(_, r)| **r)
+        .map(|(g, _)| g.bytes)
+        .sum()
+}
+
+/// The resident set `resident` (a prefix, with `room` bytes left beside it)
+/// moved to the same number of each kind's groups spread evenly through
+/// the layers, if that fits in the same bytes; groups of one kind differ in
+/// size in some models (Q4_K_M's wider ffn_down on some layers), so what
+/// is left is then filled in layer order.
+fn spread_residents(groups: &[GroupInfo], resident: &[bool], room: u64) -> Vec<bool> {
     let mut out = resident.to_vec();
     for kind in [GroupKind::Attn, GroupKind::Ffn] {
         let idx: Vec<usize> = (0..groups.len())
@@ -96,19 +108,18 @@ fn spread_residents(groups: &[GroupInfo], resident: &[bool]) -> Vec<bool> {
             out[idx[p]] = true;
         }
     }
-    let bytes = |r: &[bool]| -> u64 {
-        groups
-            .iter()
-            .zip(r)
-            .filter(|(_, r)| **r)
-            .map(|(g, _)| g.bytes)
-            .sum()
-    };
-    if bytes(&out) <= bytes(resident) {
-        out
-    } else {
-        resident.to_vec()
+    let before = bytes_of(groups, resident);
+    if bytes_of(groups, &out) > before {
+        out = resident.to_vec();
     }
+    let mut left = room + before - bytes_of(groups, &out);
+    for (i, g) in groups.iter().enumerate() {
+        if !out[i] && g.bytes <= left {
+            out[i] = true;
+            left -= g.bytes;
+        }
+    }
+    out
 }
 
 /// The device's measured compute speed, seconds per weight byte: at one
@@ -256,33 +267,9 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
             }
         }
         if !inp.stream_all && inp.resident.spreads(&inp.groups) {
-            let before: u64 = (inp.groups.iter().zip(&resident))
-                .filter(|(_, r)| **r)
-                .map(|(g, _)| g.bytes)
-                .sum();
-            resident = spread_residents(&inp.groups, &resident);
-            // groups of one kind differ in size in some models (Q4_K_M's
-            // wider ffn_down on some layers): fill what the spread set
-            // left, in layer order
-            let mut left = room + before
-                - (inp.groups.iter().zip(&resident))
-                    .filter(|(_, r)| **r)
-                    .map(|(g, _)| g.bytes)
-                    .sum::<u64>();
-            for (i, g) in inp.groups.iter().enumerate() {
-                if !resident[i] && g.bytes <= left {
-                    resident[i] = true;
-                    left -= g.bytes;
-                }
-            }
+            resident = spread_residents(&inp.groups, &resident, room);
         }
-        resident_bytes = inp
-            .groups
-            .iter()
-            .zip(&resident)
-            .filter(|(_, r)| **r)
-            .map(|(g, _)| g.bytes)
-            .sum();
+        resident_bytes = bytes_of(&inp.groups, &resident);
         slot_bytes = ring;
     }
     let streamed: u64 = inp
