@@ -14,6 +14,10 @@
 #   bash tools/device/zoo.sh qwen3moe-batch  # the same model at 8G: pp2048 and 64 sequences beside those
 #   bash tools/device/zoo.sh gemma3     # Gemma-3-27B shape (16.6 GB): parity at 8G --hybrid off, bench at 8G
 #                                       # beside llama.cpp ngl=24
+#   bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (about 77 GB: the two-GPU
+#                                       # machine's disk and memory): decode and pp2048 at 24G on the
+#                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
+#                                       # CUDA parity at 24G --hybrid off against llama.cpp on every GPU
 # The module is fetched (restored or built) while the first model is written;
 # a module built here comes back in $OUT/cuda (copy it to .carry-cache/).
 # Results under $OUT (one file per mode: a call returns at most 8 files,
@@ -43,10 +47,11 @@ case ${1:-qwen3} in
   qwen3moe|qwen3moe-batch) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3) first=gemma3-27b ;;
+  qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
   *) first= ;;
 esac
 case $first in
-  qwen3-30b-a3b|mixtral-8x7b) dev_synth $first >/dev/null ;;
+  qwen3-30b-a3b|mixtral-8x7b|qwen3-235b-a22b) dev_synth $first >/dev/null ;;
   ?*) SKEW= dev_synth $first >/dev/null ;; # dense: no router to skew
 esac
 dev_module_wait || exit 1
@@ -104,6 +109,20 @@ case $what in
     timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -p 512 -n 16 -B 0 -r 2 \
       --llama-ngl 24 --llama-best 2>&1 | quiet | tee -a "$out/zoo_gemma3.txt"
     ;;
-  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, qwen3moe-batch, mixtral, gemma3)" >&2; exit 2 ;;
+  qwen3moe-235b)
+    # the bench on the first GPU alone (llama.cpp would split its layers
+    # over every GPU it sees), then parity with llama.cpp all on the GPUs
+    # (77 GB: every GPU of the machine), strata on the first at 24G
+    s=$(dev_synth qwen3-235b-a22b)
+    echo "$routing" | tee "$out/zoo_qwen3moe_235b$sk.txt"
+    CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-400} $bin/strata bench -m "$s" --device gpu --gpu-budget 24G -c 4096 \
+      -b 2048 -ub 2048 -p 2048 -n 16 -B 0 -r 2 --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-71} 2>&1 | quiet \
+      | tee -a "$out/zoo_qwen3moe_235b$sk.txt"
+    echo "== strata check --gpu-budget 24G --hybrid off (llama.cpp on $(nvidia-smi -L | wc -l) GPUs)" \
+      | tee -a "$out/zoo_qwen3moe_235b$sk.txt"
+    timeout ${CHECK_TIMEOUT:-150} $bin/strata check -m "$s" --device gpu --gpu-budget 24G --hybrid off -n 16 2>&1 | quiet \
+      | tee -a "$out/zoo_qwen3moe_235b$sk.txt"
+    ;;
+  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, qwen3moe-batch, mixtral, gemma3, qwen3moe-235b)" >&2; exit 2 ;;
 esac
 done
