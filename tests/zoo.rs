@@ -12,7 +12,7 @@ mod common;
 
 use common::{model, nmse};
 use std::path::{Path, PathBuf};
-use strata::engine::{Engine, EngineConfig, PagingOptions};
+use strata::engine::{Engine, EngineConfig, KvTierOptions, PagingOptions};
 use strata::llama::{LlamaModel, Reference, ReferenceConfig};
 
 const N_GEN: usize = 24;
@@ -68,9 +68,22 @@ fn parity_at(path: &Path, preset: &str, prompts: &[&str], n_ctx: u32) {
             },
             n_ctx,
             n_batch: n_ctx,
+            // blocks of 64 cells: a sliding window leaves some behind
+            kv_tier: KvTierOptions {
+                block: 64,
+                ..KvTierOptions::default()
+            },
             ..common::cpu_cfg()
         };
         let mut engine = Engine::load(path, &cfg).expect("strata loads the file");
+        let hp = engine.spec.hp.clone();
+        // streaming, the sliding-window layers' KV is windowed (when the
+        // window is at most half the context), the others' stays
+        let windowed: Vec<u32> = engine.kv_tier().map_or(vec![], |t| t.layers.clone());
+        let swa: Vec<u32> = (0..hp.n_layer)
+            .filter(|&l| stream_all && hp.n_swa > 0 && n_ctx >= 2 * hp.n_swa && hp.is_swa(l))
+            .collect();
+        assert_eq!(windowed, swa, "{preset}: windowed layers (streamed: {stream_all})");
         let nv = engine.n_vocab() as usize;
         for &p in prompts {
             let lm = if stream_all { &lm_plain } else { &lm };
@@ -85,10 +98,29 @@ fn parity_at(path: &Path, preset: &str, prompts: &[&str], n_ctx: u32) {
                 .zip(&r.logits)
                 .map(|(a, b)| nmse(a, b))
                 .fold(0.0, f64::max);
-            eprintln!("{preset} streamed={stream_all} {p:?}: worst NMSE {worst:.3e}");
+            let short: String = p.chars().take(40).collect();
+            eprintln!("{preset} streamed={stream_all} {short:?}: worst NMSE {worst:.3e}");
             assert_eq!(s.logits.len(), r.logits.len());
             assert!(worst <= 1e-4, "{preset}: NMSE {worst} for {p:?}");
             assert_eq!(s.tokens, r.tokens, "{preset}: greedy tokens for {p:?}");
+            // the last step's uploads: a sliding-window layer brings only
+            // the blocks its window sees, every cell when the sequence is
+            // shorter than the window
+            if let Some(&l) = swa.first() {
+                let t = engine.kv_tier().expect("tier");
+                let row = strata::paging::sizes::kv_row_bytes(&hp);
+                let cells = (prompt.len() + N_GEN - 1) as u64;
+                let last = cells - 1; // the position of the last step's token
+                let first_block = (last + 1).saturating_sub(hp.n_swa as u64) / 64;
+                assert_eq!(
+                    t.upload_bytes(l),
+                    2 * row * (cells - first_block * 64),
+                    "{preset}: layer {l}'s upload for {p:?} ({cells} cells)"
+                );
+                if cells > hp.n_swa as u64 + 64 {
+                    assert!(first_block > 0);
+                }
+            }
         }
     }
 }

@@ -37,36 +37,59 @@ impl Persistent {
 /// K and V per layer, F16 [n_embd_kv, n_ctx], in one device buffer.
 pub struct KvStore {
     arena: TensorArena,
-    pub layers: Vec<[Binding; 2]>,
+    /// Per layer: its index in the arena, if its KV stays on the device.
+    index_of: Vec<Option<usize>>,
+    bindings: Vec<[Binding; 2]>,
     pub bytes: u64,
 }
 
 impl KvStore {
-    /// K/V tensors of the first `n_layer` layers (those whose KV stays on the
-    /// device; the rest are windowed, see `kvtier`).
+    /// K/V tensors of `layers` (those whose KV stays on the device; the
+    /// rest are windowed, see `kvtier`) of a model of `n_layer` layers.
     pub fn alloc(
         d: &Dims,
         lim: Limits,
         dev: Device,
+        layers: &[u32],
         n_layer: usize,
     ) -> Result<KvStore, EngineError> {
         let spec = TensorSpec::new(GgmlType::F16, &[d.hp.n_embd_kv() as i64, lim.n_ctx as i64]);
         let arena = TensorArena::new(
             dev.buffer_type(),
             BufferUsage::Any,
-            &vec![spec; 2 * n_layer],
+            &vec![spec; 2 * layers.len()],
         )?;
+        let mut index_of = vec![None; n_layer];
+        for (i, &l) in layers.iter().enumerate() {
+            index_of[l as usize] = Some(i);
+        }
         Ok(KvStore {
-            layers: (0..n_layer)
-                .map(|l| [arena.binding(2 * l), arena.binding(2 * l + 1)])
+            index_of,
+            bindings: (0..layers.len())
+                .map(|i| [arena.binding(2 * i), arena.binding(2 * i + 1)])
                 .collect(),
             bytes: arena.bytes() as u64,
             arena,
         })
     }
+    /// Layers whose KV stays on the device.
+    pub fn n_layers(&self) -> usize {
+        self.bindings.len()
+    }
+    /// Whether layer `l` keeps its KV here.
+    pub fn holds(&self, l: usize) -> bool {
+        self.index_of.get(l).is_some_and(|i| i.is_some())
+    }
+    fn index(&self, l: usize) -> usize {
+        self.index_of[l].expect("layer keeps its KV on the device")
+    }
+    /// K and V bindings of layer `l`.
+    pub fn bindings(&self, l: usize) -> &[Binding; 2] {
+        &self.bindings[self.index(l)]
+    }
     /// K (kv 0) or V tensor of layer `l`.
     pub fn tensor(&self, l: usize, kv: usize) -> Tensor<'_> {
-        self.arena.tensor(2 * l + kv)
+        self.arena.tensor(2 * self.index(l) + kv)
     }
 }
 

@@ -42,9 +42,10 @@ impl KvCache {
     pub(super) fn tier_mut(&mut self) -> Option<&mut KvTier> {
         self.tier.as_mut()
     }
-    /// Layers whose KV stays on the device (the first ones).
+    /// How many layers keep their KV on the device (the first of the KV
+    /// order, `Hparams::kv_order`).
     pub fn resident_layers(&self) -> usize {
-        self.resident.layers.len()
+        self.resident.n_layers()
     }
     /// Device bytes of the resident layers' K and V.
     pub fn resident_bytes(&self) -> u64 {
@@ -59,7 +60,7 @@ impl KvCache {
     pub(super) fn bindings(&self, layer: u32, window: Option<usize>) -> &[Binding; 2] {
         match (window, self.tier.as_ref()) {
             (Some(w), Some(t)) => &t.wbindings[w],
-            _ => &self.resident.layers[layer as usize],
+            _ => self.resident.bindings(layer as usize),
         }
     }
 
@@ -75,7 +76,7 @@ impl KvCache {
         out: &mut [u8],
     ) -> Result<(), EngineError> {
         match self.tier.as_ref() {
-            Some(t) if l >= self.resident_layers() => t.read_rows(l as u32, kv, cell, out),
+            Some(t) if !self.resident.holds(l) => t.read_rows(l as u32, kv, cell, out),
             _ => self.resident.tensor(l, kv).get_bytes(out, cell * row)?,
         }
         Ok(())
@@ -89,9 +90,8 @@ impl KvCache {
         row: usize,
         data: &[u8],
     ) -> Result<(), EngineError> {
-        let n_resident = self.resident_layers();
         match self.tier.as_mut() {
-            Some(t) if l >= n_resident => t.write_rows(l as u32, kv, cell, data),
+            Some(t) if !self.resident.holds(l) => t.write_rows(l as u32, kv, cell, data),
             _ => self.resident.tensor(l, kv).set_bytes(data, cell * row)?,
         }
         Ok(())
@@ -152,12 +152,14 @@ impl KvCache {
 
     /// Brings the blocks of the sequences in `mask` into the tier's frames
     /// (a no-op without windowed layers) and plans the step's KV copies.
-    /// `before`: the cells before `new_cells` were placed.
+    /// `before`: the cells before `new_cells` were placed; `tokens`: the
+    /// step's (sequence, position) pairs when attention runs.
     pub(super) fn prepare(
         &mut self,
         before: &KvCells,
         new_cells: &[u32],
         mask: u64,
+        tokens: Option<&[(u32, i32)]>,
     ) -> Result<(), EngineError> {
         let Some(t) = self.tier.as_mut() else {
             return Ok(());
@@ -168,6 +170,7 @@ impl KvCache {
             |blk| before.block_rows(blk as usize, b) > 0,
             new_cells,
             mask,
+            tokens,
         )
     }
 

@@ -89,7 +89,12 @@ pub struct KvTier {
     spill_parent: PathBuf,
     quota: Option<std::sync::Arc<Quota>>,
     shape: KvShape,
+    /// Per windowed layer: the sliding window it attends over, if any.
+    swa: Vec<Option<u32>>,
+    /// This step's uploads: every block of its sequences, and for
+    /// sliding-window layers only the blocks their window sees.
     up: Vec<Run>,
+    up_swa: Vec<Run>,
     down: Vec<Run>,
     /// Window slot -> windowed layer whose new rows still wait to go back.
     occupant: Vec<Option<usize>>,
@@ -133,6 +138,10 @@ impl KvTier {
         for (i, &l) in layers.iter().enumerate() {
             index_of[l as usize] = Some(i);
         }
+        let swa = layers
+            .iter()
+            .map(|&l| hp.is_swa(l).then_some(hp.n_swa))
+            .collect();
         Ok(KvTier {
             layers,
             index_of,
@@ -153,7 +162,9 @@ impl KvTier {
                 row_bytes: row as u32,
                 block_size: block as u32,
             },
+            swa,
             up: Vec::new(),
+            up_swa: Vec::new(),
             down: Vec::new(),
             occupant: vec![None; slots],
             step: KvStats::default(),
@@ -228,13 +239,16 @@ impl KvTier {
     /// Brings the blocks of the sequences in `mask` into frames (spilling
     /// or reloading blocks as needed) and works out this step's copies.
     /// `had_data(b)`: block b held cells before the step's tokens were
-    /// placed; `new_cells` are where the step's tokens go.
+    /// placed; `new_cells` are where the step's tokens go; `tokens`, the
+    /// step's (sequence, position) pairs when attention runs (then
+    /// sliding-window layers upload only the blocks their window sees).
     pub fn prepare(
         &mut self,
         cells: &KvCells,
         had_data: impl Fn(u32) -> bool,
         new_cells: &[u32],
         mask: u64,
+        tokens: Option<&[(u32, i32)]>,
     ) -> Result<(), EngineError> {
         self.step = KvStats::default();
         let needed = cells.blocks_of(mask, self.block);
@@ -256,21 +270,13 @@ impl KvTier {
                 self.remove_file(w);
             }
         }
-        self.up.clear();
-        for &blk in &needed {
-            let f = self.table.frame_of(blk).expect("needed block has a frame") as usize;
-            let n = cells.block_rows(blk as usize, b);
-            if n > 0 {
-                push_run(
-                    &mut self.up,
-                    Run {
-                        cell: blk as usize * b,
-                        hrow: f * b,
-                        n,
-                    },
-                );
-            }
-        }
+        self.up = self.runs(cells, &needed);
+        // the window is the same for every sliding-window layer
+        let window = self.swa.iter().flatten().next().copied();
+        self.up_swa = match (window, tokens) {
+            (Some(w), Some(t)) => self.runs(cells, &cells.window_blocks(t, w, b)),
+            _ => self.up.clone(),
+        };
         self.down.clear();
         let mut sorted = new_cells.to_vec();
         sorted.sort_unstable();
@@ -292,6 +298,36 @@ impl KvTier {
         Ok(())
     }
 
+    /// The uploads of `blocks` (each in a frame): their used rows.
+    fn runs(&self, cells: &KvCells, blocks: &[u32]) -> Vec<Run> {
+        let b = self.block;
+        let mut up = Vec::new();
+        for &blk in blocks {
+            let f = self.table.frame_of(blk).expect("needed block has a frame") as usize;
+            let n = cells.block_rows(blk as usize, b);
+            if n > 0 {
+                push_run(
+                    &mut up,
+                    Run {
+                        cell: blk as usize * b,
+                        hrow: f * b,
+                        n,
+                    },
+                );
+            }
+        }
+        up
+    }
+
+    /// The step's uploads of windowed layer index `li`.
+    fn up_of(&self, li: usize) -> &[Run] {
+        if self.swa[li].is_some() {
+            &self.up_swa
+        } else {
+            &self.up
+        }
+    }
+
     /// Uploads the step's blocks of windowed layer `layer` into window
     /// `slot`, on `copy` (GPU) or synchronously (CPU). First writes back
     /// the rows the slot's previous layer computed.
@@ -306,7 +342,7 @@ impl KvTier {
         let mut bytes = 0;
         for kv in 0..2 {
             let t = self.window(slot, kv);
-            for r in &self.up {
+            for r in self.up_of(li) {
                 let src = self.host_rows(li, kv, r.hrow, r.n);
                 let off = r.cell * self.row;
                 assert!(off + src.len() <= t.nbytes());
@@ -327,9 +363,10 @@ impl KvTier {
         Ok(bytes)
     }
 
-    /// Bytes one windowed layer uploads this step.
-    pub fn upload_bytes(&self) -> u64 {
-        2 * (self.up.iter().map(|r| r.n).sum::<usize>() * self.row) as u64
+    /// Bytes windowed layer `layer` uploads this step.
+    pub fn upload_bytes(&self, layer: u32) -> u64 {
+        let li = self.index_of[layer as usize].expect("layer is windowed");
+        2 * (self.up_of(li).iter().map(|r| r.n).sum::<usize>() * self.row) as u64
     }
 
     /// Copies the new rows of the layer that last ran in `slot` back to its

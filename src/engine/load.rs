@@ -141,6 +141,11 @@ impl Engine {
                 layer_bytes: sizes::kv_bytes(&dims.hp, n_ctx as u64),
                 n_blocks: (n_ctx as usize).div_ceil(kv_block),
                 block_bytes: sizes::kv_bytes(&dims.hp, kv_block as u64),
+                n_swa_layers: if spec.hp.n_swa > 0 && n_ctx >= 2 * spec.hp.n_swa {
+                    (0..n_layer as u32).filter(|&l| spec.hp.is_swa(l)).count()
+                } else {
+                    0
+                },
             },
             budgets: cfg.budgets,
             host_available: crate::paging::mem_available().unwrap_or(0),
@@ -242,11 +247,16 @@ impl Engine {
             }
             None => None,
         };
-        let n_kv_resident = plan.kv.resident_layers;
-        let tier = if n_kv_resident < n_layer {
+        // KV on the device: the first layers of the KV order (full-context
+        // layers before sliding-window ones); the rest windowed
+        let kv_order = spec.hp.kv_order();
+        let (kv_resident, kv_windowed) = kv_order.split_at(plan.kv.resident_layers);
+        let mut kv_windowed = kv_windowed.to_vec();
+        kv_windowed.sort_unstable();
+        let tier = if !kv_windowed.is_empty() {
             Some(KvTier::new(
                 device,
-                (n_kv_resident as u32..n_layer as u32).collect(),
+                kv_windowed,
                 n_layer,
                 &dims.hp,
                 n_ctx as usize,
@@ -282,7 +292,7 @@ impl Engine {
         ext.extend(store.rope_freqs.clone());
         let mut kv = KvCache::new(
             KvCells::new(n_ctx as usize),
-            KvStore::alloc(&dims, lim, device, n_kv_resident)?,
+            KvStore::alloc(&dims, lim, device, kv_resident, n_layer)?,
             tier,
         );
         // batch invariance: each sequence's cells in position order

@@ -216,7 +216,7 @@ impl Pager {
             Stream::Copy,
             on,
             || format!("kv l{layer} -> w{slot}"),
-            kv.upload_bytes(),
+            kv.upload_bytes(layer),
         );
         let t0 = Instant::now();
         let bytes = kv.upload(layer, slot, copy)?;

@@ -66,7 +66,7 @@ impl Engine {
         self.pager_sync();
         // the sequence's blocks into frames (from spill files if needed)
         let all = self.kv.snapshot();
-        self.kv.prepare(&all, &[], 1 << seq)?;
+        self.kv.prepare(&all, &[], 1 << seq, None)?;
         // in position order: the file's positions then read 0, 1, 2, ...,
         // which load checks
         let mut cells = self.kv.cells().seq_cells(seq);
@@ -189,7 +189,7 @@ impl Engine {
         cells: &[u32],
         seq: u32,
     ) -> Result<(), EngineError> {
-        self.kv.prepare(before, cells, 1 << seq)?;
+        self.kv.prepare(before, cells, 1 << seq, None)?;
         let row = sizes::kv_row_bytes(&self.spec.hp) as usize;
         let chunks = cells.len().div_ceil(CHUNK);
         for i in 0..file.entries().len() {

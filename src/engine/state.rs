@@ -220,7 +220,7 @@ impl Engine {
         let before = self.kv.snapshot();
         let sp: Vec<(u32, i32)> = (0..n as i32).map(|p| (seq, p)).collect();
         let cells = self.kv.place(&sp)?;
-        if let Err(e) = self.kv.prepare(&before, &cells, 1 << seq) {
+        if let Err(e) = self.kv.prepare(&before, &cells, 1 << seq, None) {
             self.kv.restore(before);
             return Err(e);
         }

@@ -105,7 +105,7 @@ impl Engine {
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
-        self.kv.prepare(before, cells, mask)?;
+        self.kv.prepare(before, cells, mask, Some(&sp))?;
         let n_kv = self.kv.cells().n_kv() as u32;
         let out_ids: Vec<i32> = toks
             .iter()

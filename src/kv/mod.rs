@@ -216,6 +216,42 @@ impl KvCells {
             .collect()
     }
 
+    /// Blocks holding a cell that some token of `tokens` (seq, pos) sees
+    /// through a sliding window of `window` positions (the cells
+    /// [`KvCells::fill_mask`] leaves visible with that window), in order:
+    /// what a sliding-window layer reads. Per sequence, a token at `p` sees
+    /// its cells at positions in `(p - window, p]`, so the step's tokens of
+    /// a sequence together see `(min p - window, max p]`.
+    pub fn window_blocks(&self, tokens: &[(u32, i32)], window: u32, block: usize) -> Vec<u32> {
+        let mut range = [(i64::MAX, i64::MIN); MAX_SEQ as usize];
+        let mut mask = 0u64;
+        for &(s, p) in tokens {
+            if s >= MAX_SEQ {
+                continue;
+            }
+            let r = &mut range[s as usize];
+            r.0 = r.0.min(p as i64 - window as i64 + 1);
+            r.1 = r.1.max(p as i64);
+            mask |= 1 << s;
+        }
+        let seen = |c: usize| {
+            let (mut m, pos) = (self.seqs[c] & mask, self.pos[c] as i64);
+            while m != 0 {
+                let (lo, hi) = range[m.trailing_zeros() as usize];
+                if (lo..=hi).contains(&pos) {
+                    return true;
+                }
+                m &= m - 1;
+            }
+            false
+        };
+        let nb = self.size().div_ceil(block);
+        (0..nb)
+            .filter(|&b| (b * block..((b + 1) * block).min(self.size())).any(seen))
+            .map(|b| b as u32)
+            .collect()
+    }
+
     /// Positions of sequence `s`, in cell order, with their cells.
     pub fn seq_cells(&self, s: u32) -> Vec<(u32, i32)> {
         (0..self.size())
@@ -268,6 +304,43 @@ impl KvCells {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// The blocks a sliding-window layer reads hold every cell its mask
+        /// leaves visible, and no block without one.
+        #[test]
+        fn window_blocks_are_exactly_the_blocks_with_visible_cells(
+            steps in proptest::collection::vec((0u32..3, 1usize..6), 1..12),
+            window in 1u32..20,
+            block in 1usize..9,
+            drop_seq in 0u32..4,
+        ) {
+            let mut k = KvCells::new(64);
+            let mut next = [0i32; 3];
+            for (s, n) in steps {
+                let toks: Vec<(u32, i32)> = (0..n).map(|i| (s, next[s as usize] + i as i32)).collect();
+                if k.place(&toks).is_err() {
+                    break;
+                }
+                next[s as usize] += n as i32;
+            }
+            k.remove_seq(drop_seq);
+            // a step: two tokens of sequence 0 and one of sequence 2
+            let toks = [(0, next[0]), (0, next[0] + 1), (2, next[2])];
+            k.place(&toks).ok();
+            let n_kv = k.size();
+            let mut mask = Vec::new();
+            k.fill_mask(&toks, n_kv, Some(window), &mut mask);
+            let want: Vec<u32> = (0..n_kv.div_ceil(block))
+                .filter(|&b| {
+                    (b * block..((b + 1) * block).min(n_kv))
+                        .any(|c| (0..toks.len()).any(|t| mask[t * n_kv + c] == 0))
+                })
+                .map(|b| b as u32)
+                .collect();
+            prop_assert_eq!(k.window_blocks(&toks, window, block), want);
+        }
+    }
 
     #[test]
     fn ordered_placement_keeps_each_sequence_in_position_order() {

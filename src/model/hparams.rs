@@ -58,6 +58,17 @@ impl Hparams {
     pub fn is_swa(&self, l: u32) -> bool {
         self.n_swa > 0 && l % self.swa_pattern < self.swa_pattern - 1
     }
+    /// The layers in the order they keep their KV on the device (the
+    /// memory plan's `KvPlan::resident_layers` counts from the front):
+    /// full-context layers first, then the sliding-window ones, each in
+    /// layer order. A windowed sliding-window layer uploads only the cells
+    /// its window sees, so it is the cheaper one to window.
+    pub fn kv_order(&self) -> Vec<u32> {
+        let (mut full, swa): (Vec<u32>, Vec<u32>) =
+            (0..self.n_layer).partition(|&l| !self.is_swa(l));
+        full.extend(swa);
+        full
+    }
     /// Whether the FFN is a mixture of experts.
     pub fn is_moe(&self) -> bool {
         self.n_expert > 0

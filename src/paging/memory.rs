@@ -48,6 +48,13 @@ pub struct KvShape {
     pub n_blocks: usize,
     /// Host bytes of one block of one layer's K and V.
     pub block_bytes: u64,
+    /// Layers attending over a sliding window much shorter than the
+    /// context (at most half of it; 0 otherwise). They come last in the
+    /// KV order (`Hparams::kv_order`), and when the weights stream their KV
+    /// is windowed: such a layer's device KV would hold the whole context
+    /// but its attention reads only the window, which is all a windowed
+    /// layer uploads.
+    pub n_swa_layers: usize,
 }
 
 /// Everything a memory plan depends on.
@@ -93,7 +100,9 @@ pub struct GemmPlan {
 /// Where each layer's KV cache lives.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KvPlan {
-    /// Layers `0..resident_layers` keep their KV on the device.
+    /// The first `resident_layers` layers of the KV order (full-context
+    /// layers before sliding-window ones, `Hparams::kv_order`) keep their
+    /// KV on the device.
     pub resident_layers: usize,
     /// Device windows the other layers' KV passes through (0 when none).
     pub windows: usize,
@@ -272,15 +281,28 @@ fn kv_resident_layers(inp: &MemoryInput, fixed: u64, windows: usize) -> usize {
             k if k + windows >= kv.n_layer && k > 0 => kv.n_layer,
             k => k,
         },
-        None => super::plan::auto_kv_layers(
-            &inp.groups,
-            fixed,
-            kv.layer_bytes,
-            kv.n_layer,
-            windows,
-            inp.slots,
-            inp.budgets.gpu,
-        ),
+        None => {
+            let k = super::plan::auto_kv_layers(
+                &inp.groups,
+                fixed,
+                kv.layer_bytes,
+                kv.n_layer,
+                windows,
+                inp.slots,
+                inp.budgets.gpu,
+            );
+            // where weights stream, the sliding-window layers' device KV
+            // (the context, of which they read a window) goes to weights
+            let weights: u64 = inp.groups.iter().map(|g| g.bytes).sum();
+            let all = fixed + weights + kv.layer_bytes * kv.n_layer as u64;
+            let streams = inp.stream_all || inp.budgets.gpu.is_some_and(|b| all > b);
+            let full = kv.n_layer - kv.n_swa_layers.min(kv.n_layer);
+            if streams && kv.n_swa_layers > 0 && k > full {
+                full
+            } else {
+                k
+            }
+        }
     }
 }
 
@@ -433,6 +455,7 @@ mod tests {
                 layer_bytes: 8,
                 n_blocks: 4,
                 block_bytes: 2,
+                n_swa_layers: 0,
             },
             budgets,
             host_available: 1 << 40,
@@ -504,6 +527,29 @@ mod tests {
         assert!(with.placement.resident_bytes < without.placement.resident_bytes);
         assert!(with.device_bytes() <= 5 + 32 + 160);
         assert!(with.to_string().contains("GEMM scratch"));
+    }
+
+    #[test]
+    fn sliding_window_layers_are_windowed_when_weights_stream() {
+        // 6 layers of 10 + 30 bytes, KV 8 bytes a layer, 5 of them
+        // sliding-window layers: everything fits in 5 + 240 + 48
+        let mut inp = input(6, Budgets::default());
+        inp.kv.n_swa_layers = 5;
+        inp.budgets.gpu = Some(5 + 240 + 48);
+        assert_eq!(memory_plan(&inp).unwrap().kv.resident_layers, 6);
+        // the weights stream: only the full-context layer keeps its KV
+        inp.budgets.gpu = Some(5 + 200);
+        let p = memory_plan(&inp).unwrap();
+        assert!(p.placement.n_streamed() > 0);
+        assert_eq!(p.kv.resident_layers, 1);
+        assert!(p.kv.windows > 0 && p.kv.frames > 0);
+        // without sliding-window layers the same budget keeps all six
+        inp.kv.n_swa_layers = 0;
+        assert_eq!(memory_plan(&inp).unwrap().kv.resident_layers, 6);
+        // a KV budget is the user's word
+        inp.kv.n_swa_layers = 5;
+        inp.budgets.kv_gpu = Some(6 * 8);
+        assert_eq!(memory_plan(&inp).unwrap().kv.resident_layers, 6);
     }
 
     #[test]
