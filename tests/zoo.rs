@@ -83,7 +83,10 @@ fn parity_at(path: &Path, preset: &str, prompts: &[&str], n_ctx: u32) {
         let swa: Vec<u32> = (0..hp.n_layer)
             .filter(|&l| stream_all && hp.n_swa > 0 && n_ctx >= 2 * hp.n_swa && hp.is_swa(l))
             .collect();
-        assert_eq!(windowed, swa, "{preset}: windowed layers (streamed: {stream_all})");
+        assert_eq!(
+            windowed, swa,
+            "{preset}: windowed layers (streamed: {stream_all})"
+        );
         let nv = engine.n_vocab() as usize;
         for &p in prompts {
             let lm = if stream_all { &lm_plain } else { &lm };
