@@ -14,6 +14,10 @@
 #   bash tools/device/zoo.sh qwen3moe-batch  # the same model at 8G: pp2048 and 64 sequences beside those
 #   bash tools/device/zoo.sh gemma3     # Gemma-3-27B shape (16.6 GB): parity at 8G --hybrid off, bench at 8G
 #                                       # beside llama.cpp ngl=24
+#   bash tools/device/zoo.sh gemma3-swa # Gemma-3-27B shape at 8G, -c 4096: CUDA parity, then pp512, tg16
+#                                       # and decode at depth 3500 with the sliding-window layers' KV
+#                                       # windowed (the default) and all on the device (--kv-budget
+#                                       # 1984M, as before), beside llama.cpp ngl=${NGL:-28}
 #   bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (about 77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
@@ -46,7 +50,7 @@ case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
   qwen3moe|qwen3moe-batch) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
-  gemma3) first=gemma3-27b ;;
+  gemma3|gemma3-swa) first=gemma3-27b ;;
   qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
   *) first= ;;
 esac
@@ -109,6 +113,19 @@ case $what in
     timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -p 512 -n 16 -B 0 -r 2 \
       --llama-ngl 24 --llama-best 2>&1 | quiet | tee -a "$out/zoo_gemma3.txt"
     ;;
+  gemma3-swa)
+    s=$(SKEW= dev_synth gemma3-27b); f=$out/zoo_gemma3_swa.txt
+    echo "== strata check --gpu-budget 8G --hybrid off -c 4096" | tee "$f"
+    timeout 150 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -c 4096 --hybrid off -n 16 2>&1 | quiet | tee -a "$f"
+    for kv in "" "--kv-budget 1984M"; do
+      echo "== strata ${kv:-(default: sliding-window layers windowed)}; llama.cpp with the first" | tee -a "$f"
+      llama="--llama-ngl ${NGL:-28} --llama-best"; [ -z "$kv" ] || llama=
+      timeout 300 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 $kv -p 512 -n 16 -B 0 -r 2 \
+        $llama 2>&1 | quiet | tee -a "$f"
+      timeout 200 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 $kv -p 0 -n 16 -B 0 -r 2 \
+        --depth 3500 $llama 2>&1 | quiet | tee -a "$f"
+    done
+    ;;
   qwen3moe-235b)
     # the bench on the first GPU alone (llama.cpp would split its layers
     # over every GPU it sees), then parity with llama.cpp all on the GPUs
@@ -123,6 +140,6 @@ case $what in
     timeout ${CHECK_TIMEOUT:-150} $bin/strata check -m "$s" --device gpu --gpu-budget 24G --hybrid off -n 16 2>&1 | quiet \
       | tee -a "$out/zoo_qwen3moe_235b$sk.txt"
     ;;
-  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, qwen3moe-batch, mixtral, gemma3, qwen3moe-235b)" >&2; exit 2 ;;
+  *) echo "zoo.sh: unknown mode $what (qwen3, qwen3-check, qwen3moe, qwen3moe-batch, mixtral, gemma3, gemma3-swa, qwen3moe-235b)" >&2; exit 2 ;;
 esac
 done
