@@ -1,10 +1,12 @@
 //! Text generation on top of the engine: prompt in, streamed text out.
 //!
 //! One [`Session`] is one sequence (seq 0) in the engine's KV cache. Text is
-//! streamed as soon as it forms whole UTF-8 characters.
+//! streamed as soon as it forms whole UTF-8 characters. Each step is one
+//! [`crate::round`], the decode round `strata serve` drives too.
 
-use crate::engine::{BatchToken, Engine, EngineError};
+use crate::engine::{Engine, EngineError};
 use crate::llama::{LlamaError, LlamaModel};
+use crate::round::{self, Feed};
 use crate::sample::{SampleError, Sampler};
 use crate::speculative::Speculator;
 use std::time::{Duration, Instant};
@@ -237,7 +239,16 @@ impl<'a> Session<'a> {
             ..Default::default()
         };
         let start = Instant::now();
-        let mut rows = self.engine.decode(&self.batch(&feed, 1))?;
+        let mut rows = round::step(
+            self.engine,
+            &[Feed {
+                seq: 0,
+                pos: self.tokens.len(),
+                tokens: &feed,
+                drafts: 0,
+                sample: true,
+            }],
+        )?;
         for &p in prompt {
             self.sampler.accept(p);
         }
@@ -249,7 +260,7 @@ impl<'a> Session<'a> {
         let mut out = Vec::new();
         let mut text = Utf8Stream::default();
         let n_vocab = self.engine.n_vocab() as usize;
-        // rows[i]: logits after the cache's last token and drafts[..i]
+        // rows.of(0)[i]: logits after the cache's last token and drafts[..i]
         let mut drafts: Vec<u32> = Vec::new();
         // tokens the KV cache holds: self.tokens plus unverified drafts
         let mut cached = self.tokens.len();
@@ -258,11 +269,12 @@ impl<'a> Session<'a> {
         'rounds: while out.len() < n_predict {
             let mut stop = false;
             let first = out.len();
-            let verified = crate::speculative::verify(
+            let drawn = round::draw(
                 &mut self.sampler,
-                &rows,
+                rows.of(0),
                 n_vocab,
                 &drafts,
+                None,
                 |tok, verified| {
                     out.push(tok);
                     if self.vocab.is_eog(tok) {
@@ -286,8 +298,9 @@ impl<'a> Session<'a> {
                     true
                 },
             );
-            let i = match verified {
-                Ok(i) => i,
+            // drafts accepted
+            let i = match drawn {
+                Ok(d) => d.tokens.len() - 1,
                 Err(e) => {
                     self.drop_unverified(&mut cached);
                     return Err(e.into());
@@ -338,7 +351,14 @@ impl<'a> Session<'a> {
             let step: Vec<u32> = std::iter::once(tok).chain(drafts.iter().copied()).collect();
             let base = self.tokens.len() - 1;
             let round = Instant::now();
-            match self.engine.decode(&self.batch_at(&step, base, step.len())) {
+            let f = Feed {
+                seq: 0,
+                pos: base,
+                tokens: &step,
+                drafts: drafts.len(),
+                sample: true,
+            };
+            match round::step(self.engine, &[f]) {
                 Ok(r) => {
                     rows = r;
                     cached = base + step.len();
@@ -361,26 +381,7 @@ impl<'a> Session<'a> {
 
     /// Truncates drafts that were not accepted out of the KV cache.
     fn drop_unverified(&mut self, cached: &mut usize) {
-        if *cached > self.tokens.len() {
-            self.engine.truncate_seq(0, self.tokens.len() as i32);
-            *cached = self.tokens.len();
-        }
-    }
-
-    /// `toks` at the positions after the cache, logits for the last `want`.
-    fn batch(&self, toks: &[u32], want: usize) -> Vec<BatchToken> {
-        self.batch_at(toks, self.tokens.len(), want)
-    }
-
-    fn batch_at(&self, toks: &[u32], base: usize, want: usize) -> Vec<BatchToken> {
-        toks.iter()
-            .enumerate()
-            .map(|(i, &tok)| BatchToken {
-                token: tok,
-                pos: (base + i) as i32,
-                seq: 0,
-                logits: i + want >= toks.len(),
-            })
-            .collect()
+        round::rollback(self.engine, 0, *cached, self.tokens.len());
+        *cached = (*cached).min(self.tokens.len());
     }
 }

@@ -35,6 +35,7 @@ pub mod model;
 pub mod paging;
 #[cfg(feature = "reference")]
 pub mod parity;
+pub mod round;
 pub mod sample;
 pub mod serve;
 pub mod speculative;

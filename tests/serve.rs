@@ -1644,7 +1644,17 @@ fn tool_calls() {
     let chunks = sse_chunks(&out);
     let last = chunks.last().expect("a chunk");
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{out}");
-    let streamed = &last["choices"][0]["delta"]["tool_calls"][0];
+    // the call in a chunk of its own, before the last
+    let with_calls: Vec<&serde_json::Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"].get("tool_calls").is_some())
+        .collect();
+    assert_eq!(with_calls.len(), 1, "{out}");
+    assert!(
+        with_calls[0]["choices"][0]["finish_reason"].is_null(),
+        "{out}"
+    );
+    let streamed = &with_calls[0]["choices"][0]["delta"]["tool_calls"][0];
     assert_eq!(streamed["index"], 0, "{out}");
     assert_eq!(
         streamed["function"], v["choices"][0]["message"]["tool_calls"][0]["function"],
@@ -1660,6 +1670,48 @@ fn tool_calls() {
     let calls = check_calls(&v, "auto");
     let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
     assert_eq!(finish == "tool_calls", !calls.is_empty(), "{v}");
+    // streamed (greedy: the same answer): its content and calls add up to it
+    let (out, err) = curl(&[
+        "-N",
+        &format!("{}/v1/chat/completions", s.url()),
+        "-d",
+        &serde_json::json!({"messages": [user], "tools": tools, "max_tokens": 100, "temperature": 0,
+            "stream": true})
+        .to_string(),
+    ]);
+    assert!(err.is_empty(), "{err}");
+    let chunks = sse_chunks(&out);
+    let deltas: Vec<&serde_json::Value> =
+        chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    let content: String = deltas
+        .iter()
+        .filter_map(|d| d["content"].as_str())
+        .collect();
+    let streamed_calls: Vec<&serde_json::Value> = deltas
+        .iter()
+        .filter_map(|d| d["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(
+        words(&content),
+        words(v["choices"][0]["message"]["content"].as_str().unwrap_or("")),
+        "{out}"
+    );
+    let message_calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(streamed_calls.len(), message_calls.len(), "{out}");
+    for (i, (a, b)) in streamed_calls.iter().zip(&message_calls).enumerate() {
+        assert_eq!(a["index"], i, "{out}");
+        assert_eq!(a["function"], b["function"], "{out}");
+    }
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        finish,
+        "{out}"
+    );
     // the call and its result go back into the prompt
     let call_id = "call-1";
     let conversation = |result: &str| {

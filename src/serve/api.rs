@@ -454,8 +454,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], lim: &Limits, seed: u64) -> Result
         }
         if c.stream && logprobs.is_some() {
             return Err(ApiError::bad(
-                "logprobs cannot be combined with tools in a stream: an answer with tools is \
-                 held back until it ends (ask without stream for both)",
+                "logprobs cannot be combined with tools in a stream: a streamed answer with \
+                 tools holds back text that may be a call (ask without stream for both)",
             ));
         }
         if t.grammar.is_some() && c.ignore_eos {
@@ -729,29 +729,21 @@ impl Answer<'_> {
         })
     }
 
-    /// The one chunk of a streamed chat answer that may call tools (held
-    /// back until the answer ended, so its calls are whole): the role, the
-    /// content and the calls (each with its index), and the finish reason.
-    pub fn calls_chunk(&self, content: Option<&str>, calls: &[Value], finish: &str) -> Value {
-        let mut delta = json!({"role": "assistant", "content": content});
-        if !calls.is_empty() {
-            let indexed: Vec<Value> = calls
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let mut c = c.clone();
-                    c["index"] = json!(i);
-                    c
-                })
-                .collect();
-            delta["tool_calls"] = json!(indexed);
+    /// A chunk of a streamed chat answer carrying call `index` (OpenAI's
+    /// `tool_calls` delta: the whole call, its arguments in one piece).
+    pub fn call_chunk(&self, call: &Value, index: usize, first: bool) -> Value {
+        let mut c = call.clone();
+        c["index"] = json!(index);
+        let mut delta = json!({"tool_calls": [c]});
+        if first {
+            delta["role"] = json!("assistant");
         }
         json!({
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": Value::Null}],
         })
     }
 

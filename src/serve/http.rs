@@ -14,7 +14,7 @@ use super::api::{self, Answer, ApiError, Endpoint, Parsed, Prompt};
 use super::chat::ChatTemplate;
 use super::logprobs::{self, LogprobEntry};
 use super::metrics::Metrics;
-use super::tools::Tools;
+use super::tools::{CallStream, Piece, Tools};
 use super::worker::{Event, Shutdown, Submit};
 use crate::llama::LlamaModel;
 use axum::body::{Body, Bytes};
@@ -434,8 +434,8 @@ struct StreamOf {
     model: String,
     /// Token ids to text, for logprobs.
     vocab: Arc<LlamaModel>,
-    /// With tools the text is held back and sent whole at the end, its
-    /// calls read from it.
+    /// With tools the text goes out through a [`CallStream`]: content as
+    /// it forms, each call when it closes.
     tools: Option<Arc<Tools>>,
 }
 
@@ -455,14 +455,14 @@ fn stream(of: StreamOf, rx: UnboundedReceiver<Event>) -> Response {
         rx: UnboundedReceiver<Event>,
         first: bool,
         done: bool,
-        /// The text held back (answers with tools).
-        held: String,
+        /// Answers with tools: their content and calls.
+        calls: Option<CallStream>,
     }
     let state = S {
         rx,
         first: true,
         done: false,
-        held: String::new(),
+        calls: of.tools.clone().map(|t| CallStream::new(t, &of.id)),
     };
     let events = futures_util::stream::unfold(state, move |mut s| {
         let of = of.clone();
@@ -478,17 +478,34 @@ fn stream(of: StreamOf, rx: UnboundedReceiver<Event>) -> Response {
             };
             let null = serde_json::Value::Null;
             let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
+            // answers with tools: a chunk per piece
+            let pieces = |s: &mut S, p: Vec<Piece>| -> Vec<SseEvent> {
+                p.into_iter()
+                    .map(|p| {
+                        let first = std::mem::take(&mut s.first);
+                        data(match p {
+                            Piece::Content(t) => a.chunk(Some(&t), first, None, null.clone()),
+                            Piece::Call(i, c) => a.call_chunk(&c, i, first),
+                        })
+                    })
+                    .collect()
+            };
             let out: Vec<SseEvent> = match s.rx.recv().await {
-                Some(Event::Text { text, .. }) if of.tools.is_some() => {
-                    s.held.push_str(&text);
-                    Vec::new()
+                Some(Event::Text { text, .. }) if s.calls.is_some() => {
+                    let p = s.calls.as_mut().expect("tools").push(&text);
+                    pieces(&mut s, p)
                 }
-                Some(Event::Done { finish, usage }) if of.tools.is_some() => {
+                Some(Event::Done { finish, usage }) if s.calls.is_some() => {
                     s.done = true;
-                    let t = of.tools.as_ref().expect("tools");
-                    let (content, calls) = t.extract(&s.held, &of.id);
-                    let finish = calls_finish(&calls, finish);
-                    let mut v = vec![data(a.calls_chunk(content.as_deref(), &calls, finish))];
+                    let p = s.calls.as_mut().expect("tools").finish();
+                    let mut v = pieces(&mut s, p);
+                    let n = s.calls.as_ref().map_or(0, CallStream::calls);
+                    let finish = if n > 0 && finish == "stop" {
+                        "tool_calls"
+                    } else {
+                        finish
+                    };
+                    v.push(data(a.chunk(None, s.first, Some(finish), null.clone())));
                     if of.include_usage {
                         v.push(data(a.usage_chunk(usage)));
                     }

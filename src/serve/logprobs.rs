@@ -47,8 +47,6 @@ pub struct LogprobEntry {
 pub struct EntryQueue {
     /// Alternatives per token.
     top: usize,
-    /// Reused by the top-k selection.
-    scratch: Vec<u32>,
     /// Entries not yet sent, with the byte offset (in the generated text)
     /// where their token's text begins.
     pending: VecDeque<(usize, LogprobEntry)>,
@@ -68,10 +66,9 @@ impl EntryQueue {
         }
     }
 
-    /// What [`crate::sample::logprobs::token_logprob`] needs: the number of
-    /// alternatives and the scratch buffer.
-    pub fn work(&mut self) -> (usize, &mut Vec<u32>) {
-        (self.top, &mut self.scratch)
+    /// Alternatives per token.
+    pub fn top(&self) -> usize {
+        self.top
     }
 
     /// A token was generated whose text is `piece` (after UTF-8 assembly,

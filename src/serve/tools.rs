@@ -253,6 +253,24 @@ impl Tools {
             .collect()
     }
 
+    /// Call `v` (`{"name": ..., "arguments": {...}}`) as OpenAI's
+    /// `tool_calls` entry number `index` (id `{id}-{index}`), if it names a
+    /// listed function with an arguments object and the answer may still
+    /// call (`parallel_tool_calls`).
+    fn call(&self, v: &Value, id: &str, index: usize) -> Option<Value> {
+        if !self.parallel && index > 0 {
+            return None;
+        }
+        let name = v.get("name").and_then(Value::as_str)?;
+        self.tools.iter().find(|t| t.name == name)?;
+        let args = v.get("arguments").filter(|a| a.is_object())?;
+        Some(json!({
+            "id": format!("{id}-{index}"),
+            "type": "function",
+            "function": {"name": name, "arguments": args.to_string()},
+        }))
+    }
+
     /// Splits an answer into its content and its calls (OpenAI's
     /// `tool_calls` entries, ids `{id}-{i}`). A call that is not JSON of a
     /// listed function stays in the content.
@@ -262,29 +280,19 @@ impl Tools {
         }
         let mut calls = Vec::new();
         let mut content = String::new();
-        let most = if self.parallel { usize::MAX } else { 1 };
         let mut push = |v: &Value| {
-            if calls.len() >= most {
-                return None;
-            }
-            let name = v.get("name").and_then(Value::as_str)?;
-            self.tools.iter().find(|t| t.name == name)?;
-            let args = v.get("arguments").filter(|a| a.is_object())?;
-            calls.push(json!({
-                "id": format!("{id}-{}", calls.len()),
-                "type": "function",
-                "function": {"name": name, "arguments": args.to_string()},
-            }));
+            let c = self.call(v, id, calls.len())?;
+            calls.push(c);
             Some(())
         };
         // an answer that is one call as bare JSON is that call (small
         // models drop the tags their template asks for)
         let bare = |t: &str| serde_json::from_str::<Value>(t.trim()).ok();
-        if self.tagged && text.contains("<tool_call>") {
+        if self.tagged && text.contains(OPEN) {
             let mut rest = text;
-            while let Some(a) = rest.find("<tool_call>") {
-                let after = &rest[a + "<tool_call>".len()..];
-                let Some(b) = after.find("</tool_call>") else {
+            while let Some(a) = rest.find(OPEN) {
+                let after = &rest[a + OPEN.len()..];
+                let Some(b) = after.find(CLOSE) else {
                     break;
                 };
                 let parsed = serde_json::from_str::<Value>(after[..b].trim())
@@ -292,9 +300,9 @@ impl Tools {
                     .and_then(|v| push(&v));
                 content.push_str(&rest[..a]);
                 if parsed.is_none() {
-                    content.push_str(&rest[a..a + "<tool_call>".len() + b + "</tool_call>".len()]);
+                    content.push_str(&rest[a..a + OPEN.len() + b + CLOSE.len()]);
                 }
-                rest = &after[b + "</tool_call>".len()..];
+                rest = &after[b + CLOSE.len()..];
             }
             content.push_str(rest);
         } else if bare(text).and_then(|v| push(&v)).is_none() {
@@ -303,6 +311,161 @@ impl Tools {
         let content = content.trim();
         let content = (!content.is_empty() || calls.is_empty()).then(|| content.to_string());
         (content, calls)
+    }
+}
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// A piece of a streamed answer with tools.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Piece {
+    Content(String),
+    /// A `tool_calls` entry and its index in the answer.
+    Call(usize, Value),
+}
+
+/// Streams an answer that may call tools: content goes out as it forms;
+/// what may still be a call is held until it is known: the text from a
+/// `<tool_call>` tag to its closing tag, a trailing piece that may begin
+/// the tag, and an answer that opens with `{` (it may be one bare call,
+/// known at its end). Each call goes out when its tag closes. What goes out
+/// adds up to what [`Tools::extract`] makes of the whole answer, but for
+/// whitespace before a call and at the ends, which is dropped.
+pub struct CallStream {
+    tools: Arc<Tools>,
+    id: String,
+    held: String,
+    /// Whitespace after the last content sent: it goes out with the next
+    /// content, not before a call or at the end.
+    ws: String,
+    sent_content: bool,
+    calls: usize,
+    /// The answer opened with `{`: all of it is held to its end.
+    bare: bool,
+}
+
+impl CallStream {
+    pub fn new(tools: Arc<Tools>, id: &str) -> CallStream {
+        CallStream {
+            tools,
+            id: id.to_string(),
+            held: String::new(),
+            ws: String::new(),
+            sent_content: false,
+            calls: 0,
+            bare: false,
+        }
+    }
+
+    /// Calls sent so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// The pieces that can go out once `text` is added to the answer.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if self.tools.choice == Choice::None {
+            if !text.is_empty() {
+                out.push(Piece::Content(text.to_string()));
+            }
+            return out;
+        }
+        self.held.push_str(text);
+        if !self.sent_content && self.calls == 0 && !self.bare {
+            match self.held.trim_start().chars().next() {
+                None => return out,
+                Some('{') => self.bare = true,
+                Some(_) => {}
+            }
+        }
+        if self.bare {
+            return out;
+        }
+        if !self.tools.tagged {
+            let all = std::mem::take(&mut self.held);
+            self.content(&all, &mut out);
+            return out;
+        }
+        loop {
+            let Some(a) = self.held.find(OPEN) else {
+                // a trailing piece that may begin the tag stays held
+                let keep = (1..OPEN.len())
+                    .rev()
+                    .find(|&k| self.held.ends_with(&OPEN[..k]))
+                    .unwrap_or(0);
+                let cut = self.held.len() - keep;
+                let before: String = self.held.drain(..cut).collect();
+                self.content(&before, &mut out);
+                return out;
+            };
+            let before: String = self.held[..a].to_string();
+            self.content(&before, &mut out);
+            self.held.drain(..a);
+            let Some(b) = self.held[OPEN.len()..].find(CLOSE) else {
+                return out;
+            };
+            let end = OPEN.len() + b + CLOSE.len();
+            let inner = &self.held[OPEN.len()..OPEN.len() + b];
+            let call = serde_json::from_str::<Value>(inner.trim())
+                .ok()
+                .and_then(|v| self.tools.call(&v, &self.id, self.calls));
+            let whole: String = self.held.drain(..end).collect();
+            match call {
+                Some(c) => {
+                    self.ws.clear();
+                    out.push(Piece::Call(self.calls, c));
+                    self.calls += 1;
+                }
+                None => self.content(&whole, &mut out),
+            }
+        }
+    }
+
+    /// What is left at the end of the answer.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.held);
+        if self.bare {
+            let (content, calls) = self.tools.extract(&rest, &self.id);
+            if let Some(c) = content.filter(|c| !c.is_empty()) {
+                out.push(Piece::Content(c));
+            }
+            self.calls = calls.len();
+            out.extend(
+                calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, c)| Piece::Call(i, c)),
+            );
+        } else {
+            self.content(rest.trim_end(), &mut out);
+        }
+        out
+    }
+
+    /// Sends content `s`, whitespace at its end held back.
+    fn content(&mut self, s: &str, out: &mut Vec<Piece>) {
+        let s = if self.sent_content || self.calls > 0 {
+            s
+        } else {
+            s.trim_start()
+        };
+        if s.is_empty() {
+            return;
+        }
+        let mut all = std::mem::take(&mut self.ws);
+        all.push_str(s);
+        let n = all.trim_end().len();
+        if n == 0 {
+            self.ws = all;
+            return;
+        }
+        self.ws = all[n..].to_string();
+        all.truncate(n);
+        self.sent_content = true;
+        out.push(Piece::Content(all));
     }
 }
 
@@ -360,6 +523,86 @@ mod tests {
             b.extend(e.clone());
         }
         b
+    }
+
+    /// Streams `text` in pieces of `n` bytes (at char boundaries).
+    fn stream(t: &Tools, text: &str, n: usize) -> (String, Vec<Value>) {
+        let mut s = CallStream::new(Arc::new(t.clone()), "c");
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        while at < text.len() {
+            let mut end = (at + n).min(text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            pieces.extend(s.push(&text[at..end]));
+            at = end;
+        }
+        pieces.extend(s.finish());
+        let (mut content, mut calls) = (String::new(), Vec::new());
+        for p in pieces {
+            match p {
+                Piece::Content(c) => content.push_str(&c),
+                Piece::Call(i, c) => {
+                    assert_eq!(i, calls.len());
+                    calls.push(c)
+                }
+            }
+        }
+        (content, calls)
+    }
+
+    #[test]
+    fn streamed_calls_add_up_to_the_extracted_answer() {
+        let call = r#"<tool_call>
+{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}
+</tool_call>"#;
+        let now = r#"<tool_call>{"name": "now", "arguments": {}}</tool_call>"#;
+        let answers = [
+            "It is sunny, I think.".to_string(),
+            format!("Let me look. {call}"),
+            format!("{call}\n{now}"),
+            format!("  Two: {call} and {now} done"),
+            // not a listed function: stays content
+            r#"<tool_call>{"name": "nope", "arguments": {}}</tool_call> ok"#.to_string(),
+            // an unclosed tag stays content
+            "a <tool_call> b".to_string(),
+            // a bare call, and JSON that is no call
+            r#"{"name": "now", "arguments": {}}"#.to_string(),
+            r#"{"answer": 42}"#.to_string(),
+            "<tool_ca is not a tag".to_string(),
+        ];
+        for parallel in [true, false] {
+            let mut t = parse(&body(json!({})), true).unwrap().unwrap();
+            t.parallel = parallel;
+            for a in &answers {
+                let (content, calls) = t.extract(a, "c");
+                for n in [1, 3, 7, 1000] {
+                    let (sc, scalls) = stream(&t, a, n);
+                    assert_eq!(scalls, calls, "{a:?} in pieces of {n}");
+                    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+                    assert_eq!(
+                        norm(&sc),
+                        norm(content.as_deref().unwrap_or("")),
+                        "{a:?} in pieces of {n}"
+                    );
+                }
+            }
+        }
+        // content goes out before the call closes, and a call as soon as it does
+        let t = parse(&body(json!({})), true).unwrap().unwrap();
+        let mut s = CallStream::new(Arc::new(t), "c");
+        assert_eq!(s.push("Checking"), vec![Piece::Content("Checking".into())]);
+        assert_eq!(s.push(" now <tool"), vec![Piece::Content(" now".into())]);
+        assert!(s
+            .push(r#"_call>{"name": "now", "arguments": {}}"#)
+            .is_empty());
+        let p = s.push("</tool_call>");
+        assert!(
+            matches!(&p[..], [Piece::Call(0, c)] if c["id"] == "c-0"),
+            "{p:?}"
+        );
+        assert_eq!(s.calls(), 1);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! in, drops the ones whose client went away (their cells are freed by the
 //! step's cache operations), asks the [`Batcher`] what the step holds,
 //! carries out its cache operations, runs the step, and samples one token
-//! for every sequence that wanted logits, each with its own sampler. Text
+//! for every sequence that wanted logits, each with its own sampler: one
+//! [`crate::round`], the decode round `strata run` drives too. Text
 //! goes back to the request's handler on its own channel as it forms, with
 //! the logprobs of its tokens when the request asked for them.
 //!
@@ -25,9 +26,10 @@ use super::batch::{Batcher, Feed, Finish, KvOp, StepPlan};
 use super::logprobs::{EntryQueue, LogprobEntry};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
-use crate::engine::{BatchToken, Engine};
+use crate::engine::Engine;
 use crate::generate::Utf8Stream;
 use crate::llama::{GrammarSampler, LlamaModel};
+use crate::round::{self, Drawn};
 use crate::sample::logprobs::TokenLogprob;
 use crate::sample::{SampleError, Sampler};
 use crate::speculative::{DraftModel, DraftRequest, Drafter, NgramLookup, SpecConfig, Speculator};
@@ -58,14 +60,6 @@ pub enum Event {
     },
     /// Refused or failed; no more events follow.
     Error(ApiError),
-}
-
-/// A feed's tokens drawn in one step, and their logprobs (one per token
-/// when the request asked, else none).
-#[derive(Debug, Default)]
-struct Drawn {
-    tokens: Vec<u32>,
-    logprobs: Vec<TokenLogprob>,
 }
 
 /// A request handed to the engine loop.
@@ -359,52 +353,35 @@ impl Worker {
             std::thread::sleep(Duration::from_millis(1));
             return;
         }
-        let batch: Vec<BatchToken> = plan
-            .feeds
-            .iter()
-            .flat_map(|f| {
-                let first_row = f.tokens.len() - 1 - f.drafts;
-                f.tokens
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, &token)| BatchToken {
-                        token,
-                        pos: (f.pos + i) as i32,
-                        seq: f.seq,
-                        logits: f.logits && i >= first_row,
-                    })
-            })
-            .collect();
+        let feeds: Vec<round::Feed> = plan.feeds.iter().map(view).collect();
+        let n_tokens: usize = feeds.iter().map(|f| f.tokens.len()).sum();
         let t0 = Instant::now();
-        let logits = match self.engine.decode(&batch) {
-            Ok(l) => l,
+        let rows = match round::step(&mut self.engine, &feeds) {
+            Ok(r) => r,
             Err(e) => return self.fail_step(&plan, &e.to_string()),
         };
         let secs = t0.elapsed().as_secs_f64();
         self.batcher.fed(&plan);
         let m = &self.metrics;
         m.steps.fetch_add(1, Relaxed);
-        m.step_tokens.fetch_add(batch.len() as u64, Relaxed);
+        m.step_tokens.fetch_add(n_tokens as u64, Relaxed);
         m.step_micros.fetch_add((secs * 1e6) as u64, Relaxed);
         m.last_step_seconds.set(secs);
         let bytes = self.engine.last_step.pager.bytes;
         m.last_step_bytes.store(bytes, Relaxed);
         m.streamed_bytes.fetch_add(bytes, Relaxed);
 
-        let n_vocab = self.engine.n_vocab() as usize;
-        // each feed's rows: its pending token's and its drafts'
-        let mut rows: Vec<(u64, &[f32], &[u32])> = Vec::new();
-        let mut at = 0;
-        for f in plan.feeds.iter().filter(|f| f.logits) {
-            let n = (1 + f.drafts) * n_vocab;
-            rows.push((
-                f.id,
-                &logits[at..at + n],
-                &f.tokens[f.tokens.len() - f.drafts..],
-            ));
-            at += n;
-        }
-        let drawn = self.draw(&rows, n_vocab);
+        let n_vocab = rows.n_vocab;
+        // each sampling feed's rows: its pending token's and its drafts'
+        let feed_rows: Vec<(u64, &[f32], &[u32])> = plan
+            .feeds
+            .iter()
+            .zip(&feeds)
+            .enumerate()
+            .filter(|(_, (_, v))| v.sample)
+            .map(|(i, (f, v))| (f.id, rows.of(i), v.drafted()))
+            .collect();
+        let drawn = self.draw(&feed_rows, n_vocab);
         let mut sampled = 0;
         for (id, toks) in drawn {
             // feeds and drawn tokens are matched by request, not by order
@@ -449,8 +426,8 @@ impl Worker {
             sampler: &'a mut Sampler,
             rows: &'a [f32],
             drafts: &'a [u32],
-            /// (alternatives, scratch) when the request wants logprobs
-            logprobs: Option<(usize, &'a mut Vec<u32>)>,
+            /// alternatives, when the request wants logprobs
+            logprobs: Option<usize>,
             out: Option<Result<Drawn, SampleError>>,
         }
         let index: HashMap<u64, (&[f32], &[u32])> =
@@ -464,39 +441,21 @@ impl Worker {
                     sampler: &mut s.sampler,
                     rows,
                     drafts,
-                    logprobs: s.logprobs.as_mut().map(EntryQueue::work),
+                    logprobs: s.logprobs.as_ref().map(EntryQueue::top),
                     out: None,
                 })
             })
             .collect();
         let verify = |w: &mut Work| {
-            let mut d = Drawn::default();
-            let mut failed = None;
-            let rows = w.rows;
-            let r = crate::speculative::verify_with(
+            // logprobs: from the distribution each token was drawn from
+            w.out = Some(round::draw(
                 w.sampler,
-                rows,
+                w.rows,
                 n_vocab,
                 w.drafts,
-                |tok, _, sampler| {
-                    if let Some((top, _)) = w.logprobs.as_mut() {
-                        // the distribution this token was drawn from
-                        match sampler.sampled_logprob(tok, *top) {
-                            Ok(lp) => d.logprobs.push(lp),
-                            Err(e) => {
-                                failed = Some(e);
-                                return false;
-                            }
-                        }
-                    }
-                    d.tokens.push(tok);
-                    true
-                },
-            );
-            w.out = Some(match (r, failed) {
-                (Err(e), _) | (_, Some(e)) => Err(e),
-                (Ok(_), None) => Ok(d),
-            });
+                w.logprobs,
+                |_, _| true,
+            ));
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = cores.min(work.len() / 8).max(1);
@@ -649,8 +608,7 @@ impl Worker {
     /// Drafts of feed `f` beyond the first `keep` cached tokens leave the
     /// cache.
     fn drop_drafts(&mut self, f: &Feed, keep: usize) {
-        if keep < f.pos + f.tokens.len() {
-            self.engine.truncate_seq(f.seq, keep as i32);
+        if round::rollback(&mut self.engine, f.seq, f.pos + f.tokens.len(), keep) {
             self.batcher.rollback(f.id, keep);
         }
     }
@@ -781,5 +739,16 @@ impl Worker {
         m.kv_blocks_gpu.store(gpu, Relaxed);
         m.kv_blocks_dram.store(dram, Relaxed);
         m.kv_blocks_ssd.store(ssd, Relaxed);
+    }
+}
+
+/// A step plan's feed as the shared decode round sees it.
+fn view(f: &Feed) -> round::Feed<'_> {
+    round::Feed {
+        seq: f.seq,
+        pos: f.pos,
+        tokens: &f.tokens,
+        drafts: f.drafts,
+        sample: f.logits,
     }
 }
