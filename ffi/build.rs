@@ -226,11 +226,16 @@ fn config(src: &Path, out: &Path) -> cmake::Config {
     c
 }
 
-/// libggml-base, libggml and libllama, no backend; returns where they are.
+/// libggml-base, libggml and libllama, and of the backends only ggml's RPC
+/// module (libggml-rpc.so: remote devices, and the server offering local
+/// ones); returns where they are.
 fn build_core(src: &Path, out: &Path) -> Result<PathBuf> {
     let dir = out.join("core");
     config(src, &dir)
         .define("GGML_CPU", "OFF")
+        .define("GGML_RPC", "ON")
+        // no RDMA transport, whatever the build machine has installed
+        .define("GGML_RPC_RDMA", "OFF")
         .build_target("llama")
         .build();
     Ok(dir.join("build/bin"))
@@ -381,10 +386,15 @@ fn profile_dir(out: &Path) -> Result<PathBuf> {
 /// selection are removed, so the loader cannot pick one of them.
 fn install(core: &Path, cpu: &[PathBuf], bin: &Path) -> Result<()> {
     fs::create_dir_all(bin).map_err(|e| format!("{}: {e}", bin.display()))?;
-    let mut files: Vec<(PathBuf, String)> = ["libggml-base.so.0", "libggml.so.0", "libllama.so.0"]
-        .iter()
-        .map(|n| (core.join(n), n.to_string()))
-        .collect();
+    let mut files: Vec<(PathBuf, String)> = [
+        "libggml-base.so.0",
+        "libggml.so.0",
+        "libllama.so.0",
+        "libggml-rpc.so",
+    ]
+    .iter()
+    .map(|n| (core.join(n), n.to_string()))
+    .collect();
     for m in cpu {
         let name = m
             .file_name()

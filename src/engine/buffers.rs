@@ -94,22 +94,25 @@ impl KvStore {
 }
 
 /// Host memory the copy stream reads from: pinned (the device's host buffer
-/// type) on a GPU, plain CPU memory on the CPU device. ggml falls back to
-/// pageable memory silently when pinning fails; that is reported loudly
-/// (naming `what`), and the returned flag says whether it is really pinned.
+/// type) on a GPU, plain CPU memory on the CPU device and for a remote
+/// device (whose copies go through a socket). ggml falls back to pageable
+/// memory silently when pinning fails; that is reported loudly (naming
+/// `what`), and the returned flag says whether the memory is as the device
+/// needs it (pinned where that matters).
 pub fn alloc_host(
     dev: Device,
     bytes: usize,
     usage: BufferUsage,
     what: &str,
 ) -> Result<(Buffer, bool), EngineError> {
+    let plain = dev.is_cpu() || dev.is_remote();
     let (buft, real) = match dev.host_buffer_type() {
-        Some(h) if !dev.is_cpu() => (h, true),
+        Some(h) if !plain => (h, true),
         // the CPU device computes from host memory directly
-        _ => (crate::ggml::cpu_device()?.buffer_type(), dev.is_cpu()),
+        _ => (crate::ggml::cpu_device()?.buffer_type(), plain),
     };
     let b = Buffer::alloc(buft, bytes, usage)?;
-    let pinned = real && (dev.is_cpu() || b.name().contains("Host"));
+    let pinned = real && (plain || b.name().contains("Host"));
     if !pinned {
         tracing::warn!(
             "pinned host allocation of {bytes} bytes for {what} fell back to pageable memory ({})",

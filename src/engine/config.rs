@@ -33,9 +33,11 @@ pub enum Gemm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
     Cpu,
-    /// The first GPU; an error if none is loaded.
+    /// The first local GPU; an error if none is loaded.
     Gpu,
-    /// The GPU if present, else the CPU.
+    /// The first remote device (an RPC server's, `EngineConfig::rpc`).
+    Remote,
+    /// The local GPU if present, else the CPU.
     Auto,
 }
 
@@ -54,6 +56,9 @@ pub struct EngineConfig {
     /// the routing unfused, and the device waits for each MoE layer.
     pub expert_stats: bool,
     pub device: DeviceChoice,
+    /// RPC servers (`HOST:PORT`) whose devices join ggml's registry before
+    /// the device is chosen.
+    pub rpc: Vec<String>,
     pub progress: bool,
     /// What strata may use of GPU and host memory, for weights and KV
     /// (the memory plan decides the rest; see [`crate::paging::memory_plan`]).
@@ -146,6 +151,7 @@ impl Default for EngineConfig {
             tune_threads: false,
             expert_stats: false,
             device: DeviceChoice::Auto,
+            rpc: Vec::new(),
             progress: false,
             budgets: Budgets::default(),
             paging: PagingOptions::default(),

@@ -40,14 +40,23 @@ use crate::paging::Limits;
 use crate::paging::MemoryInput;
 use std::path::Path;
 
+/// How long reaching an RPC server may take.
+const RPC_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Engine {
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
         let gguf = GgufFile::open(path)?;
         let spec = ModelSpec::from_gguf(&gguf)?;
         let file = ModelFile::open(path)?;
+        for e in &cfg.rpc {
+            ggml::rpc::add_server(e, RPC_CONNECT_TIMEOUT)?;
+        }
         let device = match cfg.device {
             DeviceChoice::Cpu => ggml::cpu_device()?,
             DeviceChoice::Gpu => ggml::gpu_device()?.ok_or(GgmlError::NoDevice("GPU"))?,
+            DeviceChoice::Remote => ggml::remote_device()?.ok_or_else(|| {
+                GgmlError::Rpc("no remote device: give an RPC server (--rpc HOST:PORT)".into())
+            })?,
             DeviceChoice::Auto => match ggml::gpu_device()? {
                 Some(d) => d,
                 None => ggml::cpu_device()?,

@@ -307,9 +307,12 @@ pub(super) fn drop_gemm(device: Device, elements: u64) {
 /// plain memory copy.
 pub fn measure_h2d(device: Device, bytes: usize, reps: usize) -> Result<f64, EngineError> {
     use crate::ggml::{Buffer, BufferUsage, Context};
+    // host memory as the pager copies from (buffers::alloc_host): the
+    // device's pinned type, or plain CPU memory (the CPU device, a remote
+    // device, a device without a host type)
     let host_buft = match device.host_buffer_type() {
-        Some(h) if !device.is_cpu() => h,
-        _ => device.buffer_type(),
+        Some(h) if !device.is_cpu() && !device.is_remote() => h,
+        _ => crate::ggml::cpu_device()?.buffer_type(),
     };
     let host = Buffer::alloc(host_buft, bytes, BufferUsage::Any)?;
     let dev = Buffer::alloc(device.buffer_type(), bytes, BufferUsage::Any)?;

@@ -84,6 +84,37 @@ fn check_module_stamps(dir: &Path) -> std::result::Result<(), GgmlError> {
     Ok(())
 }
 
+/// Makes a fatal ggml error (its GGML_ABORT: a failed assertion, a lost
+/// RPC server) end the process with `error: ggml: MESSAGE` and exit status
+/// 1, instead of ggml's default of a backtrace through a debugger and a
+/// core dump. For programs, not for the library's callers: the process
+/// still ends.
+pub fn exit_on_fatal_errors() {
+    unsafe extern "C" fn on_abort(msg: *const std::os::raw::c_char) {
+        let text = if msg.is_null() {
+            String::new()
+        } else {
+            // SAFETY: ggml passes a NUL-terminated message valid for the call.
+            unsafe { std::ffi::CStr::from_ptr(msg) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let hint = if text.contains("RPC") {
+            " (the RPC server went away or answered garbage)"
+        } else {
+            ""
+        };
+        eprintln!("error: ggml: {}{hint}", text.trim_end());
+        // SAFETY: _exit ends the process at once: no destructor of ggml's
+        // static state (an RPC client's threads, a device's streams) may
+        // run, and none of them could finish with the fault still there.
+        unsafe { libc::_exit(1) };
+    }
+    // SAFETY: the callback is a plain function valid for the program's
+    // lifetime and safe to call from any thread.
+    unsafe { sys::ggml_set_abort_callback(Some(on_abort)) };
+}
+
 /// Sends ggml's log to `tracing`: warnings and errors as warnings, the
 /// rest (module loading, weight repacking) at debug level, instead of
 /// ggml's default of printing everything to stderr.
@@ -165,12 +196,18 @@ pub fn cpu_device() -> Result<Device> {
     Ok(Device(d))
 }
 
-/// The first GPU device, if a GPU backend module is loaded.
+/// The first local GPU device, if a GPU backend module is loaded (remote
+/// devices, which ggml lists as GPUs, are not local).
 pub fn gpu_device() -> Result<Option<Device>> {
-    load_backends()?;
-    // SAFETY: query of the global registry; null if there is none.
-    let d = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_GPU) };
-    Ok((!d.is_null()).then_some(Device(d)))
+    Ok(devices()?
+        .into_iter()
+        .find(|d| d.is_gpu() && !d.is_remote()))
+}
+
+/// The first remote device (an RPC server's, added by
+/// [`super::rpc::add_server`]), if any.
+pub fn remote_device() -> Result<Option<Device>> {
+    Ok(devices()?.into_iter().find(Device::is_remote))
 }
 
 /// Every device of the loaded backends, in the registry's order.
@@ -198,6 +235,19 @@ impl Device {
     pub fn is_cpu(&self) -> bool {
         // SAFETY: plain query.
         unsafe { sys::ggml_backend_dev_type(self.0) == sys::GGML_BACKEND_DEVICE_TYPE_CPU }
+    }
+    pub fn is_gpu(&self) -> bool {
+        // SAFETY: plain query.
+        unsafe { sys::ggml_backend_dev_type(self.0) == sys::GGML_BACKEND_DEVICE_TYPE_GPU }
+    }
+    /// Whether the device is another process's, reached through ggml's RPC
+    /// backend.
+    pub fn is_remote(&self) -> bool {
+        // SAFETY: the device's registry entry and its name are static.
+        unsafe {
+            let reg = sys::ggml_backend_dev_backend_reg(self.0);
+            !reg.is_null() && cstr_to_string(sys::ggml_backend_reg_name(reg)) == "RPC"
+        }
     }
     /// (free, total) bytes of device memory.
     pub fn memory(&self) -> (usize, usize) {

@@ -27,6 +27,8 @@ pub enum GgmlError {
     },
     #[error("{0}")]
     ModuleRefused(String),
+    #[error("{0}")]
+    Rpc(String),
     #[error("tensor {name}: {what}")]
     Tensor { name: String, what: String },
 }

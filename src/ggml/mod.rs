@@ -21,10 +21,12 @@ mod context;
 mod error;
 mod graph;
 mod rows;
+pub mod rpc;
 
 pub use arena::{TensorArena, TensorSpec};
 pub use backend::{
-    cpu_device, devices, gpu_device, load_backends, Backend, Device, Event, MAX_THREADS,
+    cpu_device, devices, exit_on_fatal_errors, gpu_device, load_backends, remote_device, Backend,
+    Device, Event, MAX_THREADS,
 };
 pub use binding::Binding;
 pub use buffer::{Buffer, BufferType, BufferUsage};

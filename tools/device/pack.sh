@@ -20,7 +20,7 @@ STRATA_CPU_VARIANTS=portable cargo build --release --bin strata --bin strata-con
 strip -o .carry/bin/strata target/release/strata
 strip -o .carry/bin/strata-convert target/release/strata-convert
 strip -o .carry/bin/readbench target/release/examples/readbench
-for f in libggml-base.so.0 libggml.so.0 libllama.so.0 libggml-cpu-haswell.so libggml-cpu-skylakex.so \
+for f in libggml-base.so.0 libggml.so.0 libllama.so.0 libggml-rpc.so libggml-cpu-haswell.so libggml-cpu-skylakex.so \
     libggml-cpu-icelake.so libggml-cpu-sapphirerapids.so libggml-cpu-zen4.so; do
   strip --strip-debug -o .carry/bin/$f target/release/$f
 done

@@ -350,7 +350,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // the device both engines compute on (llama.cpp's unoffloaded layers
     // on the CPU)
     let gpu = match cfg.device {
-        strata::engine::DeviceChoice::Cpu => None,
+        strata::engine::DeviceChoice::Cpu | strata::engine::DeviceChoice::Remote => None,
         _ => strata::ggml::gpu_device().ok().flatten(),
     };
     let device = match gpu {

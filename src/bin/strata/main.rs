@@ -16,6 +16,7 @@ mod bench;
 mod bench_spec;
 #[cfg(feature = "reference")]
 mod check;
+mod rpc;
 mod serve;
 mod spec;
 mod workloads;
@@ -50,7 +51,18 @@ enum Cmd {
     /// batching and a prefix cache.
     Serve(serve::ServeArgs),
     /// List the compute devices of the loaded backends (also: --list-devices).
-    Devices,
+    Devices(DevicesArgs),
+    /// Offer this machine's devices to other strata (and llama.cpp)
+    /// processes through ggml's RPC protocol, which has NO authentication:
+    /// whoever reaches the port can use the devices and read their memory.
+    RpcServer(rpc::RpcServerArgs),
+}
+
+#[derive(Args)]
+struct DevicesArgs {
+    /// Also list the devices of these RPC servers (HOST:PORT, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    rpc: Vec<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -58,6 +70,8 @@ enum DeviceArg {
     Auto,
     Cpu,
     Gpu,
+    /// The first device of the --rpc servers.
+    Rpc,
 }
 
 #[derive(Args)]
@@ -93,9 +107,16 @@ pub struct ModelArgs {
     /// spinning threads take cores from the process doing the work.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
     poll: u32,
-    /// Compute device.
+    /// Compute device: auto (the local GPU if there is one, else the CPU),
+    /// cpu, gpu, or rpc (the first device of the --rpc servers).
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
+    /// RPC servers (`strata rpc-server`, or llama.cpp's rpc-server) whose
+    /// devices are used as if local: HOST:PORT, comma-separated. ggml's RPC
+    /// protocol has no authentication or encryption: use it on a trusted
+    /// network only.
+    #[arg(long, value_delimiter = ',')]
+    rpc: Vec<String>,
     /// Count the experts a mixture's router picks, per layer, and print the
     /// share a hot set of the most picked experts would have caught. A
     /// measuring mode: the GPU runs the routing unfused and finishes each
@@ -297,13 +318,15 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    strata::ggml::exit_on_fatal_errors();
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
         #[cfg(feature = "reference")]
         Cmd::Check(a) => check::check(a),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Serve(a) => serve::serve(a),
-        Cmd::Devices => list_devices(),
+        Cmd::Devices(a) => list_devices(&a.rpc),
+        Cmd::RpcServer(a) => rpc::serve(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
@@ -313,7 +336,10 @@ fn main() {
 
 /// `strata devices` / `--list-devices` (llama.cpp's): each device with its
 /// memory.
-fn list_devices() -> Result<()> {
+fn list_devices(rpc: &[String]) -> Result<()> {
+    for e in rpc {
+        strata::ggml::rpc::add_server(e, std::time::Duration::from_secs(5))?;
+    }
     println!("Available devices:");
     for d in strata::ggml::devices()? {
         let (free, total) = d.memory();
@@ -401,7 +427,9 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             DeviceArg::Auto => DeviceChoice::Auto,
             DeviceArg::Cpu => DeviceChoice::Cpu,
             DeviceArg::Gpu => DeviceChoice::Gpu,
+            DeviceArg::Rpc => DeviceChoice::Remote,
         },
+        rpc: m.rpc.clone(),
         progress,
         budgets: Budgets {
             gpu: m.gpu_budget,
