@@ -18,7 +18,7 @@
 #                                       # and decode at depth 3500 with the sliding-window layers' KV
 #                                       # windowed (the default) and all on the device (--kv-budget
 #                                       # 1984M, as before), beside llama.cpp ngl=${NGL:-28}
-#   bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (about 77 GB: the two-GPU
+#   [PP=512 SKIP_CHECK=1] bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
 #                                       # CUDA parity at 24G --hybrid off against llama.cpp on every GPU
@@ -132,9 +132,13 @@ case $what in
     # (77 GB: every GPU of the machine), strata on the first at 24G
     s=$(dev_synth qwen3-235b-a22b)
     echo "$routing" | tee "$out/zoo_qwen3moe_235b$sk.txt"
+    # PP=512: the prompt test at 512 tokens (steps of 512) instead of 2048;
+    # SKIP_CHECK=1: the bench alone
+    pp=${PP:-2048}
     CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-400} $bin/strata bench -m "$s" --device gpu --gpu-budget 24G -c 4096 \
-      -b 2048 -ub 2048 -p 2048 -n 16 -B 0 -r 2 --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-71} 2>&1 | quiet \
+      -b $pp -ub $pp -p $pp -n 16 -B 0 -r 2 --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-71} 2>&1 | quiet \
       | tee -a "$out/zoo_qwen3moe_235b$sk.txt"
+    [ "${SKIP_CHECK:-0}" = 1 ] && continue
     echo "== strata check --gpu-budget 24G --hybrid off (llama.cpp on $(nvidia-smi -L | wc -l) GPUs)" \
       | tee -a "$out/zoo_qwen3moe_235b$sk.txt"
     timeout ${CHECK_TIMEOUT:-150} $bin/strata check -m "$s" --device gpu --gpu-budget 24G --hybrid off -n 16 2>&1 | quiet \
