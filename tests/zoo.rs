@@ -147,6 +147,80 @@ fn gemma3_matches_llama_cpp() {
     parity_at(&path, "gemma3-270m", &[PROMPTS[0], PROMPTS[1], &long], 1024);
 }
 
+/// Gemma 3 270M with every group streamed and host frames for only the
+/// prompt's blocks: the sliding-window layers (the only windowed ones) need
+/// frames for the blocks their window sees, so as decoding crosses into a
+/// new block the oldest one spills to disk instead of the step failing for
+/// want of frames, and the tokens and logits stay llama.cpp's.
+#[test]
+fn gemma3_window_frames_spill_what_the_window_left() {
+    let Some(path) = model(common::GEMMA3) else {
+        return;
+    };
+    const BLOCK: usize = 64;
+    const GEN: usize = 72; // crosses at least one block boundary
+    let n_ctx = 1024;
+    let lm = LlamaModel::load(&path, false, 0).expect("libllama loads the file");
+    let long =
+        "The history of the lighthouse keeper's family, told one season at a time. ".repeat(40);
+    let prompt = lm.tokenize(&long, true, true).expect("tokenize");
+    let hp = {
+        let f = strata::gguf::GgufFile::open(&path).expect("gguf");
+        strata::model::ModelSpec::from_gguf(&f).expect("spec").hp
+    };
+    assert!(prompt.len() > hp.n_swa as usize + BLOCK, "the prompt passes the window");
+    let frames = prompt.len().div_ceil(BLOCK) as u64;
+    let swa = (0..hp.n_layer).filter(|&l| hp.is_swa(l)).count() as u64;
+    let frame_bytes = swa * strata::paging::sizes::kv_bytes(&hp, BLOCK as u64);
+    let spill = tempfile::tempdir().expect("tmp");
+    let cfg = EngineConfig {
+        paging: PagingOptions {
+            stream_all: true,
+            ..PagingOptions::default()
+        },
+        budgets: strata::paging::Budgets {
+            kv_dram: Some(frames * frame_bytes),
+            ..Default::default()
+        },
+        n_ctx,
+        n_batch: n_ctx,
+        kv_tier: KvTierOptions {
+            block: BLOCK,
+            spill_dir: Some(spill.path().to_path_buf()),
+            ..KvTierOptions::default()
+        },
+        ..common::cpu_cfg()
+    };
+    let mut engine = Engine::load(&path, &cfg).expect("strata loads the file");
+    assert_eq!(engine.kv_tier().map(|t| t.frames() as u64), Some(frames));
+    let rcfg = ReferenceConfig {
+        n_ctx,
+        n_batch: n_ctx,
+        n_ubatch: 0,
+        n_seq: 1,
+        n_threads: 2,
+        offload_kqv: true,
+    };
+    let mut reference = Reference::new_default_settings(&lm, &rcfg).expect("context");
+    let nv = engine.n_vocab() as usize;
+    let s = strata::parity::run_strata(&mut engine, &prompt, GEN).expect("strata");
+    let r = strata::parity::run_reference(&mut reference, &prompt, GEN, nv).expect("llama.cpp");
+    let worst = s
+        .logits
+        .iter()
+        .zip(&r.logits)
+        .map(|(a, b)| nmse(a, b))
+        .fold(0.0, f64::max);
+    let spilled = engine.kv_tier().expect("tier").total.spilled;
+    eprintln!(
+        "{} prompt tokens, {frames} frames: {spilled} blocks spilled, worst NMSE {worst:.3e}",
+        prompt.len()
+    );
+    assert!(spilled > 0, "decoding past the frames spills the oldest block");
+    assert!(worst <= 1e-4, "NMSE {worst}");
+    assert_eq!(s.tokens, r.tokens);
+}
+
 /// Mixtral-style: `llama` with 8 experts, 2 used per token.
 #[test]
 fn mixtral_matches_llama_cpp() {

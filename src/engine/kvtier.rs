@@ -251,7 +251,18 @@ impl KvTier {
         tokens: Option<&[(u32, i32)]>,
     ) -> Result<(), EngineError> {
         self.step = KvStats::default();
-        let needed = cells.blocks_of(mask, self.block);
+        // the blocks a sliding-window layer reads (the window is the same
+        // for every such layer); where every windowed layer is one, only
+        // those need frames: older blocks may stay spilled
+        let window = self.swa.iter().flatten().next().copied();
+        let seen = match (window, tokens) {
+            (Some(w), Some(t)) => Some(cells.window_blocks(t, w, self.block)),
+            _ => None,
+        };
+        let needed = match &seen {
+            Some(s) if self.swa.iter().all(Option::is_some) => s.clone(),
+            _ => cells.blocks_of(mask, self.block),
+        };
         let plan = self.table.plan(&needed, &had_data)?;
         for a in plan {
             match a {
@@ -271,11 +282,9 @@ impl KvTier {
             }
         }
         self.up = self.runs(cells, &needed);
-        // the window is the same for every sliding-window layer
-        let window = self.swa.iter().flatten().next().copied();
-        self.up_swa = match (window, tokens) {
-            (Some(w), Some(t)) => self.runs(cells, &cells.window_blocks(t, w, b)),
-            _ => self.up.clone(),
+        self.up_swa = match &seen {
+            Some(s) => self.runs(cells, s),
+            None => self.up.clone(),
         };
         self.down.clear();
         let mut sorted = new_cells.to_vec();
