@@ -168,7 +168,10 @@ fn gemma3_window_frames_spill_what_the_window_left() {
         let f = strata::gguf::GgufFile::open(&path).expect("gguf");
         strata::model::ModelSpec::from_gguf(&f).expect("spec").hp
     };
-    assert!(prompt.len() > hp.n_swa as usize + BLOCK, "the prompt passes the window");
+    assert!(
+        prompt.len() > hp.n_swa as usize + BLOCK,
+        "the prompt passes the window"
+    );
     let frames = prompt.len().div_ceil(BLOCK) as u64;
     let swa = (0..hp.n_layer).filter(|&l| hp.is_swa(l)).count() as u64;
     let frame_bytes = swa * strata::paging::sizes::kv_bytes(&hp, BLOCK as u64);
@@ -216,7 +219,10 @@ fn gemma3_window_frames_spill_what_the_window_left() {
         "{} prompt tokens, {frames} frames: {spilled} blocks spilled, worst NMSE {worst:.3e}",
         prompt.len()
     );
-    assert!(spilled > 0, "decoding past the frames spills the oldest block");
+    assert!(
+        spilled > 0,
+        "decoding past the frames spills the oldest block"
+    );
     assert!(worst <= 1e-4, "NMSE {worst}");
     assert_eq!(s.tokens, r.tokens);
 }
