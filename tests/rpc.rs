@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{model, nmse};
+use common::model;
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -86,12 +86,7 @@ fn a_remote_cpu_gives_the_local_cpus_tokens_and_logits() {
         assert!(remote.device().is_remote());
         assert_eq!(remote.plan.placement.n_streamed() > 0, stream_all);
         let got = strata::parity::run_strata(&mut remote, &prompt, 16).expect("remote run");
-        let worst = got
-            .logits
-            .iter()
-            .zip(&want.logits)
-            .map(|(a, b)| nmse(a, b))
-            .fold(0.0, f64::max);
+        let (worst, _) = strata::parity::compare(&got, &want);
         eprintln!("streamed={stream_all}: worst NMSE {worst:.3e}");
         assert_eq!(got.tokens, want.tokens, "streamed={stream_all}");
         assert!(worst <= 1e-4, "streamed={stream_all}: NMSE {worst}");

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{model, nmse};
+use common::model;
 use std::path::{Path, PathBuf};
 use strata::engine::{Engine, EngineConfig, KvTierOptions, PagingOptions};
 use strata::llama::{LlamaModel, Reference, ReferenceConfig};
@@ -43,6 +43,19 @@ fn parity(preset: &str) {
     parity_at(&path, preset, &PROMPTS, 512);
 }
 
+/// llama.cpp's context for the parity runs: `n_ctx` cells and batch, one
+/// sequence, 2 threads.
+fn reference_cfg(n_ctx: u32) -> ReferenceConfig {
+    ReferenceConfig {
+        n_ctx,
+        n_batch: n_ctx,
+        n_ubatch: 0,
+        n_seq: 1,
+        n_threads: 2,
+        offload_kqv: true,
+    }
+}
+
 /// `n_ctx`: the context (and batch) of both engines.
 fn parity_at(path: &Path, preset: &str, prompts: &[&str], n_ctx: u32) {
     // resident, strata keeps CPU weights repacked as llama.cpp does by
@@ -52,14 +65,7 @@ fn parity_at(path: &Path, preset: &str, prompts: &[&str], n_ctx: u32) {
     // dozen, so each is compared with the llama.cpp that computes alike)
     let lm = LlamaModel::load_as_users_run(path, 0).expect("libllama loads the file");
     let lm_plain = LlamaModel::load(path, false, 0).expect("libllama loads the file");
-    let rcfg = ReferenceConfig {
-        n_ctx,
-        n_batch: n_ctx,
-        n_ubatch: 0,
-        n_seq: 1,
-        n_threads: 2,
-        offload_kqv: true,
-    };
+    let rcfg = reference_cfg(n_ctx);
     for stream_all in [false, true] {
         let cfg = EngineConfig {
             paging: PagingOptions {
@@ -95,12 +101,7 @@ fn parity_at(path: &Path, preset: &str, prompts: &[&str], n_ctx: u32) {
             let s = strata::parity::run_strata(&mut engine, &prompt, N_GEN).expect("strata");
             let r = strata::parity::run_reference(&mut reference, &prompt, N_GEN, nv)
                 .expect("llama.cpp");
-            let worst = s
-                .logits
-                .iter()
-                .zip(&r.logits)
-                .map(|(a, b)| nmse(a, b))
-                .fold(0.0, f64::max);
+            let (worst, _) = strata::parity::compare(&s, &r);
             let short: String = p.chars().take(40).collect();
             eprintln!("{preset} streamed={stream_all} {short:?}: worst NMSE {worst:.3e}");
             assert_eq!(s.logits.len(), r.logits.len());
@@ -196,24 +197,12 @@ fn gemma3_window_frames_spill_what_the_window_left() {
     };
     let mut engine = Engine::load(&path, &cfg).expect("strata loads the file");
     assert_eq!(engine.kv_tier().map(|t| t.frames() as u64), Some(frames));
-    let rcfg = ReferenceConfig {
-        n_ctx,
-        n_batch: n_ctx,
-        n_ubatch: 0,
-        n_seq: 1,
-        n_threads: 2,
-        offload_kqv: true,
-    };
+    let rcfg = reference_cfg(n_ctx);
     let mut reference = Reference::new_default_settings(&lm, &rcfg).expect("context");
     let nv = engine.n_vocab() as usize;
     let s = strata::parity::run_strata(&mut engine, &prompt, GEN).expect("strata");
     let r = strata::parity::run_reference(&mut reference, &prompt, GEN, nv).expect("llama.cpp");
-    let worst = s
-        .logits
-        .iter()
-        .zip(&r.logits)
-        .map(|(a, b)| nmse(a, b))
-        .fold(0.0, f64::max);
+    let (worst, _) = strata::parity::compare(&s, &r);
     let spilled = engine.kv_tier().expect("tier").total.spilled;
     eprintln!(
         "{} prompt tokens, {frames} frames: {spilled} blocks spilled, worst NMSE {worst:.3e}",

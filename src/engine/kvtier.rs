@@ -91,10 +91,11 @@ pub struct KvTier {
     shape: KvShape,
     /// Per windowed layer: the sliding window it attends over, if any.
     swa: Vec<Option<u32>>,
-    /// This step's uploads: every block of its sequences, and for
-    /// sliding-window layers only the blocks their window sees.
+    /// This step's uploads: the blocks in frames for the step, and, where
+    /// those are more than a sliding-window layer reads, that layer's (only
+    /// the blocks its window sees).
     up: Vec<Run>,
-    up_swa: Vec<Run>,
+    up_swa: Option<Vec<Run>>,
     down: Vec<Run>,
     /// Window slot -> windowed layer whose new rows still wait to go back.
     occupant: Vec<Option<usize>>,
@@ -164,7 +165,7 @@ impl KvTier {
             },
             swa,
             up: Vec::new(),
-            up_swa: Vec::new(),
+            up_swa: None,
             down: Vec::new(),
             occupant: vec![None; slots],
             step: KvStats::default(),
@@ -259,9 +260,9 @@ impl KvTier {
             (Some(w), Some(t)) => Some(cells.window_blocks(t, w, self.block)),
             _ => None,
         };
-        let needed = match &seen {
-            Some(s) if self.swa.iter().all(Option::is_some) => s.clone(),
-            _ => cells.blocks_of(mask, self.block),
+        let (needed, seen) = match seen {
+            Some(s) if self.swa.iter().all(Option::is_some) => (s, None),
+            s => (cells.blocks_of(mask, self.block), s),
         };
         let plan = self.table.plan(&needed, &had_data)?;
         for a in plan {
@@ -282,10 +283,7 @@ impl KvTier {
             }
         }
         self.up = self.runs(cells, &needed);
-        self.up_swa = match &seen {
-            Some(s) => self.runs(cells, s),
-            None => self.up.clone(),
-        };
+        self.up_swa = seen.map(|s| self.runs(cells, &s));
         self.down.clear();
         let mut sorted = new_cells.to_vec();
         sorted.sort_unstable();
@@ -330,10 +328,9 @@ impl KvTier {
 
     /// The step's uploads of windowed layer index `li`.
     fn up_of(&self, li: usize) -> &[Run] {
-        if self.swa[li].is_some() {
-            &self.up_swa
-        } else {
-            &self.up
+        match (self.swa[li], &self.up_swa) {
+            (Some(_), Some(up)) => up,
+            _ => &self.up,
         }
     }
 

@@ -400,7 +400,7 @@ async fn complete(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Respons
                     };
                     if let Some(t) = &tools {
                         let (content, calls) = t.extract(&text, &id);
-                        let finish = calls_finish(&calls, finish);
+                        let finish = calls_finish(calls.len(), finish);
                         return Json(a.full_with_calls(
                             content.as_deref(),
                             &calls,
@@ -439,9 +439,9 @@ struct StreamOf {
     tools: Option<Arc<Tools>>,
 }
 
-/// An answer that ended with calls finishes as "tool_calls".
-fn calls_finish<'a>(calls: &[serde_json::Value], finish: &'a str) -> &'a str {
-    if !calls.is_empty() && finish == "stop" {
+/// An answer that ended with `n_calls` calls finishes as "tool_calls".
+fn calls_finish(n_calls: usize, finish: &str) -> &str {
+    if n_calls > 0 && finish == "stop" {
         "tool_calls"
     } else {
         finish
@@ -491,41 +491,31 @@ fn stream(of: StreamOf, rx: UnboundedReceiver<Event>) -> Response {
                     .collect()
             };
             let out: Vec<SseEvent> = match s.rx.recv().await {
-                Some(Event::Text { text, .. }) if s.calls.is_some() => {
-                    let p = s.calls.as_mut().expect("tools").push(&text);
-                    pieces(&mut s, p)
-                }
-                Some(Event::Done { finish, usage }) if s.calls.is_some() => {
-                    s.done = true;
-                    let p = s.calls.as_mut().expect("tools").finish();
-                    let mut v = pieces(&mut s, p);
-                    let n = s.calls.as_ref().map_or(0, CallStream::calls);
-                    let finish = if n > 0 && finish == "stop" {
-                        "tool_calls"
-                    } else {
-                        finish
-                    };
-                    v.push(data(a.chunk(None, s.first, Some(finish), null.clone())));
-                    if of.include_usage {
-                        v.push(data(a.usage_chunk(usage)));
+                Some(Event::Text { text, logprobs }) => match s.calls.as_mut() {
+                    Some(c) => {
+                        let p = c.push(&text);
+                        pieces(&mut s, p)
                     }
-                    v.push(SseEvent::default().data("[DONE]"));
-                    v
-                }
-                Some(Event::Text { text, logprobs }) => {
-                    let first = std::mem::take(&mut s.first);
-                    let lp = if of.logprobs {
-                        logprobs::answer_json(of.endpoint, &logprobs, &|t| {
-                            of.vocab.token_bytes(t, true)
-                        })
-                    } else {
-                        null
-                    };
-                    vec![data(a.chunk(Some(&text), first, None, lp))]
-                }
+                    None => {
+                        let first = std::mem::take(&mut s.first);
+                        let lp = if of.logprobs {
+                            logprobs::answer_json(of.endpoint, &logprobs, &|t| {
+                                of.vocab.token_bytes(t, true)
+                            })
+                        } else {
+                            null
+                        };
+                        vec![data(a.chunk(Some(&text), first, None, lp))]
+                    }
+                },
                 Some(Event::Done { finish, usage }) => {
                     s.done = true;
-                    let mut v = vec![data(a.chunk(None, s.first, Some(finish), null))];
+                    // what an answer with tools held back, then its end
+                    let rest = s.calls.as_mut().map(CallStream::finish).unwrap_or_default();
+                    let mut v = pieces(&mut s, rest);
+                    let n = s.calls.as_ref().map_or(0, CallStream::calls);
+                    let finish = calls_finish(n, finish);
+                    v.push(data(a.chunk(None, s.first, Some(finish), null.clone())));
                     if of.include_usage {
                         v.push(data(a.usage_chunk(usage)));
                     }

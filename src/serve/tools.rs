@@ -400,9 +400,8 @@ impl CallStream {
                 self.content(&before, &mut out);
                 return out;
             };
-            let before: String = self.held[..a].to_string();
+            let before: String = self.held.drain(..a).collect();
             self.content(&before, &mut out);
-            self.held.drain(..a);
             let Some(b) = self.held[OPEN.len()..].find(CLOSE) else {
                 return out;
             };
