@@ -4,7 +4,10 @@
 
 use strata::ggml::Context;
 use strata::gguf::GgmlType;
-use strata::graph::{build_attn, build_ffn, build_head, Dims, Limits, StepShape};
+use strata::graph::{
+    build_add_rows, build_attn, build_ffn, build_head, build_host_experts, build_router, Dims,
+    Limits, StepShape,
+};
 use strata::model::{Arch, Hparams, Role};
 
 fn dims(arch: Arch) -> Dims {
@@ -235,6 +238,11 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
     let ctx = Context::new(1024, 1024).expect("context");
     let b = match kind {
         "moe_ffn" | "mixtral_ffn" => build_ffn(&ctx, &d, &moe_sig(), s, LIM),
+        // an expert split: the router alone, the device's first experts,
+        // the host's picks, the host's rows added
+        "moe_router" => build_router(&ctx, &d, &moe_sig(), s.n_tokens, LIM),
+        "moe_host_experts" => build_host_experts(&ctx, &d, &moe_sig(), 32, LIM),
+        "add_rows" => build_add_rows(&ctx, &d, s.n_tokens, LIM),
         "arch_ffn" => build_ffn(&ctx, &d, &ffn_sig_of(arch), s, LIM),
         // two chunks of four rows: the routing and experts once per chunk
         "moe_ffn_chunked" => build_ffn(&ctx, &d, &moe_sig(), s, Limits { ffn_rows: 4, ..LIM }),
@@ -278,6 +286,7 @@ const PREFILL: StepShape = StepShape {
     n_out: 7,
     last_layer: false,
     swa: false,
+    dev_experts: 0,
 };
 const DECODE: StepShape = StepShape {
     n_tokens: 1,
@@ -285,6 +294,7 @@ const DECODE: StepShape = StepShape {
     n_out: 1,
     last_layer: false,
     swa: false,
+    dev_experts: 0,
 };
 const BIG: StepShape = StepShape {
     n_tokens: 512,
@@ -292,6 +302,7 @@ const BIG: StepShape = StepShape {
     n_out: 1,
     last_layer: false,
     swa: false,
+    dev_experts: 0,
 };
 const LAST: StepShape = StepShape {
     n_tokens: 7,
@@ -299,6 +310,7 @@ const LAST: StepShape = StepShape {
     n_out: 1,
     last_layer: true,
     swa: false,
+    dev_experts: 0,
 };
 
 #[test]
@@ -338,6 +350,15 @@ fn qwen3moe_layouts() {
         check(Arch::Qwen3Moe, "moe_ffn", label, s);
     }
     check(Arch::Qwen3Moe, "moe_ffn_chunked", "prefill", PREFILL);
+    // an expert split: the device holds the first 48 of 128 experts
+    let split = StepShape {
+        dev_experts: 48,
+        ..PREFILL
+    };
+    check(Arch::Qwen3Moe, "moe_ffn", "split", split);
+    check(Arch::Qwen3Moe, "moe_router", "prefill", PREFILL);
+    check(Arch::Qwen3Moe, "moe_host_experts", "split", split);
+    check(Arch::Qwen3Moe, "add_rows", "prefill", PREFILL);
 }
 
 #[test]

@@ -324,3 +324,91 @@ fn expert_stats_see_the_synthetic_router_skew() {
     assert!(s > 0.18, "skewed file: {s:.3}");
     assert!(u < 0.16, "uniform file: {u:.3}");
 }
+
+/// Expert split on the CPU (`--expert-split`): for steps of many tokens
+/// each streamed mixture layer uploads only its first experts, which the
+/// device computes, while the host computes the picks of the others; both
+/// are summed into the residual. Slots are poisoned after use, so an
+/// expert the device was not sent would show as NaN. The logits stay
+/// within rounding of the resident engine's (the experts' sum runs in
+/// another order) and the tokens are equal, for splits keeping one
+/// expert, half of them and all but one on the device; one-token steps
+/// keep whole CPU groups.
+#[test]
+fn moe_expert_split_equals_resident() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    for preset in ["mixtral-tiny", "qwen3moe-tiny"] {
+        let path = dir.path().join(format!("{preset}.gguf"));
+        common::synth(
+            &path,
+            &vocab,
+            Synth {
+                preset,
+                seed: 7,
+                ..Synth::default()
+            },
+        );
+        let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+        let plain = EngineConfig {
+            repack: false,
+            ..cpu_cfg()
+        };
+        let mut resident = Engine::load(&path, &plain).expect("resident engine");
+        let hp = resident.spec.hp.clone();
+        let n_layer = hp.n_layer as usize;
+        for dev in [1, hp.n_expert / 2, hp.n_expert - 1] {
+            let mut cfg = hybrid_cfg(n_layer, false);
+            cfg.paging.split = strata::paging::SplitInput {
+                mode: strata::paging::ExpertSplit::Force(dev),
+                min_tokens: 2,
+            };
+            cfg.faults.poison_slots = true;
+            let mut split = Engine::load(&path, &cfg).expect("split engine");
+            let h = split.plan.placement.hybrid.clone().expect("a hybrid plan");
+            assert_eq!(h.split_at(1), None);
+            assert_eq!(h.split_at(2), Some(dev));
+            assert!(h.cpu_groups(2).iter().all(|c| !c));
+            for p in PROMPTS {
+                let prompt = lm.tokenize(p, true, true).expect("tokenize");
+                let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+                let b = run_strata(&mut split, &prompt, 12).expect("split run");
+                let (worst, diff) = compare(&b, &a);
+                assert!(worst < 1e-8, "{preset} dev={dev}: NMSE {worst}");
+                assert_eq!(diff, None, "{preset} dev={dev}: tokens differ");
+                // the last step was one token: whole CPU groups
+                assert_eq!(split.last_step.host.groups, n_layer as u64);
+            }
+            // a prompt step: every FFN group split, the bus carrying the
+            // attention groups whole and the FFN groups' first experts
+            let prompt = lm.tokenize(PROMPTS[1], true, true).expect("tokenize");
+            split.clear();
+            resident.clear();
+            let batch = common::all_positions(&[prompt]);
+            let a = resident.decode(&batch).expect("resident prompt");
+            let b = split.decode(&batch).expect("split prompt");
+            assert!(common::nmse(&b, &a) < 1e-8, "{preset} dev={dev}");
+            let st = split.last_step;
+            // (a layer none of whose picks went to the host's experts
+            // computes nothing there)
+            assert!(st.host.groups <= n_layer as u64, "{preset} dev={dev}");
+            if dev <= hp.n_expert / 2 {
+                assert_eq!(st.host.groups, n_layer as u64, "{preset} dev={dev}");
+            }
+            assert_eq!(st.pager.uploads, 2 * n_layer as u64);
+            let whole: u64 = split.spec.groups.iter().map(|g| g.bytes()).sum();
+            let expert_bytes: u64 = split
+                .spec
+                .groups
+                .iter()
+                .flat_map(|g| &g.weights)
+                .filter(|w| w.role.is_some_and(|r| r.is_expert()))
+                .map(|w| w.size)
+                .sum();
+            let carried = whole - expert_bytes + expert_bytes * dev as u64 / hp.n_expert as u64;
+            assert_eq!(st.pager.bytes, carried, "{preset} dev={dev}: bytes up");
+        }
+    }
+}

@@ -95,6 +95,10 @@ pub struct PagingOptions {
     pub ffn_rows: Option<u32>,
     /// How large steps multiply.
     pub gemm: Gemm,
+    /// Whether a mixture's steps of many tokens split each streamed
+    /// layer's experts between the device and the host CPU (with hybrid
+    /// decode's host copies; see `paging::split`).
+    pub split: crate::paging::SplitInput,
 }
 
 impl Default for PagingOptions {
@@ -106,6 +110,7 @@ impl Default for PagingOptions {
             hybrid: Hybrid::Auto,
             ffn_rows: None,
             gemm: Gemm::Auto,
+            split: crate::paging::SplitInput::default(),
         }
     }
 }

@@ -43,7 +43,27 @@ pub struct HostCompute {
     dims: Dims,
     pub lim: Limits,
     x: Vec<f32>,
+    /// An expert split's inputs (rows, expert ids) and its rows out.
+    split: Option<SplitIo>,
     pub stats: HostStats,
+}
+
+/// Host memory for the picks of an expert split: rows F32 [n_embd, 1,
+/// most] and ids I32 [1, most], `most` the picks of a full host step.
+struct SplitIo {
+    arena: crate::ggml::TensorArena,
+    most: u32,
+    rows: Vec<f32>,
+    ids: Vec<i32>,
+    out: Vec<f32>,
+}
+
+/// One (token, expert) pick of the host's side of an expert split.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pick {
+    pub token: u32,
+    pub expert: i32,
+    pub weight: f32,
 }
 
 impl HostCompute {
@@ -84,6 +104,7 @@ impl HostCompute {
             dims: dims.clone(),
             lim,
             x: Vec::new(),
+            split: None,
             stats: HostStats::default(),
         })
     }
@@ -176,6 +197,113 @@ impl HostCompute {
 }
 
 impl HostCompute {
+    /// The host's side of an expert split of group `gi` (FFN signature
+    /// `sig`): each of `picks` through its expert, weighted, summed per
+    /// token into `out` (F32 [n_embd, n_tokens], zeroed first). `cur` is
+    /// the router's normed rows F32 [n_embd, n_tokens].
+    pub fn split_experts(
+        &mut self,
+        gi: GroupId,
+        sig: &[(crate::model::Role, crate::dtype::GgmlType)],
+        cur: &[f32],
+        picks: &[Pick],
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let e = self.dims.hp.n_embd as usize;
+        let n_tokens = cur.len() / e;
+        out.clear();
+        out.resize(n_tokens * e, 0.0);
+        if picks.is_empty() {
+            return Ok(());
+        }
+        let set = *self
+            .set_of
+            .get(&gi.index())
+            .expect("the plan only splits groups the host has copies of");
+        let most = (self.lim.n_batch * self.dims.hp.n_expert_used).next_multiple_of(32);
+        if self.split.is_none() {
+            let cpu = crate::ggml::cpu_device()?;
+            let specs = [
+                crate::ggml::TensorSpec::new(
+                    crate::dtype::GgmlType::F32,
+                    &[e as i64, 1, most as i64],
+                ),
+                crate::ggml::TensorSpec::new(crate::dtype::GgmlType::I32, &[1, most as i64]),
+            ];
+            self.split = Some(SplitIo {
+                arena: crate::ggml::TensorArena::new(
+                    cpu.buffer_type(),
+                    crate::ggml::BufferUsage::Compute,
+                    &specs,
+                )?,
+                most,
+                rows: Vec::new(),
+                ids: Vec::new(),
+                out: Vec::new(),
+            });
+        }
+        let io = self.split.as_mut().expect("made above");
+        // padded to 32 picks (a few templates serve every step): the
+        // padding repeats the first pick's expert on zero rows
+        let n = (picks.len() as u32).next_multiple_of(32).min(io.most);
+        if picks.len() > n as usize {
+            return Err(EngineError::Unsupported(
+                "an expert split of more picks than a host step holds",
+            ));
+        }
+        io.rows.clear();
+        io.rows.resize(n as usize * e, 0.0);
+        io.ids.clear();
+        io.ids.resize(n as usize, picks[0].expert);
+        for (i, p) in picks.iter().enumerate() {
+            let t = p.token as usize;
+            io.rows[i * e..(i + 1) * e].copy_from_slice(&cur[t * e..(t + 1) * e]);
+            io.ids[i] = p.expert;
+        }
+        io.arena
+            .tensor(0)
+            .set_bytes(bytemuck::cast_slice(&io.rows), 0)?;
+        io.arena.tensor(1).set_i32(&io.ids)?;
+        let key = TemplateKey::HostExperts {
+            sig: sig.to_vec(),
+            picks: n,
+        };
+        let mut binds = self.weights.sets[set].clone();
+        binds.push(io.arena.binding(0));
+        binds.push(io.arena.binding(1));
+        if !self.templates.contains_key(&key) {
+            let mut t = Template::build(&key, &self.dims, self.lim)?;
+            t.bind_externals(&self.persistent.bindings)?;
+            self.templates.insert(key.clone(), t);
+        }
+        let t = self.templates.get_mut(&key).expect("template exists");
+        t.bind(BindId::resident(gi), &binds, None)?;
+        if !t.allocated {
+            self.allocator.alloc(&t.graph())?;
+            t.allocated = true;
+            let size = self.allocator.buffer_size();
+            if size != self.alloc_size {
+                self.alloc_size = size;
+                self.templates.retain(|k, _| *k == key);
+            }
+        }
+        let t = self.templates.get(&key).expect("kept above");
+        let t0 = Instant::now();
+        self.backend.compute(&t.graph())?;
+        io.out.resize(n as usize * e, 0.0);
+        t.out().get_f32(&mut io.out)?;
+        for (i, p) in picks.iter().enumerate() {
+            let t = p.token as usize;
+            let dst = &mut out[t * e..(t + 1) * e];
+            for (d, s) in dst.iter_mut().zip(&io.out[i * e..(i + 1) * e]) {
+                *d += p.weight * s;
+            }
+        }
+        self.stats.compute += t0.elapsed();
+        self.stats.groups += 1;
+        Ok(())
+    }
+
     /// The router's picks of the last compute of template `key` (a
     /// mixture's FFN built with `Dims::read_routing`), token-major.
     pub fn routed(&self, key: &TemplateKey) -> Result<Vec<i32>, EngineError> {

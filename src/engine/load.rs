@@ -296,6 +296,10 @@ impl Engine {
             rec.clone(),
         )?;
         let persistent = Persistent::alloc(&dims, lim, device)?;
+        let split = match plan.placement.hybrid.as_ref().and_then(|h| h.split.as_ref()) {
+            Some(_) if host.is_some() => Some(super::split::SplitRows::alloc(&dims, lim, device)?),
+            _ => None,
+        };
         // what every graph's externals are bound to
         let mut ext = persistent.bindings.clone();
         ext.extend(store.rope_freqs.clone());
@@ -315,6 +319,7 @@ impl Engine {
             templates,
             pager,
             host,
+            split,
             backend,
             store,
             persistent,

@@ -16,6 +16,8 @@
 //! - `buffers`: the persistent device tensors (residual, step inputs, KV);
 //! - `kvcache`, `kvtier`: the KV cache's one owner and its host/SSD tier;
 //! - `host`: groups the host CPU computes (hybrid decode);
+//! - `split`: a mixture's layers whose experts the device and the host
+//!   compute together (expert split);
 //! - `session`: KV caches saved to and restored from files;
 //! - `timeline`: the recorder behind `bench --trace`.
 //!
@@ -34,6 +36,7 @@ mod model_file;
 mod pager;
 mod probe;
 mod session;
+mod split;
 mod state;
 mod step;
 mod store;
@@ -42,7 +45,7 @@ pub mod threads;
 pub mod timeline;
 mod window;
 
-pub use crate::paging::Budgets;
+pub use crate::paging::{Budgets, ExpertSplit, SplitInput};
 pub use batch::{BatchToken, StepStats};
 pub use config::{
     default_threads, DeviceChoice, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions, PagingOptions,

@@ -13,6 +13,7 @@ use super::timeline::{Recorder, Stream};
 use crate::ggml::{Backend, Device, Event};
 use crate::model::{GroupId, GroupKind};
 use crate::paging::{Op, Plan, Ring, SlotRing};
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,10 @@ pub struct Pager {
     pos: Vec<usize>,
     streams: Streams,
     pub stats: PagerStats,
+    /// This step's partial uploads (expert splits): by group index, the
+    /// byte ranges of its extent that go up; the rest of its slot is not
+    /// read this step.
+    pub partial: HashMap<usize, Vec<(usize, usize)>>,
     /// The engine's timeline switch.
     rec: Recorder,
 }
@@ -105,6 +110,7 @@ impl Pager {
             streamed: Vec::new(),
             streams,
             stats: PagerStats::default(),
+            partial: HashMap::new(),
             rec,
         })
     }
@@ -173,26 +179,35 @@ impl Pager {
             .as_ref()
             .expect("ring")
             .slot_tensor(slot);
+        let whole = [(0, src.len())];
+        let ranges: &[(usize, usize)] = match self.partial.get(&gi.index()) {
+            Some(r) => r,
+            None => &whole,
+        };
+        let bytes: usize = ranges.iter().map(|r| r.1).sum();
         self.stats.uploads += 1;
-        self.stats.bytes += src.len() as u64;
+        self.stats.bytes += bytes as u64;
         let name = || format!("upload {gi} -> {}{slot}", ring.label());
         match &self.streams {
             Streams::Async { copy, .. } => {
-                let _rec = self.rec.scope(Stream::Copy, copy, name, src.len() as u64);
-                // SAFETY: src is pinned memory owned by the store, not written
-                // until this copy completed (the window drains the copy stream
-                // before reusing a host slot); the device slot is free (the
-                // copy stream waited free(s)).
-                unsafe { copy.tensor_set_async(t, src, 0) };
+                let _rec = self.rec.scope(Stream::Copy, copy, name, bytes as u64);
+                for &(off, len) in ranges {
+                    // SAFETY: src is pinned memory owned by the store, not
+                    // written until this copy completed (the window drains
+                    // the copy stream before reusing a host slot); the
+                    // device slot is free (the copy stream waited free(s));
+                    // the range lies in the extent (a group's layout).
+                    unsafe { copy.tensor_set_async(t, &src[off..off + len], off) };
+                }
                 store.copy_enqueued(gi);
             }
             Streams::Sync { .. } => {
-                let _rec = self
-                    .rec
-                    .scope(Stream::Copy, compute, name, src.len() as u64);
+                let _rec = self.rec.scope(Stream::Copy, compute, name, bytes as u64);
                 let t0 = Instant::now();
                 // slot fits the extent; the compute side is idle (sync path)
-                t.set_bytes(src, 0)?;
+                for &(off, len) in ranges {
+                    t.set_bytes(&src[off..off + len], off)?;
+                }
                 self.stats.copy_wait += t0.elapsed();
             }
         }

@@ -91,6 +91,7 @@ pub(super) fn cpu_input(
         gpu_group_s: per_group,
         bus_bw_beside: bus_beside,
         force,
+        split: cfg.paging.split,
     };
     tracing::info!(
         "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",

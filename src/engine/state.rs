@@ -33,6 +33,8 @@ pub struct Engine {
     pub(super) templates: TemplateCache,
     pub(super) pager: Pager,
     pub(super) host: Option<host::HostCompute>,
+    /// The host's rows of expert-split steps, where the plan splits.
+    pub(super) split: Option<super::split::SplitRows>,
     pub(super) backend: Backend,
     pub(super) store: WeightStore,
     pub(super) persistent: Persistent,
@@ -85,7 +87,9 @@ impl Engine {
     }
     /// Device bytes of the KV cache and the persistent tensors.
     pub fn fixed_device_bytes(&self) -> u64 {
-        self.kv.resident_bytes() + self.persistent.bytes
+        self.kv.resident_bytes()
+            + self.persistent.bytes
+            + self.split.as_ref().map_or(0, |s| s.bytes())
     }
 
     /// Device bytes this engine holds or will allocate: resident weights,

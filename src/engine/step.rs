@@ -136,6 +136,17 @@ impl Engine {
             self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
         }
 
+        // a mixture's expert split at this step size: the groups it splits
+        // and the device's experts of each (steps whose FFN rows are
+        // chunked do not split)
+        let hybrid = self.plan.placement.hybrid.as_ref();
+        let split_k = hybrid
+            .and_then(|h| h.split_at(n))
+            .filter(|_| self.host.is_some() && self.split.is_some() && n <= self.lim.ffn_rows);
+        let split_groups: Vec<bool> = match (split_k, hybrid.and_then(|h| h.split.as_ref())) {
+            (Some(_), Some(s)) => s.groups.clone(),
+            _ => vec![false; self.spec.groups.len()],
+        };
         // the groups of this step, in order, with their shapes
         let n_layer = self.spec.hp.n_layer;
         let mut order: Vec<(u32, GroupKind, StepShape)> = Vec::with_capacity(2 * n_layer as usize);
@@ -153,6 +164,7 @@ impl Engine {
                         n_out: n,
                         last_layer: false,
                         swa: self.spec.hp.is_swa(l),
+                        dev_experts: 0,
                     },
                 ));
                 break;
@@ -167,6 +179,7 @@ impl Engine {
                     n_out: rows,
                     last_layer: last,
                     swa: self.spec.hp.is_swa(l),
+                    dev_experts: 0,
                 },
             ));
             order.push((
@@ -178,12 +191,15 @@ impl Engine {
                     n_out: rows,
                     last_layer: false,
                     swa: false,
+                    dev_experts: split_k
+                        .filter(|_| split_groups[GroupId::new(l, GroupKind::Ffn).index()])
+                        .unwrap_or(0),
                 },
             ));
         }
         // hybrid decode: the groups the CPU computes at this step size
         let on_cpu = match (&self.host, &self.plan.placement.hybrid) {
-            (Some(_), Some(h)) => h.cpu_groups(n),
+            (Some(_), Some(h)) if split_k.is_none() => h.cpu_groups(n),
             _ => vec![false; self.spec.groups.len()],
         };
         if let Some(h) = self.host.as_mut() {
@@ -197,6 +213,12 @@ impl Engine {
         let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
         self.templates
             .evict(&shapes, 4 * self.spec.groups.len() + 16, &self.backend);
+        let split: Vec<(GroupId, u32)> = order
+            .iter()
+            .filter(|(_, k, s)| *k == GroupKind::Ffn && s.dev_experts > 0)
+            .map(|(l, k, s)| (GroupId::new(*l, *k), s.dev_experts))
+            .collect();
+        self.plan_partial_uploads(&split);
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
@@ -208,10 +230,18 @@ impl Engine {
         // 4 ms scheduler tick in most steps)
         let last_cpu = order
             .iter()
-            .rposition(|(l, k, _)| on_cpu[GroupId::new(*l, *k).index()]);
+            .rposition(|(l, k, s)| on_cpu[GroupId::new(*l, *k).index()] || s.dev_experts > 0);
         for (i, (l, kind, shape)) in order.into_iter().enumerate() {
             if on_cpu[GroupId::new(l, kind).index()] {
                 self.run_host_group(l, kind, shape, &mut x_host)?;
+                if Some(i) == last_cpu && !self.device.is_cpu() {
+                    if let Some(h) = self.host.as_ref() {
+                        h.park_threads();
+                    }
+                }
+            } else if shape.dev_experts > 0 {
+                self.residual_to_device(&mut x_host)?;
+                self.run_split_ffn(l, shape)?;
                 if Some(i) == last_cpu && !self.device.is_cpu() {
                     if let Some(h) = self.host.as_ref() {
                         h.park_threads();
@@ -268,7 +298,7 @@ impl Engine {
     }
 
     /// Counts the router's picks of `layer` (expert statistics).
-    fn count_routed(&mut self, layer: u32, ids: &[i32]) -> Result<(), EngineError> {
+    pub(super) fn count_routed(&mut self, layer: u32, ids: &[i32]) -> Result<(), EngineError> {
         if let Some(r) = self.routing.as_mut() {
             r.add(layer as usize, ids)?;
         }
@@ -326,7 +356,7 @@ impl Engine {
             return;
         };
         if h.groups > 0 {
-            cal.observe(n, &plan.cpu_groups(n), h.compute.as_secs_f64());
+            cal.observe(n, plan, h.compute.as_secs_f64());
         }
     }
 
@@ -353,7 +383,7 @@ impl Engine {
     }
 
     /// A group's id and the key of its template for a step shape.
-    fn group_key(&self, layer: u32, kind: GroupKind, shape: StepShape) -> (GroupId, TemplateKey) {
+    pub(super) fn group_key(&self, layer: u32, kind: GroupKind, shape: StepShape) -> (GroupId, TemplateKey) {
         let gi = GroupId::new(layer, kind);
         let key = TemplateKey::Group {
             kind,

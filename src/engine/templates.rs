@@ -100,7 +100,10 @@ impl TemplateCache {
         backend.synchronize();
         self.templates.retain(|k, _| match k {
             TemplateKey::Group { shape, .. } => shapes.contains(shape),
-            TemplateKey::Head { .. } => true,
+            TemplateKey::Router { n_tokens, .. } => shapes.iter().any(|s| s.n_tokens == *n_tokens),
+            TemplateKey::Head { .. }
+            | TemplateKey::HostExperts { .. }
+            | TemplateKey::AddRows { .. } => true,
         });
     }
 }

@@ -93,6 +93,30 @@ impl Context {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_mul_mat_id(self.raw(), w.raw(), x.raw(), ids.raw()) })
     }
+    /// `a * s + b`.
+    pub fn scale_bias<'a>(&'a self, a: Tensor<'a>, s: f32, b: f32) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_scale_bias(self.raw(), a.raw(), s, b) })
+    }
+    /// F32 [n]: start, start + step, ... below stop.
+    pub fn arange(&self, start: f32, stop: f32, step: f32) -> Tensor<'_> {
+        // SAFETY: the context is live; ggml checks the range.
+        self.wrap(unsafe { sys::ggml_arange(self.raw(), start, stop, step) })
+    }
+    /// 1 where `a` > 0, else 0.
+    pub fn step<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_step(self.raw(), a.raw()) })
+    }
+    /// `a` converted to `ty` (F32 to I32 truncates).
+    pub fn cast<'a>(&'a self, a: Tensor<'a>, ty: GgmlType) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks types.
+        self.wrap(unsafe { sys::ggml_cast(self.raw(), a.raw(), ty.0) })
+    }
+    pub fn reshape_1d<'a>(&'a self, a: Tensor<'a>, ne0: i64) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_reshape_1d(self.raw(), a.raw(), ne0) })
+    }
     /// `a * s`.
     pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Tensor<'a> {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.

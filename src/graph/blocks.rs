@@ -93,10 +93,25 @@ fn weight_shape(d: &Dims, role: Role) -> Vec<i64> {
 }
 
 fn weights<'c>(ctx: &'c Context, d: &Dims, sig: &[(Role, GgmlType)]) -> Vec<Tensor<'c>> {
+    weights_split(ctx, d, sig, 0)
+}
+
+/// The weight placeholders, the expert tensors holding only their first
+/// `dev_experts` experts where that is > 0 (they lead each tensor: the
+/// expert is its outermost dimension).
+fn weights_split<'c>(
+    ctx: &'c Context,
+    d: &Dims,
+    sig: &[(Role, GgmlType)],
+    dev_experts: u32,
+) -> Vec<Tensor<'c>> {
     sig.iter()
         .map(|&(role, ty)| {
-            ctx.new_tensor(ty, &weight_shape(d, role))
-                .named(role.suffix())
+            let mut ne = weight_shape(d, role);
+            if dev_experts > 0 && role.is_expert() {
+                ne[2] = dev_experts as i64;
+            }
+            ctx.new_tensor(ty, &ne).named(role.suffix())
         })
         .collect()
 }
@@ -305,7 +320,7 @@ pub fn build_ffn<'c>(
     lim: Limits,
 ) -> Built<'c> {
     let ext = Externals::new(ctx, d, lim, false);
-    let w = weights(ctx, d, sig);
+    let w = weights_split(ctx, d, sig, s.dev_experts);
     let role = |r| find(sig, &w, r).expect("ffn weight");
     // a mixture of experts where the group has a router
     let experts = find(sig, &w, Role::GateInp).map(|gate_inp| Experts {
@@ -332,7 +347,7 @@ pub fn build_ffn<'c>(
         let x = rows_at(ctx, ext.x, r0, n).named("ffn_in");
         let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
         let down = match &experts {
-            Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur),
+            Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur, s.dev_experts),
             None => {
                 let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
                 let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");
@@ -359,6 +374,110 @@ pub fn build_ffn<'c>(
         graph: g,
         ext,
         weights: w,
+        kv: None,
+        out,
+    }
+}
+
+/// The experts of a mixture's FFN group, from its signature's weights.
+fn experts_of<'c>(sig: &[(Role, GgmlType)], w: &[Tensor<'c>]) -> Option<Experts<'c>> {
+    let role = |r| find(sig, w, r);
+    Some(Experts {
+        gate_inp: role(Role::GateInp)?,
+        gate: role(Role::GateExps)?,
+        up: role(Role::UpExps)?,
+        down: role(Role::DownExps)?,
+    })
+}
+
+/// A mixture's router over the first `n` rows of the residual stream, as
+/// its FFN graph routes them: the FFN-normed rows F32 [n_embd, n] (named
+/// [`ROUTER_IN`]), the picks and their weights, all readable after the
+/// compute. Weights as the FFN group's signature (only the norm and the
+/// router are read), so it binds the same memory.
+pub fn build_router<'c>(
+    ctx: &'c Context,
+    d: &Dims,
+    sig: &[(Role, GgmlType)],
+    n: u32,
+    lim: Limits,
+) -> Built<'c> {
+    let ext = Externals::new(ctx, d, lim, false);
+    let w = weights(ctx, d, sig);
+    let ex = experts_of(sig, &w).expect("a router needs a mixture's FFN group");
+    let norm = find(sig, &w, Role::FfnNorm).expect("ffn norm");
+    let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
+    let x = rows(ctx, ext.x, n).named("ffn_in");
+    let cur = rms_norm(ctx, x, norm, d.hp.rms_eps, "ffn_norm")
+        .named(ROUTER_IN)
+        .as_output();
+    g.expand(cur);
+    let (_, weights) = super::moe::route(ctx, &mut g, d, ex.gate_inp, cur, true);
+    Built {
+        graph: g,
+        ext,
+        weights: w,
+        kv: None,
+        out: weights,
+    }
+}
+
+/// The name of a router graph's normed rows.
+pub const ROUTER_IN: &str = "ffn_moe_router_in";
+
+/// The host's part of an expert split: `picks` rows, each one token's row
+/// through one expert, F32 [n_embd, 1, picks] in and out (unweighted).
+/// Weights: the FFN group's signature, then the two inputs, rows F32
+/// [n_embd, 1, picks] and expert ids I32 [1, picks].
+pub fn build_host_experts<'c>(
+    ctx: &'c Context,
+    d: &Dims,
+    sig: &[(Role, GgmlType)],
+    picks: u32,
+    lim: Limits,
+) -> Built<'c> {
+    let ext = Externals::new(ctx, d, lim, false);
+    let mut w = weights(ctx, d, sig);
+    let ex = experts_of(sig, &w).expect("host experts need a mixture's FFN group");
+    let e = d.hp.n_embd as i64;
+    let x = ctx
+        .new_tensor(GgmlType::F32, &[e, 1, picks as i64])
+        .named("ffn_moe_picks_in");
+    let ids = ctx
+        .new_tensor(GgmlType::I32, &[1, picks as i64])
+        .named("ffn_moe_picks_ids");
+    let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
+    let out = super::moe::expert_products(ctx, &ex, x, ids).as_output();
+    g.expand(out);
+    w.push(x);
+    w.push(ids);
+    Built {
+        graph: g,
+        ext,
+        weights: w,
+        kv: None,
+        out,
+    }
+}
+
+/// `x[:, :n] += y[:, :n]` for `y` F32 [n_embd, n_batch] (the only weight):
+/// the host's experts added to the residual stream.
+pub fn build_add_rows<'c>(ctx: &'c Context, d: &Dims, n: u32, lim: Limits) -> Built<'c> {
+    let ext = Externals::new(ctx, d, lim, false);
+    let y = ctx
+        .new_tensor(GgmlType::F32, &[d.hp.n_embd as i64, lim.n_batch as i64])
+        .named("host_rows");
+    let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
+    let x = rows(ctx, ext.x, n).named("add_in");
+    let sum = ctx.add(x, rows(ctx, y, n)).named("add_host_rows");
+    let out = ctx
+        .cpy(sum, rows(ctx, ext.x, n).named("x_out"))
+        .named("x_store");
+    g.expand(out);
+    Built {
+        graph: g,
+        ext,
+        weights: vec![y],
         kv: None,
         out,
     }

@@ -19,6 +19,10 @@ mod template;
 
 pub use crate::paging::sizes::HEAD_ROWS;
 pub use crate::paging::Limits;
-pub use blocks::{build_attn, build_ffn, build_head, Built, Externals};
+pub use blocks::{
+    build_add_rows, build_attn, build_ffn, build_head, build_host_experts, build_router, Built,
+    Externals, ROUTER_IN,
+};
+pub use moe::{ROUTED, WEIGHTS};
 pub use shape::{Dims, StepShape, GRAPH_NODES};
 pub use template::{BindId, Binding, Template, TemplateKey};

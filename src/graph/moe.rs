@@ -12,7 +12,9 @@
 //! 4. the experts' outputs weighted and summed.
 //!
 //! The router and every expert are one layer group: the engine pages it
-//! like a dense FFN group (all experts move together).
+//! like a dense FFN group (all experts move together), or, for steps of
+//! many tokens, splits its experts between the device (the first ones,
+//! uploaded) and the host CPU (the rest; see `paging::split`).
 
 use super::shape::Dims;
 use crate::ggml::{Context, Graph, Tensor};
@@ -35,33 +37,36 @@ pub const ROUTED: &str = "ffn_moe_topk";
 /// F16's smallest normal value: the floor of the routing weights' sum.
 const WEIGHT_SUM_MIN: f32 = 6.103_515_6e-5;
 
-/// The experts' combined output, F32 [n_embd, n_tokens], for `cur`, the
-/// FFN-normed rows F32 [n_embd, n_tokens].
-pub fn moe_ffn<'c>(
+/// The router's picks for `cur`, the FFN-normed rows F32 [n_embd,
+/// n_tokens]: I32 [n_used, n_tokens] (a view of the full argsort) and their
+/// renormalized weights F32 [1, n_used, n_tokens]. `keep`: the picks stay
+/// readable after the compute (graph outputs; ggml-cuda then runs the
+/// routing unfused, which also makes two graphs that route the same rows
+/// pick alike).
+pub fn route<'c>(
     ctx: &'c Context,
     g: &mut Graph<'c>,
     d: &Dims,
-    w: &Experts<'c>,
+    gate_inp: Tensor<'c>,
     cur: Tensor<'c>,
-) -> Tensor<'c> {
+    keep: bool,
+) -> (Tensor<'c>, Tensor<'c>) {
     let hp = &d.hp;
-    let (e, n) = (hp.n_embd as i64, cur.ne()[1]);
+    let n = cur.ne()[1];
     let (n_exp, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
-
     // F32 [n_expert, n_tokens]
     // kept apart (an output is never reused): ggml-cuda fuses the routing
     // below into one kernel only where its results do not overlap the
     // logits, which above 8 tokens depends on how the allocator happened
     // to reuse the logits' memory
     let logits = ctx
-        .mul_mat(w.gate_inp, cur)
+        .mul_mat(gate_inp, cur)
         .named("ffn_moe_logits")
         .as_output();
     let probs = ctx.soft_max(logits).named("ffn_moe_probs");
     // I32 [n_used, n_tokens]
     let mut selected = ctx.argsort_top_k(probs, k as i32).named(ROUTED);
-    if d.read_routing {
-        // read after the compute (expert statistics)
+    if keep {
         selected = selected.as_output();
     }
     // F32 [1, n_used, n_tokens]: the chosen experts' probabilities
@@ -72,20 +77,69 @@ pub fn moe_ffn<'c>(
     let sum = ctx
         .clamp(sum, WEIGHT_SUM_MIN, f32::INFINITY)
         .named("ffn_moe_weights_sum_clamped");
-    let weights = ctx.div(weights, sum).named("ffn_moe_weights_norm");
+    let weights = ctx.div(weights, sum).named(WEIGHTS);
+    if keep {
+        g.expand(weights.as_output());
+    }
     let weights = ctx.reshape_3d(weights, 1, k, n).named("ffn_moe_weights_3d");
     // the routing first, as llama.cpp expands it, so the fused top-k-MoE
     // kernel can take it
     g.expand(weights);
+    (selected, weights)
+}
+
+/// The name of the routing weights, F32 [n_used, n_tokens].
+pub const WEIGHTS: &str = "ffn_moe_weights_norm";
+
+/// The experts' combined output, F32 [n_embd, n_tokens], for `cur`, the
+/// FFN-normed rows F32 [n_embd, n_tokens]. `dev_experts` > 0: the expert
+/// tensors hold only the first `dev_experts` experts (an expert split:
+/// the host computes the others), so picks of the others are sent to
+/// expert 0 with weight 0 and add nothing.
+pub fn moe_ffn<'c>(
+    ctx: &'c Context,
+    g: &mut Graph<'c>,
+    d: &Dims,
+    w: &Experts<'c>,
+    cur: Tensor<'c>,
+    dev_experts: u32,
+) -> Tensor<'c> {
+    let hp = &d.hp;
+    let (e, n) = (hp.n_embd as i64, cur.ne()[1]);
+    let (n_exp, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
+    let split = dev_experts > 0 && (dev_experts as i64) < n_exp;
+    let (mut selected, mut weights) =
+        route(ctx, g, d, w.gate_inp, cur, d.read_routing || split);
+    if split {
+        // per expert: 1 below dev_experts, else 0; and the id a pick
+        // becomes (itself, or 0)
+        let ids = ctx.arange(0.0, n_exp as f32, 1.0).named("ffn_moe_expert_ids");
+        let edge = ctx
+            .scale_bias(ids, -1.0, dev_experts as f32 - 0.5)
+            .named("ffn_moe_device_edge");
+        let keep = ctx.step(edge).named("ffn_moe_on_device");
+        let remap = ctx.mul(ids, keep).named("ffn_moe_remap_f32");
+        let remap = ctx
+            .cast(remap, crate::dtype::GgmlType::I32)
+            .named("ffn_moe_remap");
+        let flat = ctx.cont(selected).named("ffn_moe_topk_cont");
+        let flat = ctx.reshape_1d(flat, k * n).named("ffn_moe_topk_flat");
+        let on = ctx
+            .get_rows(ctx.reshape_2d(keep, 1, n_exp), flat)
+            .named("ffn_moe_pick_on_device");
+        let on = ctx.reshape_3d(on, 1, k, n).named("ffn_moe_pick_on_device_3d");
+        weights = ctx.mul(weights, on).named("ffn_moe_weights_device");
+        let remapped = ctx
+            .get_rows(ctx.reshape_2d(remap, 1, n_exp), flat)
+            .named("ffn_moe_topk_remapped");
+        selected = ctx
+            .reshape_2d(remapped, k, n)
+            .named("ffn_moe_topk_device");
+    }
 
     // F32 [n_embd, 1, n_tokens]
     let cur = ctx.reshape_3d(cur, e, 1, n).named("ffn_moe_in");
-    // F32 [n_ff_exp, n_used, n_tokens]
-    let up = ctx.mul_mat_id(w.up, cur, selected).named("ffn_moe_up");
-    let gate = ctx.mul_mat_id(w.gate, cur, selected).named("ffn_moe_gate");
-    let act = ctx.swiglu_split(gate, up).named("ffn_moe_swiglu");
-    // F32 [n_embd, n_used, n_tokens]
-    let experts = ctx.mul_mat_id(w.down, act, selected).named("ffn_moe_down");
+    let experts = expert_products(ctx, w, cur, selected);
     let experts = ctx.mul(experts, weights).named("ffn_moe_weighted");
     g.expand(experts);
 
@@ -110,4 +164,20 @@ pub fn moe_ffn<'c>(
         out = ctx.cont(out);
     }
     out.named("ffn_moe_out")
+}
+
+/// Each row of `x` F32 [n_embd, 1 or n_used, rows] through the experts
+/// `ids` I32 [n_used, rows] names: SwiGLU of gate and up, then down; F32
+/// [n_embd, n_used, rows], unweighted.
+pub fn expert_products<'c>(
+    ctx: &'c Context,
+    w: &Experts<'c>,
+    x: Tensor<'c>,
+    ids: Tensor<'c>,
+) -> Tensor<'c> {
+    // F32 [n_ff_exp, n_used, rows]
+    let up = ctx.mul_mat_id(w.up, x, ids).named("ffn_moe_up");
+    let gate = ctx.mul_mat_id(w.gate, x, ids).named("ffn_moe_gate");
+    let act = ctx.swiglu_split(gate, up).named("ffn_moe_swiglu");
+    ctx.mul_mat_id(w.down, act, ids).named("ffn_moe_down")
 }

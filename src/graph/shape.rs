@@ -16,6 +16,10 @@ pub struct StepShape {
     /// Whether this attention group's layer attends over a sliding window
     /// (its own mask and RoPE base; `Hparams::is_swa`).
     pub swa: bool,
+    /// A mixture's FFN group split between the device and the host: the
+    /// device holds and computes only the first `dev_experts` experts (see
+    /// `paging::split`); 0: all of them.
+    pub dev_experts: u32,
 }
 
 /// What graph builders need to know about the model.

@@ -1,8 +1,11 @@
 //! A built graph that owns its context: the reusable unit the engine caches.
 
+use super::blocks::build_add_rows;
 use super::blocks::build_attn;
 use super::blocks::build_ffn;
 use super::blocks::build_head;
+use super::blocks::build_host_experts;
+use super::blocks::build_router;
 use super::shape::Dims;
 use super::shape::StepShape;
 use crate::dtype::GgmlType;
@@ -30,6 +33,20 @@ pub enum TemplateKey {
         n_rows: u32,
         row0: u32,
     },
+    /// A mixture's router alone over `n_tokens` rows (an expert split:
+    /// the host learns the picks before the device computes its experts).
+    Router {
+        sig: Vec<(Role, GgmlType)>,
+        n_tokens: u32,
+        instance: u32,
+    },
+    /// The host's experts of a split over `picks` (token, expert) rows.
+    HostExperts {
+        sig: Vec<(Role, GgmlType)>,
+        picks: u32,
+    },
+    /// The host's expert rows added to the residual stream's first `n_rows`.
+    AddRows { n_rows: u32 },
 }
 
 pub use crate::ggml::Binding;
@@ -121,9 +138,17 @@ impl Template {
                         n_out: *n_rows,
                         last_layer: false,
                         swa: false,
+                        dev_experts: 0,
                     };
                     build_head(&ctx, d, *out_ty, s, *row0, lim)
                 }
+                TemplateKey::Router { sig, n_tokens, .. } => {
+                    build_router(&ctx, d, sig, *n_tokens, lim)
+                }
+                TemplateKey::HostExperts { sig, picks } => {
+                    build_host_experts(&ctx, d, sig, *picks, lim)
+                }
+                TemplateKey::AddRows { n_rows } => build_add_rows(&ctx, d, *n_rows, lim),
             };
             (
                 NonNull::new(b.graph.raw()).expect("graph handle is never null"),
@@ -177,6 +202,25 @@ impl Template {
             for row in 0..rows as usize {
                 out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
             }
+        }
+        Ok(out)
+    }
+    /// The first node named `name` this graph computed, as 4-byte values
+    /// (F32 or I32) in row order, `ne[0]` of each row (the node may be a
+    /// view with a wider row stride). Empty when there is none.
+    pub fn read_node<T: bytemuck::Pod + Default>(&self, name: &str) -> Result<Vec<T>> {
+        let Some(&p) = self.graph().nodes_named(name).first() else {
+            return Ok(Vec::new());
+        };
+        let r = self.tensor(p);
+        let [k, rows, r2, _] = r.ne();
+        let stride = r.nb()[1] / 4;
+        let mut buf = vec![T::default(); r.nbytes().div_ceil(4)];
+        r.get_bytes(bytemuck::cast_slice_mut(&mut buf), 0)?;
+        let rows = (rows * r2) as usize;
+        let mut out = Vec::with_capacity(rows * k as usize);
+        for row in 0..rows {
+            out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
         }
         Ok(out)
     }

@@ -64,6 +64,26 @@ impl GroupInfo {
         }
     }
 
+    /// The share of the routed experts' bytes the device holds when it
+    /// keeps the first `k` experts (1 for a dense group).
+    pub fn device_share(&self, k: u32) -> f64 {
+        match self.experts {
+            None => 1.0,
+            Some(x) => (k.min(x.n_expert) as f64) / x.n_expert.max(1) as f64,
+        }
+    }
+
+    /// Bytes crossing the bus for a group placed at `w`: all of a streamed
+    /// one, of a split one its shared part and its device's experts.
+    pub fn upload_bytes(&self, w: super::hybrid::Where) -> u64 {
+        match (w, self.experts) {
+            (super::hybrid::Where::Split(k), Some(x)) => {
+                self.shared_bytes() + (x.bytes as f64 * self.device_share(k)).round() as u64
+            }
+            _ => self.bytes,
+        }
+    }
+
     /// Bytes every token reads.
     fn shared_bytes(&self) -> u64 {
         self.bytes - self.experts.map_or(0, |x| x.bytes.min(self.bytes))

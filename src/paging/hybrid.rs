@@ -54,6 +54,9 @@ pub struct CpuInput {
     /// Exactly this many groups go to the CPU at every step size (tests,
     /// benchmarks); None: as many as minimize the predicted step.
     pub force: Option<usize>,
+    /// Whether and from which step size mixture layers split their
+    /// experts between the device and the CPU (`paging::split`).
+    pub split: super::split::SplitInput,
 }
 
 impl CpuInput {
@@ -88,6 +91,9 @@ pub struct HybridPlan {
     /// For a step of n tokens (index n - 1, n <= MAX_TOKENS): how many of
     /// the host groups the CPU computes, and the predicted step.
     pub per_size: Vec<SizePlan>,
+    /// A mixture's expert split, at the step sizes where it applies (its
+    /// steps compute no whole group on the CPU).
+    pub split: Option<super::split::SplitPlan>,
 }
 
 /// The split for one step size.
@@ -126,6 +132,10 @@ pub enum Where {
     /// Uploaded into a slot of its kind's ring, computed by the GPU.
     Bus,
     Cpu,
+    /// A mixture's FFN group whose first `k` experts are uploaded and
+    /// computed by the GPU while the CPU computes the others (see
+    /// `paging::split`).
+    Split(u32),
 }
 
 /// Simulates a step of `n` tokens: groups in order on one compute chain;
@@ -155,13 +165,18 @@ pub fn simulate(
     let (mut t, mut bus_free, mut host) = (0.0f64, 0.0f64, 0.0f64);
     // uploads are issued in order as far ahead as the rings allow; the
     // next one's index in `order`
-    let order: Vec<usize> = (0..groups.len()).filter(|&i| at[i] == Where::Bus).collect();
+    let order: Vec<usize> = (0..groups.len())
+        .filter(|&i| matches!(at[i], Where::Bus | Where::Split(_)))
+        .collect();
     let mut uploaded: Vec<f64> = Vec::with_capacity(order.len());
     let mut issued = [0usize; 2];
     // the CPU computes for most of a step it takes part in, and its reads
     // slow the bus's
+    let cpu_works = at
+        .iter()
+        .any(|w| matches!(w, Where::Cpu | Where::Split(_)));
     let copy_bw = match c.bus_bw_beside {
-        Some(b) if at.contains(&Where::Cpu) => b,
+        Some(b) if cpu_works => b,
         _ => copy_bw,
     };
     for (i, g) in groups.iter().enumerate() {
@@ -177,7 +192,7 @@ pub fn simulate(
                 t += d;
                 host = t;
             }
-            Where::Bus => {
+            Where::Bus | Where::Split(_) => {
                 // issue uploads up to this one: each waits for the bus and
                 // for its slot's previous group to finish computing
                 issued_at[ring_of(g.kind)].push(host);
@@ -197,7 +212,7 @@ pub fn simulate(
                         0.0
                     };
                     let start = bus_free.max(slot_free).max(enqueued);
-                    let d = groups[j].bytes as f64 / copy_bw.max(1.0);
+                    let d = groups[j].upload_bytes(at[j]) as f64 / copy_bw.max(1.0);
                     bus_free = start + d;
                     p.bus_s += d;
                     uploaded.push(bus_free);
@@ -208,9 +223,19 @@ pub fn simulate(
                     p.stall_s += ready - t;
                     t = ready;
                 }
-                let d = c.gpu_group_s(g, n);
-                p.gpu_s += d;
-                t += d;
+                if let Where::Split(k) = at[i] {
+                    // the router's picks come to the host, then both
+                    // sides compute at once
+                    let f = g.device_share(k);
+                    let d = c.hop_s + (c.gpu_group_s(g, n) * f).max(c.group_s(g, n) * (1.0 - f));
+                    p.cpu_s += d;
+                    t += d;
+                    host = t;
+                } else {
+                    let d = c.gpu_group_s(g, n);
+                    p.gpu_s += d;
+                    t += d;
+                }
                 done[ring_of(g.kind)].push(t);
             }
         }
@@ -289,10 +314,21 @@ pub fn plan_hybrid(
         host[i] = true;
     }
     let per_size = sizes(groups, streamed, slots, copy_bw, c, &host);
+    let split = super::split::plan_split(
+        groups,
+        streamed,
+        &host,
+        slots,
+        copy_bw,
+        c,
+        c.split,
+        |n| per_size[n as usize - 1].predicted.step_s(),
+    );
     Some(HybridPlan {
         host_bytes,
         host,
         per_size,
+        split,
     })
 }
 
@@ -397,15 +433,19 @@ impl CpuCalibration {
         }
     }
 
-    /// A step of `n` tokens in which the CPU computed the groups marked in
-    /// `cpu` in `secs`.
-    pub fn observe(&mut self, n: u32, cpu: &[bool], secs: f64) {
+    /// A step of `n` tokens in which the CPU computed its part of `plan`
+    /// (whole groups, split groups' host experts) in `secs`.
+    pub fn observe(&mut self, n: u32, plan: &HybridPlan, secs: f64) {
+        let at = plan.placement(n, &self.streamed);
         let at_probe: f64 = self
             .groups
             .iter()
-            .zip(cpu)
-            .filter(|(_, c)| **c)
-            .map(|(g, _)| self.probe.group_s(g, n))
+            .zip(&at)
+            .map(|(g, w)| match *w {
+                Where::Cpu => self.probe.group_s(g, n),
+                Where::Split(k) => self.probe.group_s(g, n) * (1.0 - g.device_share(k)),
+                _ => 0.0,
+            })
             .sum();
         let f = secs / at_probe;
         if at_probe <= 0.0 || !(f.is_finite() && f > 0.0) {
@@ -437,7 +477,7 @@ impl CpuCalibration {
         cpu_factor: f64,
         bus_bw: Option<f64>,
     ) -> f64 {
-        let at = placement(&self.streamed, &plan.cpu_groups(n));
+        let at = plan.placement(n, &self.streamed);
         let c = CpuInput {
             s_per_byte_1: self.probe.s_per_byte_1 * cpu_factor,
             s_per_byte_n: self.probe.s_per_byte_n * cpu_factor,
@@ -449,12 +489,27 @@ impl CpuCalibration {
 }
 
 impl HybridPlan {
+    /// The device's experts of each split group at a step of `n` tokens,
+    /// where that step splits.
+    pub fn split_at(&self, n: u32) -> Option<u32> {
+        self.split.as_ref()?.at(n)
+    }
+
+    /// Where each group runs at a step of `n` tokens (`streamed`: the
+    /// groups not resident).
+    pub fn placement(&self, n: u32, streamed: &[bool]) -> Vec<Where> {
+        match (self.split_at(n), &self.split) {
+            (Some(k), Some(s)) => super::split::split_placement(streamed, &s.groups, k),
+            _ => placement(streamed, &self.cpu_groups(n)),
+        }
+    }
+
     /// The groups the CPU computes in a step of `n` tokens (none above
     /// MAX_TOKENS): `per_size[n - 1].cpu_groups` of the host groups, spread
     /// evenly over the layers so the bus always has uploads queued.
     pub fn cpu_groups(&self, n: u32) -> Vec<bool> {
         let mut out = vec![false; self.host.len()];
-        if n == 0 || n > MAX_TOKENS {
+        if n == 0 || n > MAX_TOKENS || self.split_at(n).is_some() {
             return out;
         }
         let hosts: Vec<usize> = (0..self.host.len()).filter(|&i| self.host[i]).collect();
@@ -513,24 +568,24 @@ mod tests {
         let mut cal = CpuCalibration::new(c.clone(), g.clone(), streamed.clone(), (8, 3), 1.0);
         // steps at the probe's speed: the plan's own prediction
         // (cpu(1.0): a second per byte)
-        let (bytes, on) = (before.cpu_bytes, p.cpu_groups(1));
+        let bytes = before.cpu_bytes;
         for _ in 0..6 {
-            cal.observe(1, &on, bytes as f64);
+            cal.observe(1, &p, bytes as f64);
         }
         assert!((cal.seen - 1.0).abs() < 1e-9);
         assert!((cal.predict(&p, 1) - before.predicted.step_s()).abs() < 1e-9);
         // steps 30% slower: the estimate follows, the first (warm-up) step
         // of a fresh calibration is not counted
         let mut cal = CpuCalibration::new(c, g, streamed, (8, 3), 1.0);
-        cal.observe(1, &on, 5.0 * bytes as f64);
+        cal.observe(1, &p, 5.0 * bytes as f64);
         for _ in 0..8 {
-            cal.observe(1, &on, 1.3 * bytes as f64);
+            cal.observe(1, &p, 1.3 * bytes as f64);
         }
         assert!((cal.seen - 1.3).abs() < 1e-6, "{}", cal.seen);
         // at that speed the same split takes longer
         assert!(cal.predict(&p, 1) > before.predicted.step_s() * 1.1);
         // a step where the CPU computed nothing says nothing
-        cal.observe(1, &vec![false; on.len()], 0.0);
+        cal.observe(MAX_TOKENS + 1, &p, 0.0);
         assert!((cal.seen - 1.3).abs() < 1e-6);
     }
 
@@ -684,6 +739,7 @@ mod tests {
             gpu_group_s: GPU_GROUP_S,
             bus_bw_beside: None,
             force: None,
+            split: crate::paging::SplitInput::default(),
         }
     }
 
@@ -740,6 +796,7 @@ mod tests {
                 gpu_group_s: GPU_GROUP_S,
                 bus_bw_beside: Some(bus_gbs * 1e9),
                 force: None,
+                split: crate::paging::SplitInput::default(),
             };
             let at = spread_on_cpu(&g, resident, k);
             let p = simulate(&g, &at, (7, 3), 54.2e9, &c, 1);

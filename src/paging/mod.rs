@@ -11,6 +11,7 @@ mod plan;
 mod ring;
 pub mod routing;
 pub mod sizes;
+mod split;
 #[cfg(test)]
 mod testutil;
 
@@ -18,9 +19,10 @@ pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
 pub use groups::{Experts, GroupInfo};
 pub use hybrid::{
-    plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan,
+    plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan, Where,
     MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
+pub use split::{ExpertSplit, SplitInput, SplitPlan, SplitSize};
 pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
 };

@@ -176,6 +176,19 @@ pub struct ModelArgs {
     /// stands in for the host).
     #[arg(long, default_value = "auto", value_parser = parse_hybrid)]
     pub hybrid: Hybrid,
+    /// A mixture of experts' steps of many tokens (64 sequences decoding):
+    /// each streamed layer's first experts are uploaded and computed by the
+    /// GPU while the host CPU computes the others' picks from its copy,
+    /// both at once. auto: at the step sizes where the plan predicts it
+    /// beats whole CPU groups; off; or the number of experts per layer the
+    /// GPU takes (from --split-min-tokens up, whatever the prediction).
+    /// Needs hybrid decode's host copies.
+    #[arg(long = "expert-split", default_value = "auto", value_parser = parse_split)]
+    pub expert_split: strata::paging::ExpertSplit,
+    /// The fewest tokens a step splits its experts at (at least 2).
+    #[arg(long = "split-min-tokens", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub split_min_tokens: u32,
     /// Most rows an FFN group computes at once (e.g. 2048: whole steps).
     /// Default: the memory plan cuts steps of more than 1024 rows into
     /// chunks of at least 1024, only where the model does not fit the GPU
@@ -204,6 +217,20 @@ fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
             .parse::<usize>()
             .map(Hybrid::Force)
             .map_err(|_| format!("'{s}': use auto, off or a number of groups")),
+    }
+}
+
+fn parse_split(s: &str) -> Result<strata::paging::ExpertSplit, String> {
+    use strata::paging::ExpertSplit;
+    match s {
+        "auto" => Ok(ExpertSplit::Auto),
+        "off" => Ok(ExpertSplit::Off),
+        n => match n.parse::<u32>() {
+            Ok(k) if k > 0 => Ok(ExpertSplit::Force(k)),
+            _ => Err(format!(
+                "'{s}': use auto, off or a number of experts (at least 1)"
+            )),
+        },
     }
 }
 
@@ -444,6 +471,10 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             hybrid: m.hybrid,
             ffn_rows: m.ffn_rows,
             gemm: m.gemm,
+            split: strata::paging::SplitInput {
+                mode: m.expert_split,
+                min_tokens: m.split_min_tokens,
+            },
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,

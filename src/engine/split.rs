@@ -1,0 +1,234 @@
+//! Expert split, the execution side (`paging::split` says what and why):
+//! a streamed mixture FFN group whose first experts the device computes
+//! from a partial upload while the host CPU computes the others' picks
+//! from its own copy, at the same time.
+//!
+//! For a split group at a step of n tokens:
+//! 1. the pager uploads the group's norm and router whole and only the
+//!    first `k` experts of each expert tensor (`Engine::split_ranges`);
+//! 2. the router graph runs on the device and the host reads its normed
+//!    rows, picks and weights (one drain of the compute stream);
+//! 3. the device's FFN graph, built for `k` experts, is queued: picks of
+//!    the other experts add nothing there;
+//! 4. meanwhile the host computes the picks of experts `k..` and sums them
+//!    per token;
+//! 5. its rows go up and a small graph adds them to the residual, queued
+//!    after the device's FFN.
+
+use super::error::EngineError;
+use super::host::Pick;
+use super::state::Engine;
+use super::store::Location;
+use super::timeline;
+use crate::ggml::{BufferUsage, Device, TensorArena, TensorSpec};
+use crate::graph::{BindId, Dims, Limits, StepShape, TemplateKey, ROUTED, ROUTER_IN, WEIGHTS};
+use crate::model::{GroupId, GroupKind};
+use std::time::Instant;
+
+/// Device memory for the host's rows of a split step: F32 [n_embd, n_batch].
+pub(super) struct SplitRows {
+    arena: TensorArena,
+    /// The host's sums, reused from step to step.
+    host: Vec<f32>,
+}
+
+impl SplitRows {
+    pub(super) fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<SplitRows, EngineError> {
+        let spec = TensorSpec::new(
+            crate::dtype::GgmlType::F32,
+            &[d.hp.n_embd as i64, lim.n_batch as i64],
+        )
+        .named("host_rows");
+        Ok(SplitRows {
+            arena: TensorArena::new(dev.buffer_type(), BufferUsage::Compute, &[spec])?,
+            host: Vec::new(),
+        })
+    }
+    pub(super) fn bytes(&self) -> u64 {
+        self.arena.bytes() as u64
+    }
+}
+
+/// The byte ranges of a group's extent (weights at `offsets`) an upload
+/// keeping `k` experts carries: each weight whole, but of an expert
+/// tensor only its first `k` experts (the outermost dimension).
+pub(super) fn split_ranges(
+    weights: &[crate::model::WeightSpec],
+    offsets: &[usize],
+    k: u32,
+) -> Vec<(usize, usize)> {
+    weights
+        .iter()
+        .zip(offsets)
+        .map(|(w, &off)| {
+            let len = if w.role.is_some_and(|r| r.is_expert()) && w.ne[2] > 0 {
+                let per = w.size / w.ne[2] as u64;
+                per * (k as u64).min(w.ne[2] as u64)
+            } else {
+                w.size
+            };
+            (off, len as usize)
+        })
+        .collect()
+}
+
+impl Engine {
+    /// This step's split groups (`dev_experts` > 0 in their shapes) and
+    /// the ranges their uploads carry, for the pager.
+    pub(super) fn plan_partial_uploads(&mut self, split: &[(GroupId, u32)]) {
+        self.pager.partial.clear();
+        for &(gi, k) in split {
+            let ranges = split_ranges(
+                &self.spec.groups[gi.index()].weights,
+                &self.store.layouts[gi.index()].offsets,
+                k,
+            );
+            self.pager.partial.insert(gi.index(), ranges);
+        }
+    }
+
+    /// Runs FFN group `layer` split at `shape.dev_experts` (see the module
+    /// notes). The residual is on the device.
+    pub(super) fn run_split_ffn(&mut self, layer: u32, shape: StepShape) -> Result<(), EngineError> {
+        let gi = GroupId::new(layer, GroupKind::Ffn);
+        let Location::Streamed { ring, .. } = self.store.groups[gi.index()] else {
+            return Err(EngineError::Unsupported("an expert split of a resident group"));
+        };
+        let n = shape.n_tokens;
+        let dev = shape.dev_experts as i32;
+        let sig = self.spec.groups[gi.index()].signature();
+        let slot =
+            self.pager
+                .before_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
+        let b = self.store.slot_bindings(gi, ring, slot)?;
+        let id = BindId {
+            group: Some(gi),
+            weight_slot: Some(slot),
+            kv_window: None,
+        };
+
+        // 2. the router, and its picks on the host
+        let rkey = TemplateKey::Router {
+            sig: sig.clone(),
+            n_tokens: n,
+            instance: gi.index() as u32,
+        };
+        self.templates.get(&rkey)?.bind(id, &b, None)?;
+        let t = self.templates.allocated(&rkey, &self.backend)?;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("router {layer}"),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        self.backend.synchronize();
+        let cur: Vec<f32> = t.read_node(ROUTER_IN)?;
+        let ids: Vec<i32> = t.read_node(ROUTED)?;
+        let wts: Vec<f32> = t.read_node(WEIGHTS)?;
+        let k = self.spec.hp.n_expert_used as usize;
+        if ids.len() != n as usize * k || wts.len() != ids.len() {
+            return Err(EngineError::Unsupported("a router graph without its picks"));
+        }
+        self.count_routed(layer, &ids)?;
+        let picks: Vec<Pick> = ids
+            .iter()
+            .zip(&wts)
+            .enumerate()
+            .filter(|(_, (&e, _))| e >= dev)
+            .map(|(i, (&e, &w))| Pick {
+                token: (i / k) as u32,
+                expert: e,
+                weight: w,
+            })
+            .collect();
+
+        // 3. the device's experts, queued
+        let (_, key) = self.group_key(layer, GroupKind::Ffn, shape);
+        self.templates.get(&key)?.bind(id, &b, None)?;
+        let t = self.templates.allocated(&key, &self.backend)?;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("ffn {layer} (experts 0..{dev})"),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        self.pager
+            .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
+
+        // 4. the host's experts meanwhile
+        let rows = self.split.as_mut().expect("a split plan allocates its rows");
+        let mut sums = std::mem::take(&mut rows.host);
+        let host = self.host.as_mut().expect("a split plan has a host");
+        if self.device.is_cpu() {
+            // a CPU standing in for the device: its pool would spin on the
+            // host's cores
+            self.backend.park_threads();
+        }
+        let t0 = Instant::now();
+        let r = host.split_experts(gi, &sig, &cur, &picks, &mut sums);
+        self.rec.host_span(
+            timeline::Stream::Cpu,
+            || format!("ffn {layer} (experts {dev}..)"),
+            t0,
+            Instant::now(),
+        );
+        r?;
+
+        // 5. its rows up (nothing queued reads them: the last add ran
+        // before the router's drain), added after the device's experts
+        let rows = self.split.as_mut().expect("checked above");
+        rows.arena
+            .tensor(0)
+            .set_bytes(bytemuck::cast_slice(&sums), 0)?;
+        let y = rows.arena.binding(0);
+        rows.host = sums;
+        let akey = TemplateKey::AddRows { n_rows: n };
+        self.templates.get(&akey)?.bind(BindId::head(), &[y], None)?;
+        let t = self.templates.allocated(&akey, &self.backend)?;
+        self.backend.compute_async(&t.graph())?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::GgmlType;
+    use crate::model::{Role, WeightSpec};
+
+    fn w(role: Role, ne: [i64; 4], size: u64) -> WeightSpec {
+        WeightSpec {
+            role: Some(role),
+            name: String::new(),
+            ty: GgmlType::F32,
+            ne,
+            offset: 0,
+            size,
+        }
+    }
+
+    #[test]
+    fn a_split_upload_carries_each_expert_tensors_prefix() {
+        let ws = [
+            w(Role::FfnNorm, [8, 1, 1, 1], 32),
+            w(Role::GateInp, [8, 4, 1, 1], 128),
+            w(Role::GateExps, [8, 6, 4, 1], 768),
+            w(Role::DownExps, [6, 8, 4, 1], 768),
+        ];
+        let offsets = [0, 256, 512, 1536];
+        assert_eq!(
+            split_ranges(&ws, &offsets, 1),
+            vec![(0, 32), (256, 128), (512, 192), (1536, 192)]
+        );
+        assert_eq!(
+            split_ranges(&ws, &offsets, 4),
+            vec![(0, 32), (256, 128), (512, 768), (1536, 768)]
+        );
+        // more than the experts there are: all of them
+        assert_eq!(split_ranges(&ws, &offsets, 9)[2], (512, 768));
+    }
+}

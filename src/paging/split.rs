@@ -1,0 +1,304 @@
+//! Expert split: a mixture's layer whose experts the device and the host
+//! CPU compute together, in the same step. Plain Rust.
+//!
+//! A step of many tokens (64 sequences decoding) routes to nearly every
+//! expert of a layer, so a streamed expert group must cross the bus whole,
+//! and whole expert groups computed by the CPU in the layer chain make the
+//! GPU wait for them (measured on an H200: 2% at best, docs/device-runs.md
+//! run 33-34). Split instead: the bus uploads only the first `k` experts
+//! of each split group (the expert is the outermost dimension of the
+//! expert tensors, so that is a prefix of each), the device computes the
+//! picks of those, and the CPU computes the picks of the others from its
+//! own copy at the same time; the host's rows are added to the residual
+//! after the device's. Per split layer the step then costs about
+//! max(upload of k experts, CPU on the rest) instead of the upload of all.
+//!
+//! The router runs once, on the device, before either side starts: both
+//! must agree on every pick.
+
+use super::groups::GroupInfo;
+use super::hybrid::{simulate, CpuInput, Prediction, Where, MAX_TOKENS};
+
+/// Whether steps split their mixture layers' experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertSplit {
+    /// At the step sizes where the plan predicts it beats whole groups.
+    Auto,
+    Off,
+    /// The first `k` experts on the device at every step of at least
+    /// `SplitInput::min_tokens` tokens, whatever the prediction (tests,
+    /// benchmarks).
+    Force(u32),
+}
+
+/// What the split planner is told beyond the hybrid plan's inputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitInput {
+    pub mode: ExpertSplit,
+    /// The fewest tokens a split step has: below it a step reads few
+    /// experts and whole CPU groups read only those.
+    pub min_tokens: u32,
+}
+
+impl Default for SplitInput {
+    fn default() -> Self {
+        SplitInput {
+            mode: ExpertSplit::Auto,
+            min_tokens: 32,
+        }
+    }
+}
+
+/// The split for every step size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitPlan {
+    /// The groups that split (streamed mixture FFN groups the host keeps a
+    /// copy of).
+    pub groups: Vec<bool>,
+    /// Index n - 1 for a step of n tokens, n <= MAX_TOKENS.
+    pub per_size: Vec<SplitSize>,
+}
+
+/// A split at one step size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitSize {
+    /// Experts of each split group on the device; 0: no split at this size.
+    pub dev_experts: u32,
+    pub predicted: Prediction,
+}
+
+impl SplitPlan {
+    /// The device's experts at a step of `n` tokens, if it splits.
+    pub fn at(&self, n: u32) -> Option<u32> {
+        let i = (n as usize).checked_sub(1)?;
+        self.per_size
+            .get(i)
+            .map(|s| s.dev_experts)
+            .filter(|&k| k > 0)
+    }
+}
+
+/// Where each group runs when the groups in `split` keep `k` experts on
+/// the device.
+pub fn split_placement(streamed: &[bool], split: &[bool], k: u32) -> Vec<Where> {
+    streamed
+        .iter()
+        .zip(split)
+        .map(|(&s, &x)| match (s, x) {
+            (_, true) => Where::Split(k),
+            (true, false) => Where::Bus,
+            (false, false) => Where::Resident,
+        })
+        .collect()
+}
+
+/// Plans the split: `host` marks the groups the host keeps a copy of,
+/// `whole` is the step the hybrid plan predicts at each size with whole
+/// CPU groups (the split must beat it under `ExpertSplit::Auto`).
+#[allow(clippy::too_many_arguments)]
+pub fn plan_split(
+    groups: &[GroupInfo],
+    streamed: &[bool],
+    host: &[bool],
+    slots: (usize, usize),
+    copy_bw: f64,
+    c: &CpuInput,
+    s: SplitInput,
+    whole: impl Fn(u32) -> f64,
+) -> Option<SplitPlan> {
+    let split: Vec<bool> = (0..groups.len())
+        .map(|i| host[i] && streamed[i] && groups[i].experts.is_some())
+        .collect();
+    let n_expert = groups
+        .iter()
+        .zip(&split)
+        .filter(|(_, s)| **s)
+        .filter_map(|(g, _)| g.experts)
+        .map(|x| x.n_expert)
+        .min()?;
+    if s.mode == ExpertSplit::Off || n_expert < 2 {
+        return None;
+    }
+    let eval = |n: u32, k: u32| {
+        let at = split_placement(streamed, &split, k);
+        simulate(groups, &at, slots, copy_bw, c, n)
+    };
+    let per_size = (1..=MAX_TOKENS)
+        .map(|n| {
+            let none = SplitSize {
+                dev_experts: 0,
+                predicted: Prediction::default(),
+            };
+            if n < s.min_tokens.max(2) {
+                return none;
+            }
+            match s.mode {
+                ExpertSplit::Force(k) => {
+                    let k = k.clamp(1, n_expert - 1);
+                    SplitSize {
+                        dev_experts: k,
+                        predicted: eval(n, k),
+                    }
+                }
+                _ => {
+                    let (k, p) = (1..n_expert)
+                        .map(|k| (k, eval(n, k)))
+                        .min_by(|a, b| a.1.step_s().total_cmp(&b.1.step_s()))
+                        .expect("n_expert >= 2");
+                    if p.step_s() < whole(n) {
+                        SplitSize {
+                            dev_experts: k,
+                            predicted: p,
+                        }
+                    } else {
+                        none
+                    }
+                }
+            }
+        })
+        .collect();
+    Some(SplitPlan {
+        groups: split,
+        per_size,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::groups::Experts;
+    use super::super::testutil::cpu;
+    use super::*;
+    use crate::model::GroupKind;
+    use proptest::prelude::*;
+
+    /// Qwen3-30B-A3B's shape in MB: 48 layers of 10 MB attention and
+    /// 370 MB of 128 experts (8 per token), the first `resident` layers
+    /// resident.
+    fn mixture(layers: usize) -> Vec<GroupInfo> {
+        (0..layers)
+            .flat_map(|_| {
+                [
+                    GroupInfo::dense(GroupKind::Attn, 10_000_000),
+                    GroupInfo {
+                        kind: GroupKind::Ffn,
+                        bytes: 371_000_000,
+                        experts: Some(Experts {
+                            bytes: 370_000_000,
+                            n_expert: 128,
+                            n_used: 8,
+                        }),
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    fn cpu_at(gb_s: f64) -> CpuInput {
+        // the same speed at every step size, per byte read
+        CpuInput {
+            s_per_byte_n: 1e-9 / gb_s,
+            ..cpu(1e-9 / gb_s)
+        }
+    }
+
+    #[test]
+    fn a_cpu_half_the_bus_takes_about_a_third_of_the_experts() {
+        let g = mixture(8);
+        let streamed = vec![true; g.len()];
+        let c = cpu_at(25.0);
+        let p = plan_split(
+            &g,
+            &streamed,
+            &streamed,
+            (3, 3),
+            50e9,
+            &c,
+            SplitInput::default(),
+            |_| f64::INFINITY,
+        )
+        .expect("a plan");
+        assert_eq!(p.at(31), None, "below the fewest tokens");
+        let k = p.at(64).expect("64 tokens split");
+        // balance: (128 - k) / 25 = k / 50 -> k = 85
+        assert!((75..=95).contains(&k), "{k}");
+        // faster than the bus carrying every expert
+        let bus = simulate(&g, &vec![Where::Bus; g.len()], (3, 3), 50e9, &c, 64).step_s();
+        let split = p.per_size[63].predicted.step_s();
+        assert!(split < 0.8 * bus, "{split} against {bus}");
+    }
+
+    #[test]
+    fn auto_keeps_whole_groups_where_they_are_faster() {
+        let g = mixture(4);
+        let streamed = vec![true; g.len()];
+        let p = plan_split(
+            &g,
+            &streamed,
+            &streamed,
+            (3, 3),
+            50e9,
+            &cpu_at(25.0),
+            SplitInput::default(),
+            |_| 0.0,
+        )
+        .expect("a plan");
+        assert!((1..=MAX_TOKENS).all(|n| p.at(n).is_none()));
+    }
+
+    #[test]
+    fn off_or_nothing_to_split_is_no_plan() {
+        let g = mixture(4);
+        let streamed = vec![true; g.len()];
+        let off = SplitInput {
+            mode: ExpertSplit::Off,
+            ..SplitInput::default()
+        };
+        let c = cpu_at(25.0);
+        assert!(plan_split(&g, &streamed, &streamed, (3, 3), 50e9, &c, off, |_| 1.0).is_none());
+        // no host copies
+        let none = vec![false; g.len()];
+        let s = SplitInput::default();
+        assert!(plan_split(&g, &streamed, &none, (3, 3), 50e9, &c, s, |_| 1.0).is_none());
+        // dense groups do not split
+        let d = super::super::testutil::layers(4, 10, 100);
+        assert!(plan_split(&d, &streamed, &streamed, (3, 3), 50e9, &c, s, |_| 1.0).is_none());
+    }
+
+    proptest! {
+        /// Forced splits keep the device's experts within the layer and
+        /// split exactly the streamed mixture groups with host copies, from
+        /// the fewest tokens up; the predicted step never exceeds the bus
+        /// carrying those groups plus the CPU computing them whole.
+        #[test]
+        fn forced_splits_are_well_formed(
+            layers in 1usize..12,
+            k in 0u32..300,
+            min_tokens in 0u32..80,
+            streamed_mask in proptest::collection::vec(any::<bool>(), 24),
+            host_mask in proptest::collection::vec(any::<bool>(), 24),
+        ) {
+            let g = mixture(layers);
+            let streamed: Vec<bool> = (0..g.len()).map(|i| streamed_mask[i % 24]).collect();
+            let host: Vec<bool> = (0..g.len()).map(|i| host_mask[i % 24]).collect();
+            let s = SplitInput { mode: ExpertSplit::Force(k), min_tokens };
+            let c = cpu_at(25.0);
+            let p = plan_split(&g, &streamed, &host, (3, 3), 50e9, &c, s, |_| 0.0);
+            let any = (0..g.len()).any(|i| streamed[i] && host[i] && g[i].experts.is_some());
+            prop_assert_eq!(p.is_some(), any);
+            if let Some(p) = p {
+                for i in 0..g.len() {
+                    prop_assert_eq!(p.groups[i], streamed[i] && host[i] && g[i].experts.is_some());
+                }
+                for n in 1..=MAX_TOKENS {
+                    match p.at(n) {
+                        Some(d) => {
+                            prop_assert!(n >= min_tokens.max(2));
+                            prop_assert!((1..128).contains(&d));
+                        }
+                        None => prop_assert!(n < min_tokens.max(2)),
+                    }
+                }
+            }
+        }
+    }
+}
