@@ -301,6 +301,14 @@ impl HostCompute {
         }
         self.stats.compute += t0.elapsed();
         self.stats.groups += 1;
+        // the weights read: each expert picked once (the group's bytes
+        // over its experts, the router's and norm's few included)
+        let mut seen: Vec<i32> = picks.iter().map(|p| p.expert).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        let per = self.group_bytes.get(&gi.index()).copied().unwrap_or(0)
+            / self.dims.hp.n_expert.max(1) as u64;
+        self.stats.bytes += per * seen.len() as u64;
         Ok(())
     }
 

@@ -413,12 +413,17 @@ pub fn build_router<'c>(
         .as_output();
     g.expand(cur);
     let (_, weights) = super::moe::route(ctx, &mut g, d, ex.gate_inp, cur, true);
+    // a node after the routing: ggml-cuda's check for its fused top-k-MoE
+    // kernel reads the node after the weights' reshape without looking for
+    // the graph's end (a graph ending there crashed on the H200)
+    let out = ctx.cont(weights).named("ffn_moe_router_out");
+    g.expand(out);
     Built {
         graph: g,
         ext,
         weights: w,
         kv: None,
-        out: weights,
+        out,
     }
 }
 

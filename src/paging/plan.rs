@@ -182,7 +182,10 @@ impl Plan {
     pub fn predicted_step_s(&self, n: u32) -> f64 {
         match &self.hybrid {
             Some(h) if n >= 1 && (n as usize) <= h.per_size.len() => {
-                h.per_size[n as usize - 1].predicted.step_s()
+                match h.split.as_ref().filter(|s| s.at(n).is_some()) {
+                    Some(s) => s.per_size[n as usize - 1].predicted.step_s(),
+                    None => h.per_size[n as usize - 1].predicted.step_s(),
+                }
             }
             _ => self.floor_s(n),
         }
@@ -367,6 +370,27 @@ impl std::fmt::Display for Plan {
             )?;
             if let Some(last) = h.per_size.iter().rposition(|s| s.cpu_groups > 0) {
                 write!(f, "; CPU takes part up to {}-token steps", last + 1)?;
+            }
+            if let Some(s) = &h.split {
+                let n_split = s.groups.iter().filter(|g| **g).count();
+                for (i, z) in s.per_size.iter().enumerate() {
+                    let n = i + 1;
+                    // the first split size, then every doubling
+                    let first = z.dev_experts > 0 && (n == 1 || s.per_size[i - 1].dev_experts == 0);
+                    if z.dev_experts > 0 && (first || n.is_power_of_two()) {
+                        write!(
+                            f,
+                            "
+expert split at {n} tokens: {n_split} streamed layers keep their first {} experts on the GPU, the CPU computes the others' picks; predicted bus {:.2} ms, chain {:.2} ms + stalls {:.2} ms = step {:.2} ms (whole CPU groups: {:.2} ms)",
+                            z.dev_experts,
+                            z.predicted.bus_s * 1e3,
+                            (z.predicted.cpu_s + z.predicted.gpu_s) * 1e3,
+                            z.predicted.stall_s * 1e3,
+                            z.predicted.step_s() * 1e3,
+                            h.per_size[i].predicted.step_s() * 1e3
+                        )?;
+                    }
+                }
             }
         }
         Ok(())

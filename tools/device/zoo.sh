@@ -18,6 +18,9 @@
 #                                       # and decode at depth 3500 with the sliding-window layers' KV
 #                                       # windowed (the default) and all on the device (--kv-budget
 #                                       # 1984M, as before), beside llama.cpp ngl=${NGL:-28}
+#   TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-split  # the 30B shape at 8G, 64 sequences: --expert-split
+#                                       # off, auto and forced (SPLITS="..."), then auto beside
+#                                       # llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults, best)
 #   [PP=512 SKIP_CHECK=1] bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
@@ -48,7 +51,7 @@ routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew
 [ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
-  qwen3moe|qwen3moe-batch) first=qwen3-30b-a3b ;;
+  qwen3moe|qwen3moe-batch|qwen3moe-split) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3|gemma3-swa) first=gemma3-27b ;;
   qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
@@ -105,6 +108,22 @@ case $what in
       timeout 150 $bin/strata bench -m "$s" --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 2048 -n 16 -B 64 \
         -r 2 --resident spread 2>&1 | quiet | tee -a "$out/zoo_qwen3moe_batch$sk.txt"
     fi
+    ;;
+  qwen3moe-split)
+    # 64 sequences decoding at 8G: each streamed layer's experts split
+    # between the GPU and the host CPU, against whole CPU groups (off), then
+    # the default beside llama.cpp's configurations; tg16 to show decode
+    # keeps whole CPU groups
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_split$sk.txt
+    echo "$routing" | tee "$f"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+    for x in ${SPLITS:-off auto 64 80 96}; do
+      echo "== --expert-split $x" | tee -a "$f"
+      timeout 200 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --expert-split $x 2>&1 | quiet | tee -a "$f"
+    done
+    echo "== --expert-split auto beside llama.cpp" | tee -a "$f"
+    timeout ${BENCH_TIMEOUT:-300} $bin/strata bench $common -p 0 -n 16 -B 64 -r 2 --llama-ngl ${NGL:-18} --llama-best \
+      --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
     ;;
   gemma3)
     s=$(SKEW= dev_synth gemma3-27b)
