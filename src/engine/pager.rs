@@ -28,6 +28,66 @@ pub struct PagerStats {
     pub kv_bytes: u64,
 }
 
+/// The byte ranges of a group's extent a partial upload carries, and those
+/// its slot zeroes instead.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Partial {
+    pub up: Vec<(usize, usize)>,
+    pub zero: Vec<(usize, usize)>,
+}
+
+/// A graph writing zeros over byte ranges of one device slot, run on the
+/// copy stream after the slot's last reader (ordered as its uploads are).
+struct ZeroFill {
+    // field order is drop order: the graph before the context it lives in
+    graph: std::ptr::NonNull<crate::sys::ggml_cgraph>,
+    ctx: crate::ggml::Context,
+    /// The slot buffer the fills point into, kept alive with them.
+    _bound: Vec<crate::ggml::Binding>,
+}
+
+impl ZeroFill {
+    /// Zeros over `ranges` (offset, bytes) of the slot at `slot`: F32
+    /// fills where a range is a multiple of 4 bytes, F16 where of 2.
+    fn new(slot: &crate::ggml::Binding, ranges: &[(usize, usize)]) -> Result<ZeroFill, EngineError> {
+        use crate::dtype::GgmlType;
+        let ctx = crate::ggml::Context::new(2 * ranges.len() + 1, ranges.len() + 1)?;
+        let mut bound = Vec::with_capacity(ranges.len());
+        let graph = {
+            let mut g = ctx.new_graph(ranges.len() + 1);
+            for &(off, len) in ranges {
+                let (ty, n) = match len {
+                    l if l % 4 == 0 => (GgmlType::F32, l / 4),
+                    l if l % 2 == 0 => (GgmlType::F16, l / 2),
+                    _ => {
+                        return Err(EngineError::Unsupported(
+                            "an expert split whose expert tensors are not whole 2-byte words",
+                        ))
+                    }
+                };
+                let t = ctx.new_tensor(ty, &[n as i64]).named("slot_zeros");
+                let b = crate::ggml::Binding::at(slot.buffer_arc(), slot.offset() + off)?;
+                // SAFETY: the range lies in the slot (a group's layout within
+                // its slot's extent); `_bound` keeps the buffer alive, and
+                // the copy stream runs the fill only once the slot is free.
+                unsafe { t.rebind(&b)? };
+                bound.push(b);
+                g.expand(ctx.fill_inplace(t, 0.0));
+            }
+            std::ptr::NonNull::new(g.raw()).expect("graph handle is never null")
+        };
+        Ok(ZeroFill {
+            graph,
+            ctx,
+            _bound: bound,
+        })
+    }
+    fn graph(&self) -> crate::ggml::Graph<'_> {
+        // SAFETY: the graph lives in self.ctx.
+        unsafe { crate::ggml::Graph::from_raw(&self.ctx, self.graph) }
+    }
+}
+
 enum Streams {
     Async {
         copy: Backend,
@@ -51,9 +111,12 @@ pub struct Pager {
     streams: Streams,
     pub stats: PagerStats,
     /// This step's partial uploads (expert splits): by group index, the
-    /// byte ranges of its extent that go up; the rest of its slot is not
-    /// read this step.
-    pub partial: HashMap<usize, Vec<(usize, usize)>>,
+    /// byte ranges of its extent that go up and those its slot must hold
+    /// zeros in instead (the host's experts: they then add nothing to the
+    /// device's sum).
+    pub partial: HashMap<usize, Partial>,
+    /// Zero-fill graphs by (slot, ranges), run on the copy stream.
+    zero: HashMap<(usize, Vec<(usize, usize)>), ZeroFill>,
     /// The engine's timeline switch.
     rec: Recorder,
 }
@@ -111,6 +174,7 @@ impl Pager {
             streams,
             stats: PagerStats::default(),
             partial: HashMap::new(),
+            zero: HashMap::new(),
             rec,
         })
     }
@@ -180,10 +244,11 @@ impl Pager {
             .expect("ring")
             .slot_tensor(slot);
         let whole = [(0, src.len())];
-        let ranges: &[(usize, usize)] = match self.partial.get(&gi.index()) {
-            Some(r) => r,
-            None => &whole,
-        };
+        let (ranges, zero): (&[(usize, usize)], &[(usize, usize)]) =
+            match self.partial.get(&gi.index()) {
+                Some(p) => (&p.up, &p.zero),
+                None => (&whole, &[]),
+            };
         let bytes: usize = ranges.iter().map(|r| r.1).sum();
         self.stats.uploads += 1;
         self.stats.bytes += bytes as u64;
@@ -191,6 +256,17 @@ impl Pager {
         match &self.streams {
             Streams::Async { copy, .. } => {
                 let _rec = self.rec.scope(Stream::Copy, copy, name, bytes as u64);
+                if !zero.is_empty() {
+                    let key = (slot, zero.to_vec());
+                    if !self.zero.contains_key(&key) {
+                        let at = store.rings[ring as usize]
+                            .as_ref()
+                            .expect("ring")
+                            .slot_binding(slot);
+                        self.zero.insert(key.clone(), ZeroFill::new(&at, zero)?);
+                    }
+                    copy.compute_async(&self.zero[&key].graph())?;
+                }
                 for &(off, len) in ranges {
                     // SAFETY: src is pinned memory owned by the store, not
                     // written until this copy completed (the window drains
@@ -205,6 +281,9 @@ impl Pager {
                 let _rec = self.rec.scope(Stream::Copy, compute, name, bytes as u64);
                 let t0 = Instant::now();
                 // slot fits the extent; the compute side is idle (sync path)
+                for &(off, len) in zero {
+                    t.fill_range(0, off, len)?;
+                }
                 for &(off, len) in ranges {
                     t.set_bytes(&src[off..off + len], off)?;
                 }

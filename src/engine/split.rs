@@ -5,11 +5,13 @@
 //!
 //! For a split group at a step of n tokens:
 //! 1. the pager uploads the group's norm and router whole and only the
-//!    first `k` experts of each expert tensor (`Engine::split_ranges`);
+//!    first `k` experts of each expert tensor, and zeroes the rest of them
+//!    in the slot on the copy stream (`split_ranges`);
 //! 2. the router graph runs on the device and the host reads its normed
 //!    rows, picks and weights (one drain of the compute stream);
-//! 3. the device's FFN graph, built for `k` experts, is queued: picks of
-//!    the other experts add nothing there;
+//! 3. the device's FFN graph is queued: picks of the zeroed experts add
+//!    exactly nothing there (a zero matrix's product is 0), and it routes
+//!    unfused as the router graph does, so both pick alike;
 //! 4. meanwhile the host computes the picks of experts `k..` and sums them
 //!    per token;
 //! 5. its rows go up and a small graph adds them to the residual, queued
@@ -17,6 +19,7 @@
 
 use super::error::EngineError;
 use super::host::Pick;
+use super::pager::Partial;
 use super::state::Engine;
 use super::store::Location;
 use super::timeline;
@@ -50,26 +53,29 @@ impl SplitRows {
 }
 
 /// The byte ranges of a group's extent (weights at `offsets`) an upload
-/// keeping `k` experts carries: each weight whole, but of an expert
-/// tensor only its first `k` experts (the outermost dimension).
+/// keeping `k` experts carries, and those its slot zeroes instead: each
+/// weight whole, but of an expert tensor only its first `k` experts (the
+/// outermost dimension), the rest of it zeroed.
 pub(super) fn split_ranges(
     weights: &[crate::model::WeightSpec],
     offsets: &[usize],
     k: u32,
-) -> Vec<(usize, usize)> {
-    weights
-        .iter()
-        .zip(offsets)
-        .map(|(w, &off)| {
-            let len = if w.role.is_some_and(|r| r.is_expert()) && w.ne[2] > 0 {
-                let per = w.size / w.ne[2] as u64;
-                per * (k as u64).min(w.ne[2] as u64)
-            } else {
-                w.size
-            };
-            (off, len as usize)
-        })
-        .collect()
+) -> Partial {
+    let mut p = Partial::default();
+    for (w, &off) in weights.iter().zip(offsets) {
+        let size = w.size as usize;
+        if w.role.is_some_and(|r| r.is_expert()) && w.ne[2] > 0 {
+            let per = size / w.ne[2] as usize;
+            let up = per * (k as usize).min(w.ne[2] as usize);
+            p.up.push((off, up));
+            if up < size {
+                p.zero.push((off + up, size - up));
+            }
+        } else {
+            p.up.push((off, size));
+        }
+    }
+    p
 }
 
 impl Engine {
@@ -222,13 +228,19 @@ mod tests {
         let offsets = [0, 256, 512, 1536];
         assert_eq!(
             split_ranges(&ws, &offsets, 1),
-            vec![(0, 32), (256, 128), (512, 192), (1536, 192)]
+            Partial {
+                up: vec![(0, 32), (256, 128), (512, 192), (1536, 192)],
+                zero: vec![(704, 576), (1728, 576)],
+            }
         );
         assert_eq!(
             split_ranges(&ws, &offsets, 4),
-            vec![(0, 32), (256, 128), (512, 768), (1536, 768)]
+            Partial {
+                up: vec![(0, 32), (256, 128), (512, 768), (1536, 768)],
+                zero: vec![],
+            }
         );
         // more than the experts there are: all of them
-        assert_eq!(split_ranges(&ws, &offsets, 9)[2], (512, 768));
+        assert_eq!(split_ranges(&ws, &offsets, 9).up[2], (512, 768));
     }
 }

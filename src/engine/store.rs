@@ -52,6 +52,10 @@ impl RingBuffers {
     pub fn slot_tensor(&self, s: usize) -> crate::ggml::Tensor<'_> {
         self.slots[s].tensor(0)
     }
+    /// Where slot `s`'s byte tensor lives.
+    pub fn slot_binding(&self, s: usize) -> Binding {
+        self.slots[s].binding(0)
+    }
 }
 
 pub struct WeightStore {

@@ -74,6 +74,10 @@ impl Binding {
         })
     }
 
+    /// The shared buffer (to make another binding inside it).
+    pub fn buffer_arc(&self) -> &Arc<Buffer> {
+        &self.buffer
+    }
     pub fn buffer(&self) -> &Buffer {
         &self.buffer
     }

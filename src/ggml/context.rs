@@ -93,29 +93,10 @@ impl Context {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_mul_mat_id(self.raw(), w.raw(), x.raw(), ids.raw()) })
     }
-    /// `a * s + b`.
-    pub fn scale_bias<'a>(&'a self, a: Tensor<'a>, s: f32, b: f32) -> Tensor<'a> {
-        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
-        self.wrap(unsafe { sys::ggml_scale_bias(self.raw(), a.raw(), s, b) })
-    }
-    /// F32 [n]: start, start + step, ... below stop.
-    pub fn arange(&self, start: f32, stop: f32, step: f32) -> Tensor<'_> {
-        // SAFETY: the context is live; ggml checks the range.
-        self.wrap(unsafe { sys::ggml_arange(self.raw(), start, stop, step) })
-    }
-    /// 1 where `a` > 0, else 0.
-    pub fn step<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
-        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
-        self.wrap(unsafe { sys::ggml_step(self.raw(), a.raw()) })
-    }
-    /// `a` converted to `ty` (F32 to I32 truncates).
-    pub fn cast<'a>(&'a self, a: Tensor<'a>, ty: GgmlType) -> Tensor<'a> {
+    /// `a` filled with `c` in place (F32 or F16).
+    pub fn fill_inplace<'a>(&'a self, a: Tensor<'a>, c: f32) -> Tensor<'a> {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks types.
-        self.wrap(unsafe { sys::ggml_cast(self.raw(), a.raw(), ty.0) })
-    }
-    pub fn reshape_1d<'a>(&'a self, a: Tensor<'a>, ne0: i64) -> Tensor<'a> {
-        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
-        self.wrap(unsafe { sys::ggml_reshape_1d(self.raw(), a.raw(), ne0) })
+        self.wrap(unsafe { sys::ggml_fill_inplace(self.raw(), a.raw(), c) })
     }
     /// `a * s`.
     pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Tensor<'a> {
@@ -432,6 +413,18 @@ impl<'ctx> Tensor<'ctx> {
 impl<'ctx> Tensor<'ctx> {
     /// Fills the whole tensor with byte `value`, synchronously. Never use on
     /// memory a computation in flight reads.
+    /// Sets `len` bytes from `offset` to `value` (synchronously).
+    pub fn fill_range(&self, value: u8, offset: usize, len: usize) -> Result<()> {
+        if !self.is_bound() || offset + len > self.nbytes() {
+            return Err(GgmlError::Tensor {
+                name: self.name(),
+                what: format!("cannot fill {len} bytes at {offset}"),
+            });
+        }
+        // SAFETY: bound tensor, the range lies inside it (checked).
+        unsafe { sys::ggml_backend_tensor_memset(self.raw(), value, offset, len) };
+        Ok(())
+    }
     pub fn fill(&self, value: u8) -> Result<()> {
         if !self.is_bound() {
             return Err(GgmlError::Tensor {

@@ -93,25 +93,10 @@ fn weight_shape(d: &Dims, role: Role) -> Vec<i64> {
 }
 
 fn weights<'c>(ctx: &'c Context, d: &Dims, sig: &[(Role, GgmlType)]) -> Vec<Tensor<'c>> {
-    weights_split(ctx, d, sig, 0)
-}
-
-/// The weight placeholders, the expert tensors holding only their first
-/// `dev_experts` experts where that is > 0 (they lead each tensor: the
-/// expert is its outermost dimension).
-fn weights_split<'c>(
-    ctx: &'c Context,
-    d: &Dims,
-    sig: &[(Role, GgmlType)],
-    dev_experts: u32,
-) -> Vec<Tensor<'c>> {
     sig.iter()
         .map(|&(role, ty)| {
-            let mut ne = weight_shape(d, role);
-            if dev_experts > 0 && role.is_expert() {
-                ne[2] = dev_experts as i64;
-            }
-            ctx.new_tensor(ty, &ne).named(role.suffix())
+            ctx.new_tensor(ty, &weight_shape(d, role))
+                .named(role.suffix())
         })
         .collect()
 }
@@ -320,7 +305,7 @@ pub fn build_ffn<'c>(
     lim: Limits,
 ) -> Built<'c> {
     let ext = Externals::new(ctx, d, lim, false);
-    let w = weights_split(ctx, d, sig, s.dev_experts);
+    let w = weights(ctx, d, sig);
     let role = |r| find(sig, &w, r).expect("ffn weight");
     // a mixture of experts where the group has a router
     let experts = find(sig, &w, Role::GateInp).map(|gate_inp| Experts {
@@ -347,7 +332,7 @@ pub fn build_ffn<'c>(
         let x = rows_at(ctx, ext.x, r0, n).named("ffn_in");
         let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
         let down = match &experts {
-            Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur, s.dev_experts),
+            Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur, s.dev_experts > 0),
             None => {
                 let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
                 let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");

@@ -92,50 +92,22 @@ pub fn route<'c>(
 pub const WEIGHTS: &str = "ffn_moe_weights_norm";
 
 /// The experts' combined output, F32 [n_embd, n_tokens], for `cur`, the
-/// FFN-normed rows F32 [n_embd, n_tokens]. `dev_experts` > 0: the expert
-/// tensors hold only the first `dev_experts` experts (an expert split:
-/// the host computes the others), so picks of the others are sent to
-/// expert 0 with weight 0 and add nothing.
+/// FFN-normed rows F32 [n_embd, n_tokens]. `split`: the device's side of
+/// an expert split, whose slot holds zeros in place of the experts the
+/// host computes (their picks add nothing here); it routes unfused, as
+/// the split's router graph does, so both pick alike.
 pub fn moe_ffn<'c>(
     ctx: &'c Context,
     g: &mut Graph<'c>,
     d: &Dims,
     w: &Experts<'c>,
     cur: Tensor<'c>,
-    dev_experts: u32,
+    split: bool,
 ) -> Tensor<'c> {
     let hp = &d.hp;
     let (e, n) = (hp.n_embd as i64, cur.ne()[1]);
-    let (n_exp, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
-    let split = dev_experts > 0 && (dev_experts as i64) < n_exp;
-    let (mut selected, mut weights) =
-        route(ctx, g, d, w.gate_inp, cur, d.read_routing || split);
-    if split {
-        // per expert: 1 below dev_experts, else 0; and the id a pick
-        // becomes (itself, or 0)
-        let ids = ctx.arange(0.0, n_exp as f32, 1.0).named("ffn_moe_expert_ids");
-        let edge = ctx
-            .scale_bias(ids, -1.0, dev_experts as f32 - 0.5)
-            .named("ffn_moe_device_edge");
-        let keep = ctx.step(edge).named("ffn_moe_on_device");
-        let remap = ctx.mul(ids, keep).named("ffn_moe_remap_f32");
-        let remap = ctx
-            .cast(remap, crate::dtype::GgmlType::I32)
-            .named("ffn_moe_remap");
-        let flat = ctx.cont(selected).named("ffn_moe_topk_cont");
-        let flat = ctx.reshape_1d(flat, k * n).named("ffn_moe_topk_flat");
-        let on = ctx
-            .get_rows(ctx.reshape_2d(keep, 1, n_exp), flat)
-            .named("ffn_moe_pick_on_device");
-        let on = ctx.reshape_3d(on, 1, k, n).named("ffn_moe_pick_on_device_3d");
-        weights = ctx.mul(weights, on).named("ffn_moe_weights_device");
-        let remapped = ctx
-            .get_rows(ctx.reshape_2d(remap, 1, n_exp), flat)
-            .named("ffn_moe_topk_remapped");
-        selected = ctx
-            .reshape_2d(remapped, k, n)
-            .named("ffn_moe_topk_device");
-    }
+    let k = hp.n_expert_used as i64;
+    let (selected, weights) = route(ctx, g, d, w.gate_inp, cur, d.read_routing || split);
 
     // F32 [n_embd, 1, n_tokens]
     let cur = ctx.reshape_3d(cur, e, 1, n).named("ffn_moe_in");

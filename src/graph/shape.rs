@@ -17,8 +17,9 @@ pub struct StepShape {
     /// (its own mask and RoPE base; `Hparams::is_swa`).
     pub swa: bool,
     /// A mixture's FFN group split between the device and the host: the
-    /// device holds and computes only the first `dev_experts` experts (see
-    /// `paging::split`); 0: all of them.
+    /// device's slot holds the first `dev_experts` experts and zeros in
+    /// place of the others, whose picks the host computes (see
+    /// `paging::split`); 0: no split.
     pub dev_experts: u32,
 }
 
