@@ -29,16 +29,13 @@ pub struct CpuWeights {
 /// Where each weight goes: the index of an extra buffer type, or None for
 /// plain memory. Decided once per (type, shape).
 fn choose(cpu: Device, extras: &[BufferType], w: &WeightSpec, repack: bool) -> Option<usize> {
-    // matrices, and stacked experts (llama.cpp repacks those too: its
-    // --n-cpu-moe experts multiply in the repacked layouts)
-    let matrix = w.ne.len() >= 2 && w.ne[1] > 1 && w.ne[3..].iter().all(|&d| d == 1);
+    let matrix = w.ne.len() >= 2 && w.ne[1] > 1 && w.ne[2..].iter().all(|&d| d == 1);
     if !repack || !matrix {
         return None;
     }
-    let dims = if w.ne.len() >= 3 && w.ne[2] > 1 { 3 } else { 2 };
     extras
         .iter()
-        .position(|&b| cpu.supports_weight(b, w.ty, &w.ne[..dims]))
+        .position(|&b| cpu.supports_weight(b, w.ty, &w.ne[..2]))
 }
 
 impl CpuWeights {
