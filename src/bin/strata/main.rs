@@ -179,11 +179,12 @@ pub struct ModelArgs {
     /// A mixture of experts' steps of many tokens (64 sequences decoding):
     /// each streamed layer's first experts are uploaded and computed by the
     /// GPU while the host CPU computes the others' picks from its copy,
-    /// both at once. auto: at the step sizes where the plan predicts it
-    /// beats whole CPU groups; off; or the number of experts per layer the
-    /// GPU takes (from --split-min-tokens up, whatever the prediction).
-    /// Needs hybrid decode's host copies.
-    #[arg(long = "expert-split", default_value = "auto", value_parser = parse_split)]
+    /// both at once. off (the default: on an H200 it gave no more than
+    /// noise over whole CPU groups); auto: at the step sizes where the plan
+    /// predicts it beats whole CPU groups; or the number of experts per
+    /// layer the GPU takes (from --split-min-tokens up, whatever the
+    /// prediction). Needs hybrid decode's host copies.
+    #[arg(long = "expert-split", default_value = "off", value_parser = parse_split)]
     pub expert_split: strata::paging::ExpertSplit,
     /// The fewest tokens a step splits its experts at (at least 2).
     #[arg(long = "split-min-tokens", default_value_t = 32,
