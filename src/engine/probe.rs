@@ -80,23 +80,6 @@ pub(super) fn cpu_input(
     let bus_beside = measure_bus_beside_cpu(&cb, buft, w.ty, ne, probe_bytes, device, copy_bw)?;
     let hop = measure_hop(device, backend, spec.hp.n_embd as i64)?;
     let per_group = measure_group_overhead(device, backend, spec.hp.n_embd as i64)?;
-    // a mixture: its experts as the CPU holds and multiplies them (stacked
-    // in plain memory, a few rows each), at one token and at the most
-    // tokens a hybrid step has
-    let experts = match (w.ne[2] > 1, spec.hp.n_expert_used) {
-        (true, used) if used > 0 => {
-            let ne3 = [w.ne[0], w.ne[1], w.ne[2]];
-            let most = crate::paging::HYBRID_MAX_TOKENS;
-            let e1 = measure_experts(&cb, w.ty, ne3, used, probe_bytes, 1, bus)?;
-            let en = measure_experts(&cb, w.ty, ne3, used, probe_bytes, most, bus)?;
-            Some(crate::paging::ExpertRates {
-                s_per_byte_1: e1,
-                s_per_byte_n: en,
-                tokens: most,
-            })
-        }
-        _ => None,
-    };
     let c = crate::paging::CpuInput {
         s_per_byte_1: s1,
         s_per_byte_n: sn,
@@ -109,16 +92,7 @@ pub(super) fn cpu_input(
         bus_bw_beside: bus_beside,
         force,
         split: cfg.paging.split,
-        experts,
     };
-    if let Some(x) = experts {
-        tracing::info!(
-            "hybrid probe: the CPU's experts {:.1} GB/s read at 1 token, {:.1} GB/s at {}",
-            1e-9 / x.s_per_byte_1,
-            1e-9 / x.s_per_byte_n,
-            x.tokens
-        );
-    }
     tracing::info!(
         "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
         1e-9 / s1,
@@ -437,78 +411,6 @@ pub fn measure_matmul(
         }
         Ok(best / read as f64)
     })
-}
-
-/// Seconds per byte of experts read for a mixture's step of `n_tokens`
-/// tokens on the CPU `backend`: stacked expert tensors of type `ty` and
-/// shape `ne` ([k, m, n_expert]) in plain CPU memory (as the host keeps
-/// them), about `bytes` of them, each token routed to `used` distinct
-/// experts spread evenly (a random router's), every expert a token picked
-/// read once. The best of three runs after a warm-up, while `bus` uploads.
-pub fn measure_experts(
-    backend: &Backend,
-    ty: crate::dtype::GgmlType,
-    ne: [i64; 3],
-    used: u32,
-    bytes: u64,
-    n_tokens: u32,
-    bus: Option<(Device, f64)>,
-) -> Result<f64, EngineError> {
-    let buft = backend.device().buffer_type();
-    let ctx = Context::new(64, 64)?;
-    let probe = ctx.new_tensor(ty, &ne);
-    let each = probe.nbytes().max(1);
-    let count = (bytes as usize / each).clamp(1, 16);
-    let a = buft.alignment();
-    let stride = buft.alloc_size(probe).div_ceil(a) * a;
-    let wbuf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
-    wbuf.clear(0);
-    let n_exp = ne[2] as usize;
-    let used = (used as usize).min(n_exp);
-    // token t picks experts (t * used + j) * 7919 mod n_exp, nudged to
-    // stay distinct: an even spread, as a random router's
-    let mut ids = Vec::with_capacity(used * n_tokens as usize);
-    let mut touched = vec![false; n_exp];
-    for t in 0..n_tokens as usize {
-        let mut mine: Vec<usize> = Vec::with_capacity(used);
-        for j in 0..used {
-            let mut e = ((t * used + j) * 7919) % n_exp;
-            while mine.contains(&e) {
-                e = (e + 1) % n_exp;
-            }
-            mine.push(e);
-            touched[e] = true;
-            ids.push(e as i32);
-        }
-    }
-    let read = count * touched.iter().filter(|t| **t).count() * (each / n_exp);
-    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], 1, n_tokens as i64]);
-    let idt = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used as i64, n_tokens as i64]);
-    let ibuf = Buffer::alloc(buft, x.nbytes() + idt.nbytes() + 2 * a, BufferUsage::Any)?;
-    ibuf.place(x, 0)?;
-    ibuf.place(idt, x.nbytes().div_ceil(a) * a)?;
-    x.set_f32(&vec![0.5f32; (ne[0] * n_tokens as i64) as usize])?;
-    idt.set_i32(&ids)?;
-    let mut g = ctx.new_graph(64);
-    for i in 0..count {
-        let w = ctx.new_tensor(ty, &ne);
-        wbuf.place(w, i * stride)?;
-        g.expand(ctx.mul_mat_id(w, x, idt));
-    }
-    let mut alloc = GraphAllocator::new(buft)?;
-    alloc.alloc(&g)?;
-    backend.compute(&g)?;
-    let _load = match bus {
-        Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
-        None => None,
-    };
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        backend.compute(&g)?;
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    Ok(best / read.max(1) as f64)
 }
 
 /// The host-to-device copy rate (bytes/s) of `device` while the CPU

@@ -85,7 +85,7 @@ impl GroupInfo {
     }
 
     /// Bytes every token reads.
-    pub fn shared_bytes(&self) -> u64 {
+    fn shared_bytes(&self) -> u64 {
         self.bytes - self.experts.map_or(0, |x| x.bytes.min(self.bytes))
     }
 

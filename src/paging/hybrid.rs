@@ -57,28 +57,6 @@ pub struct CpuInput {
     /// Whether and from which step size mixture layers split their
     /// experts between the device and the CPU (`paging::split`).
     pub split: super::split::SplitInput,
-    /// A mixture's experts as the CPU multiplies them (measured on its
-    /// stacked expert tensors); None: costed as dense matrices.
-    pub experts: Option<ExpertRates>,
-}
-
-/// The CPU's seconds per byte of experts read (each expert a token picked,
-/// once), measured at one token and at `tokens`, linear in between: a
-/// 64-token step multiplies each expert for a few rows, which the dense
-/// probe's 16-row products overrate by 1.3-1.8x (H200 runs 34-40).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ExpertRates {
-    pub s_per_byte_1: f64,
-    pub s_per_byte_n: f64,
-    pub tokens: u32,
-}
-
-impl ExpertRates {
-    pub fn s_per_byte(&self, n: u32) -> f64 {
-        let p = self.tokens.max(2) as f64;
-        let f = ((n.max(1) as f64 - 1.0) / (p - 1.0)).min(1.0);
-        self.s_per_byte_1 + f * (self.s_per_byte_n - self.s_per_byte_1)
-    }
 }
 
 impl CpuInput {
@@ -93,16 +71,9 @@ impl CpuInput {
     }
 
     /// CPU seconds a step of `n` tokens computes group `g` (a mixture's
-    /// experts only where its tokens were routed, at the measured expert
-    /// rates where there are some), hops excluded.
+    /// experts only where its tokens were routed), hops excluded.
     pub fn group_s(&self, g: &GroupInfo, n: u32) -> f64 {
-        match (g.experts, self.experts) {
-            (Some(_), Some(x)) => {
-                let experts = g.read_bytes(n) - g.shared_bytes();
-                g.shared_bytes() as f64 * self.s_per_byte(n) + experts as f64 * x.s_per_byte(n)
-            }
-            _ => g.compute_s(n, |t| self.s_per_byte(t)),
-        }
+        g.compute_s(n, |t| self.s_per_byte(t))
     }
 
     /// GPU seconds a step of `n` tokens (a few: decode) computes `g`.
@@ -510,11 +481,6 @@ impl CpuCalibration {
         let c = CpuInput {
             s_per_byte_1: self.probe.s_per_byte_1 * cpu_factor,
             s_per_byte_n: self.probe.s_per_byte_n * cpu_factor,
-            experts: self.probe.experts.map(|x| ExpertRates {
-                s_per_byte_1: x.s_per_byte_1 * cpu_factor,
-                s_per_byte_n: x.s_per_byte_n * cpu_factor,
-                ..x
-            }),
             bus_bw_beside: bus_bw.or(self.probe.bus_bw_beside),
             ..self.probe.clone()
         };
@@ -590,43 +556,6 @@ mod tests {
         // bigger steps give the CPU less, and none past the limit
         assert!(p.per_size[15].cpu_groups < s.cpu_groups);
         assert!(p.cpu_groups(MAX_TOKENS + 1).iter().all(|c| !c));
-    }
-
-    /// A mixture's CPU time at the measured expert rates: the experts a
-    /// step reads at the rate for its size (linear from 1 to the probe's
-    /// tokens, flat beyond), the shared part at the dense rate.
-    #[test]
-    fn expert_rates_cost_the_experts_a_step_reads() {
-        let g = GroupInfo {
-            kind: GroupKind::Ffn,
-            bytes: 1_000 + 128_000,
-            experts: Some(super::super::groups::Experts {
-                bytes: 128_000,
-                n_expert: 128,
-                n_used: 8,
-            }),
-        };
-        let x = ExpertRates {
-            s_per_byte_1: 1.0,
-            s_per_byte_n: 5.0,
-            tokens: 65,
-        };
-        assert_eq!(x.s_per_byte(1), 1.0);
-        assert_eq!(x.s_per_byte(33), 3.0);
-        assert_eq!(x.s_per_byte(65), 5.0);
-        assert_eq!(x.s_per_byte(500), 5.0);
-        let c = CpuInput {
-            experts: Some(x),
-            ..cpu(2.0)
-        };
-        // one token: 8 experts' bytes at 1 s/B, the shared 1000 B at 2 s/B
-        assert!((c.group_s(&g, 1) - (8_000.0 + 2_000.0)).abs() < 1e-6);
-        // 33 tokens read most experts, at 3 s/B
-        let read = (g.read_bytes(33) - 1_000) as f64;
-        assert!((c.group_s(&g, 33) - (read * 3.0 + 1_000.0 * c.s_per_byte(33))).abs() < 1e-6);
-        // a dense group keeps the dense rates
-        let d = GroupInfo::dense(GroupKind::Ffn, 1_000);
-        assert_eq!(c.group_s(&d, 4), d.compute_s(4, |t| c.s_per_byte(t)));
     }
 
     #[test]
@@ -811,7 +740,6 @@ mod tests {
             bus_bw_beside: None,
             force: None,
             split: crate::paging::SplitInput::default(),
-            experts: None,
         }
     }
 
@@ -869,7 +797,6 @@ mod tests {
                 bus_bw_beside: Some(bus_gbs * 1e9),
                 force: None,
                 split: crate::paging::SplitInput::default(),
-                experts: None,
             };
             let at = spread_on_cpu(&g, resident, k);
             let p = simulate(&g, &at, (7, 3), 54.2e9, &c, 1);

@@ -19,7 +19,7 @@ pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
 pub use groups::{Experts, GroupInfo};
 pub use hybrid::{
-    plan_hybrid, spread, CpuCalibration, CpuInput, ExpertRates, HybridPlan, Prediction, SizePlan, Where,
+    plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan, Where,
     MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
 pub use split::{ExpertSplit, SplitInput, SplitPlan, SplitSize};

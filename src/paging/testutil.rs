@@ -32,7 +32,6 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
         bus_bw_beside: None,
         force: None,
         split: super::split::SplitInput::default(),
-        experts: None,
     }
 }
 
