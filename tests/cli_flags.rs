@@ -33,6 +33,9 @@ fn out_of_range_flags_are_refused_naming_them() {
         ("--kv-block", "0", "--kv-block"),
         ("--gpu-budget", "99999999999999999999", "larger than 16 EiB"),
         ("--kv-dram", "12Q", "unknown size unit"),
+        ("--expert-split", "0", "a number of experts (at least 1)"),
+        ("--expert-split", "many", "use auto, off or a number of experts"),
+        ("--split-min-tokens", "1", "--split-min-tokens"),
     ] {
         let (ok, _, err) = strata(&[
             "run", "-m", m, "--device", "cpu", "-p", "hi", "-n", "1", flag, value,

@@ -298,7 +298,14 @@ impl Engine {
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let split = match plan.placement.hybrid.as_ref().and_then(|h| h.split.as_ref()) {
             Some(_) if host.is_some() => Some(super::split::SplitRows::alloc(&dims, lim, device)?),
-            _ => None,
+            _ => {
+                if cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe() {
+                    tracing::warn!(
+                        "--expert-split: no split, it needs streamed mixture layers the host CPU keeps a copy of (hybrid decode)"
+                    );
+                }
+                None
+            }
         };
         // what every graph's externals are bound to
         let mut ext = persistent.bindings.clone();
