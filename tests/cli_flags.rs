@@ -34,7 +34,11 @@ fn out_of_range_flags_are_refused_naming_them() {
         ("--gpu-budget", "99999999999999999999", "larger than 16 EiB"),
         ("--kv-dram", "12Q", "unknown size unit"),
         ("--expert-split", "0", "a number of experts (at least 1)"),
-        ("--expert-split", "many", "use auto, off or a number of experts"),
+        (
+            "--expert-split",
+            "many",
+            "use auto, off or a number of experts",
+        ),
         ("--split-min-tokens", "1", "--split-min-tokens"),
     ] {
         let (ok, _, err) = strata(&[

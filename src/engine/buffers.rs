@@ -125,3 +125,24 @@ pub fn alloc_host(
     }
     Ok((b, pinned))
 }
+
+/// Device memory for the host's rows of a split step: F32 [n_embd, n_batch].
+pub struct SplitRows {
+    pub arena: TensorArena,
+    /// The host's sums, reused from step to step.
+    pub host: Vec<f32>,
+}
+
+impl SplitRows {
+    pub(super) fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<SplitRows, EngineError> {
+        let spec = TensorSpec::new(GgmlType::F32, &[d.hp.n_embd as i64, lim.n_batch as i64])
+            .named("host_rows");
+        Ok(SplitRows {
+            arena: TensorArena::new(dev.buffer_type(), BufferUsage::Compute, &[spec])?,
+            host: Vec::new(),
+        })
+    }
+    pub(super) fn bytes(&self) -> u64 {
+        self.arena.bytes() as u64
+    }
+}

@@ -296,8 +296,15 @@ impl Engine {
             rec.clone(),
         )?;
         let persistent = Persistent::alloc(&dims, lim, device)?;
-        let split = match plan.placement.hybrid.as_ref().and_then(|h| h.split.as_ref()) {
-            Some(_) if host.is_some() => Some(super::split::SplitRows::alloc(&dims, lim, device)?),
+        let split = match plan
+            .placement
+            .hybrid
+            .as_ref()
+            .and_then(|h| h.split.as_ref())
+        {
+            Some(_) if host.is_some() => {
+                Some(super::buffers::SplitRows::alloc(&dims, lim, device)?)
+            }
             _ => {
                 if cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe() {
                     tracing::warn!(

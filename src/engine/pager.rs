@@ -28,6 +28,9 @@ pub struct PagerStats {
     pub kv_bytes: u64,
 }
 
+/// A byte range (offset, bytes) of a group's extent.
+pub type Range = (usize, usize);
+
 /// The byte ranges of a group's extent a partial upload carries, and those
 /// its slot zeroes instead.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -49,7 +52,10 @@ struct ZeroFill {
 impl ZeroFill {
     /// Zeros over `ranges` (offset, bytes) of the slot at `slot`: F32
     /// fills where a range is a multiple of 4 bytes, F16 where of 2.
-    fn new(slot: &crate::ggml::Binding, ranges: &[(usize, usize)]) -> Result<ZeroFill, EngineError> {
+    fn new(
+        slot: &crate::ggml::Binding,
+        ranges: &[(usize, usize)],
+    ) -> Result<ZeroFill, EngineError> {
         use crate::dtype::GgmlType;
         let ctx = crate::ggml::Context::new(2 * ranges.len() + 1, ranges.len() + 1)?;
         let mut bound = Vec::with_capacity(ranges.len());
@@ -244,11 +250,10 @@ impl Pager {
             .expect("ring")
             .slot_tensor(slot);
         let whole = [(0, src.len())];
-        let (ranges, zero): (&[(usize, usize)], &[(usize, usize)]) =
-            match self.partial.get(&gi.index()) {
-                Some(p) => (&p.up, &p.zero),
-                None => (&whole, &[]),
-            };
+        let (ranges, zero): (&[Range], &[Range]) = match self.partial.get(&gi.index()) {
+            Some(p) => (&p.up, &p.zero),
+            None => (&whole, &[]),
+        };
         let bytes: usize = ranges.iter().map(|r| r.1).sum();
         self.stats.uploads += 1;
         self.stats.bytes += bytes as u64;

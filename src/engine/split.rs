@@ -23,34 +23,9 @@ use super::pager::Partial;
 use super::state::Engine;
 use super::store::Location;
 use super::timeline;
-use crate::ggml::{BufferUsage, Device, TensorArena, TensorSpec};
-use crate::graph::{BindId, Dims, Limits, StepShape, TemplateKey, ROUTED, ROUTER_IN, WEIGHTS};
+use crate::graph::{BindId, StepShape, TemplateKey, ROUTED, ROUTER_IN, WEIGHTS};
 use crate::model::{GroupId, GroupKind};
 use std::time::Instant;
-
-/// Device memory for the host's rows of a split step: F32 [n_embd, n_batch].
-pub(super) struct SplitRows {
-    arena: TensorArena,
-    /// The host's sums, reused from step to step.
-    host: Vec<f32>,
-}
-
-impl SplitRows {
-    pub(super) fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<SplitRows, EngineError> {
-        let spec = TensorSpec::new(
-            crate::dtype::GgmlType::F32,
-            &[d.hp.n_embd as i64, lim.n_batch as i64],
-        )
-        .named("host_rows");
-        Ok(SplitRows {
-            arena: TensorArena::new(dev.buffer_type(), BufferUsage::Compute, &[spec])?,
-            host: Vec::new(),
-        })
-    }
-    pub(super) fn bytes(&self) -> u64 {
-        self.arena.bytes() as u64
-    }
-}
 
 /// The byte ranges of a group's extent (weights at `offsets`) an upload
 /// keeping `k` experts carries, and those its slot zeroes instead: each
@@ -95,10 +70,16 @@ impl Engine {
 
     /// Runs FFN group `layer` split at `shape.dev_experts` (see the module
     /// notes). The residual is on the device.
-    pub(super) fn run_split_ffn(&mut self, layer: u32, shape: StepShape) -> Result<(), EngineError> {
+    pub(super) fn run_split_ffn(
+        &mut self,
+        layer: u32,
+        shape: StepShape,
+    ) -> Result<(), EngineError> {
         let gi = GroupId::new(layer, GroupKind::Ffn);
         let Location::Streamed { ring, .. } = self.store.groups[gi.index()] else {
-            return Err(EngineError::Unsupported("an expert split of a resident group"));
+            return Err(EngineError::Unsupported(
+                "an expert split of a resident group",
+            ));
         };
         let n = shape.n_tokens;
         let dev = shape.dev_experts as i32;
@@ -166,7 +147,10 @@ impl Engine {
             .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
 
         // 4. the host's experts meanwhile
-        let rows = self.split.as_mut().expect("a split plan allocates its rows");
+        let rows = self
+            .split
+            .as_mut()
+            .expect("a split plan allocates its rows");
         let mut sums = std::mem::take(&mut rows.host);
         let host = self.host.as_mut().expect("a split plan has a host");
         if self.device.is_cpu() {
@@ -193,7 +177,9 @@ impl Engine {
         let y = rows.arena.binding(0);
         rows.host = sums;
         let akey = TemplateKey::AddRows { n_rows: n };
-        self.templates.get(&akey)?.bind(BindId::head(), &[y], None)?;
+        self.templates
+            .get(&akey)?
+            .bind(BindId::head(), &[y], None)?;
         let t = self.templates.allocated(&akey, &self.backend)?;
         self.backend.compute_async(&t.graph())?;
         Ok(())

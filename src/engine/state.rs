@@ -34,7 +34,7 @@ pub struct Engine {
     pub(super) pager: Pager,
     pub(super) host: Option<host::HostCompute>,
     /// The host's rows of expert-split steps, where the plan splits.
-    pub(super) split: Option<super::split::SplitRows>,
+    pub(super) split: Option<super::buffers::SplitRows>,
     pub(super) backend: Backend,
     pub(super) store: WeightStore,
     pub(super) persistent: Persistent,

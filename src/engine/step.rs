@@ -383,7 +383,12 @@ impl Engine {
     }
 
     /// A group's id and the key of its template for a step shape.
-    pub(super) fn group_key(&self, layer: u32, kind: GroupKind, shape: StepShape) -> (GroupId, TemplateKey) {
+    pub(super) fn group_key(
+        &self,
+        layer: u32,
+        kind: GroupKind,
+        shape: StepShape,
+    ) -> (GroupId, TemplateKey) {
         let gi = GroupId::new(layer, kind);
         let key = TemplateKey::Group {
             kind,

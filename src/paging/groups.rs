@@ -2,6 +2,19 @@
 
 use crate::model::GroupKind;
 
+/// Where a group runs in a simulated step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Where {
+    Resident,
+    /// Uploaded into a slot of its kind's ring, computed by the GPU.
+    Bus,
+    Cpu,
+    /// A mixture's FFN group whose first `k` experts are uploaded and
+    /// computed by the GPU while the CPU computes the others (see
+    /// `paging::split`).
+    Split(u32),
+}
+
 /// What the planner knows about one layer group.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GroupInfo {
@@ -75,9 +88,9 @@ impl GroupInfo {
 
     /// Bytes crossing the bus for a group placed at `w`: all of a streamed
     /// one, of a split one its shared part and its device's experts.
-    pub fn upload_bytes(&self, w: super::hybrid::Where) -> u64 {
+    pub fn upload_bytes(&self, w: Where) -> u64 {
         match (w, self.experts) {
-            (super::hybrid::Where::Split(k), Some(x)) => {
+            (Where::Split(k), Some(x)) => {
                 self.shared_bytes() + (x.bytes as f64 * self.device_share(k)).round() as u64
             }
             _ => self.bytes,

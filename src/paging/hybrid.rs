@@ -19,6 +19,7 @@
 //! of them the CPU computes costs nothing.
 
 use super::groups::GroupInfo;
+pub use super::groups::Where;
 use crate::model::GroupKind;
 
 /// The most tokens a step may have for the CPU to take part (the host's
@@ -56,7 +57,7 @@ pub struct CpuInput {
     pub force: Option<usize>,
     /// Whether and from which step size mixture layers split their
     /// experts between the device and the CPU (`paging::split`).
-    pub split: super::split::SplitInput,
+    pub split: SplitInput,
 }
 
 impl CpuInput {
@@ -93,7 +94,7 @@ pub struct HybridPlan {
     pub per_size: Vec<SizePlan>,
     /// A mixture's expert split, at the step sizes where it applies (its
     /// steps compute no whole group on the CPU).
-    pub split: Option<super::split::SplitPlan>,
+    pub split: Option<SplitPlan>,
 }
 
 /// The split for one step size.
@@ -102,6 +103,83 @@ pub struct SizePlan {
     pub cpu_groups: usize,
     pub cpu_bytes: u64,
     pub predicted: Prediction,
+}
+
+// The expert split's data (planned by `paging::split`).
+
+/// Whether steps split their mixture layers' experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertSplit {
+    /// At the step sizes where the plan predicts it beats whole groups.
+    Auto,
+    Off,
+    /// The first `k` experts on the device at every step of at least
+    /// `SplitInput::min_tokens` tokens, whatever the prediction (tests,
+    /// benchmarks).
+    Force(u32),
+}
+
+/// What the split planner is told beyond the hybrid plan's inputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitInput {
+    pub mode: ExpertSplit,
+    /// The fewest tokens a split step has: below it a step reads few
+    /// experts and whole CPU groups read only those.
+    pub min_tokens: u32,
+}
+
+/// Off by default: on the H200 no split beat whole CPU groups by more than
+/// noise at 64 sequences (docs/device-runs.md, runs 39-40).
+impl Default for SplitInput {
+    fn default() -> Self {
+        SplitInput {
+            mode: ExpertSplit::Off,
+            min_tokens: 32,
+        }
+    }
+}
+
+/// The split for every step size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitPlan {
+    /// The groups that split (streamed mixture FFN groups the host keeps a
+    /// copy of).
+    pub groups: Vec<bool>,
+    /// Index n - 1 for a step of n tokens, n <= MAX_TOKENS.
+    pub per_size: Vec<SplitSize>,
+}
+
+/// A split at one step size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitSize {
+    /// Experts of each split group on the device; 0: no split at this size.
+    pub dev_experts: u32,
+    pub predicted: Prediction,
+}
+
+impl SplitPlan {
+    /// The device's experts at a step of `n` tokens, if it splits.
+    pub fn at(&self, n: u32) -> Option<u32> {
+        let i = (n as usize).checked_sub(1)?;
+        self.per_size
+            .get(i)
+            .map(|s| s.dev_experts)
+            .filter(|&k| k > 0)
+    }
+}
+
+/// Where each group runs when the groups in `split` keep `k` experts on
+/// the device.
+pub fn split_placement(streamed: &[bool], split: &[bool], k: u32) -> Vec<Where> {
+    streamed
+        .iter()
+        .zip(split)
+        .map(|(&s, &x)| match (s, x) {
+            (_, true) => Where::Split(k),
+            (true, false) => Where::Bus,
+            (false, false) => Where::Resident,
+        })
+        .collect()
 }
 
 /// A step's predicted cost: the compute chain (CPU and GPU groups in
@@ -123,19 +201,6 @@ impl Prediction {
     pub fn step_s(&self) -> f64 {
         self.cpu_s + self.gpu_s + self.stall_s
     }
-}
-
-/// Where a group runs in a simulated step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Where {
-    Resident,
-    /// Uploaded into a slot of its kind's ring, computed by the GPU.
-    Bus,
-    Cpu,
-    /// A mixture's FFN group whose first `k` experts are uploaded and
-    /// computed by the GPU while the CPU computes the others (see
-    /// `paging::split`).
-    Split(u32),
 }
 
 /// Simulates a step of `n` tokens: groups in order on one compute chain;
@@ -172,9 +237,7 @@ pub fn simulate(
     let mut issued = [0usize; 2];
     // the CPU computes for most of a step it takes part in, and its reads
     // slow the bus's
-    let cpu_works = at
-        .iter()
-        .any(|w| matches!(w, Where::Cpu | Where::Split(_)));
+    let cpu_works = at.iter().any(|w| matches!(w, Where::Cpu | Where::Split(_)));
     let copy_bw = match c.bus_bw_beside {
         Some(b) if cpu_works => b,
         _ => copy_bw,
@@ -314,21 +377,12 @@ pub fn plan_hybrid(
         host[i] = true;
     }
     let per_size = sizes(groups, streamed, slots, copy_bw, c, &host);
-    let split = super::split::plan_split(
-        groups,
-        streamed,
-        &host,
-        slots,
-        copy_bw,
-        c,
-        c.split,
-        |n| per_size[n as usize - 1].predicted.step_s(),
-    );
     Some(HybridPlan {
         host_bytes,
         host,
         per_size,
-        split,
+        // planned beside this one (`paging::split::plan_split`)
+        split: None,
     })
 }
 
@@ -499,7 +553,7 @@ impl HybridPlan {
     /// groups not resident).
     pub fn placement(&self, n: u32, streamed: &[bool]) -> Vec<Where> {
         match (self.split_at(n), &self.split) {
-            (Some(k), Some(s)) => super::split::split_placement(streamed, &s.groups, k),
+            (Some(k), Some(s)) => split_placement(streamed, &s.groups, k),
             _ => placement(streamed, &self.cpu_groups(n)),
         }
     }

@@ -17,12 +17,11 @@ mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
-pub use groups::{Experts, GroupInfo};
+pub use groups::{Experts, GroupInfo, Where};
 pub use hybrid::{
-    plan_hybrid, spread, CpuCalibration, CpuInput, HybridPlan, Prediction, SizePlan, Where,
-    MAX_TOKENS as HYBRID_MAX_TOKENS,
+    plan_hybrid, spread, CpuCalibration, CpuInput, ExpertSplit, HybridPlan, Prediction, SizePlan,
+    SplitInput, SplitPlan, SplitSize, MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
-pub use split::{ExpertSplit, SplitInput, SplitPlan, SplitSize};
 pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
 };

@@ -292,7 +292,19 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
     let streams: Vec<bool> = resident.iter().map(|r| !r).collect();
     let hybrid = inp.cpu.as_ref().filter(|_| hybrid).and_then(|c| {
         let slots = (attn_slots, slots);
-        super::hybrid::plan_hybrid(&inp.groups, &streams, slots, inp.copy_bw, c)
+        let mut h = super::hybrid::plan_hybrid(&inp.groups, &streams, slots, inp.copy_bw, c)?;
+        // a mixture's expert split, where it beats whole CPU groups
+        h.split = super::split::plan_split(
+            &inp.groups,
+            &streams,
+            &h.host,
+            slots,
+            inp.copy_bw,
+            c,
+            c.split,
+            |n| h.per_size[n as usize - 1].predicted.step_s(),
+        );
+        Some(h)
     });
     Ok(Plan {
         hybrid,

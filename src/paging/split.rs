@@ -17,88 +17,8 @@
 //! must agree on every pick.
 
 use super::groups::GroupInfo;
-use super::hybrid::{simulate, CpuInput, Prediction, Where, MAX_TOKENS};
-
-/// Whether steps split their mixture layers' experts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertSplit {
-    /// At the step sizes where the plan predicts it beats whole groups.
-    Auto,
-    Off,
-    /// The first `k` experts on the device at every step of at least
-    /// `SplitInput::min_tokens` tokens, whatever the prediction (tests,
-    /// benchmarks).
-    Force(u32),
-}
-
-/// What the split planner is told beyond the hybrid plan's inputs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SplitInput {
-    pub mode: ExpertSplit,
-    /// The fewest tokens a split step has: below it a step reads few
-    /// experts and whole CPU groups read only those.
-    pub min_tokens: u32,
-}
-
-/// Off by default: on the H200 no split beat whole CPU groups by more than
-/// noise at 64 sequences (docs/device-runs.md, runs 39-40).
-impl Default for SplitInput {
-    fn default() -> Self {
-        SplitInput {
-            mode: ExpertSplit::Off,
-            min_tokens: 32,
-        }
-    }
-}
-
-#[cfg(test)]
-const AUTO: SplitInput = SplitInput {
-    mode: ExpertSplit::Auto,
-    min_tokens: 32,
-};
-
-/// The split for every step size.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SplitPlan {
-    /// The groups that split (streamed mixture FFN groups the host keeps a
-    /// copy of).
-    pub groups: Vec<bool>,
-    /// Index n - 1 for a step of n tokens, n <= MAX_TOKENS.
-    pub per_size: Vec<SplitSize>,
-}
-
-/// A split at one step size.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SplitSize {
-    /// Experts of each split group on the device; 0: no split at this size.
-    pub dev_experts: u32,
-    pub predicted: Prediction,
-}
-
-impl SplitPlan {
-    /// The device's experts at a step of `n` tokens, if it splits.
-    pub fn at(&self, n: u32) -> Option<u32> {
-        let i = (n as usize).checked_sub(1)?;
-        self.per_size
-            .get(i)
-            .map(|s| s.dev_experts)
-            .filter(|&k| k > 0)
-    }
-}
-
-/// Where each group runs when the groups in `split` keep `k` experts on
-/// the device.
-pub fn split_placement(streamed: &[bool], split: &[bool], k: u32) -> Vec<Where> {
-    streamed
-        .iter()
-        .zip(split)
-        .map(|(&s, &x)| match (s, x) {
-            (_, true) => Where::Split(k),
-            (true, false) => Where::Bus,
-            (false, false) => Where::Resident,
-        })
-        .collect()
-}
+use super::hybrid::{simulate, split_placement, CpuInput, Prediction, MAX_TOKENS};
+pub use super::hybrid::{ExpertSplit, SplitInput, SplitPlan, SplitSize};
 
 /// Plans the split: `host` marks the groups the host keeps a copy of,
 /// `whole` is the step the hybrid plan predicts at each size with whole
@@ -172,8 +92,15 @@ pub fn plan_split(
 }
 
 #[cfg(test)]
+const AUTO: SplitInput = SplitInput {
+    mode: ExpertSplit::Auto,
+    min_tokens: 32,
+};
+
+#[cfg(test)]
 mod tests {
     use super::super::groups::Experts;
+    use super::super::groups::Where;
     use super::super::testutil::cpu;
     use super::*;
     use crate::model::GroupKind;
@@ -214,16 +141,9 @@ mod tests {
         let g = mixture(8);
         let streamed = vec![true; g.len()];
         let c = cpu_at(25.0);
-        let p = plan_split(
-            &g,
-            &streamed,
-            &streamed,
-            (3, 3),
-            50e9,
-            &c,
-            AUTO,
-            |_| f64::INFINITY,
-        )
+        let p = plan_split(&g, &streamed, &streamed, (3, 3), 50e9, &c, AUTO, |_| {
+            f64::INFINITY
+        })
         .expect("a plan");
         assert_eq!(p.at(31), None, "below the fewest tokens");
         let k = p.at(64).expect("64 tokens split");

@@ -31,7 +31,7 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
         gpu_group_s: 0.0,
         bus_bw_beside: None,
         force: None,
-        split: super::split::SplitInput::default(),
+        split: super::hybrid::SplitInput::default(),
     }
 }
 
