@@ -103,10 +103,6 @@ pub struct SizePlan {
     pub cpu_groups: usize,
     pub cpu_bytes: u64,
     pub predicted: Prediction,
-    /// The CPU's groups spread from the first host group on, rather than
-    /// ending at the last: the bus then has uploads to carry while the CPU
-    /// computes at the end of a step (`spread_from_first`).
-    pub first: bool,
 }
 
 // The expert split's data (planned by `paging::split`).
@@ -329,22 +325,6 @@ pub fn attn_slots(groups: &[GroupInfo], copy_bw: f64, c: &CpuInput, base: usize)
     need.max(base)
 }
 
-/// `k` of the `m` items 0..m, spread evenly (every m/k-th) from the first,
-/// in order: the last is not among them unless k = m.
-pub fn spread_from_first(m: usize, k: usize) -> Vec<usize> {
-    let k = k.min(m);
-    (0..k).map(|i| i * m / k).collect()
-}
-
-/// The CPU's `k` of `m` host groups: [`spread`], or [`spread_from_first`].
-fn spread_at(m: usize, k: usize, first: bool) -> Vec<usize> {
-    if first {
-        spread_from_first(m, k)
-    } else {
-        spread(m, k)
-    }
-}
-
 /// `k` of the `m` items 0..m, spread evenly (every m/k-th), in order.
 pub fn spread(m: usize, k: usize) -> Vec<usize> {
     let k = k.min(m);
@@ -387,7 +367,7 @@ pub fn plan_hybrid(
     let best_for = |n: u32, pool: &[usize], most: usize| {
         best_split(groups, streamed, slots, copy_bw, c, n, pool, most)
     };
-    let (k1, host_bytes, _, _) = best_for(1, &cand, fit);
+    let (k1, host_bytes, _) = best_for(1, &cand, fit);
     if k1 == 0 {
         return None;
     }
@@ -407,11 +387,7 @@ pub fn plan_hybrid(
 }
 
 /// The best split for a step of `n` tokens: up to `most` of the groups in
-/// `pool` (group indices in layer order), spread over it (for steps of
-/// several tokens, from its first group on where that is faster: a 64-token
-/// step's last CPU group left the bus idle for 16 ms on the H200, run 42).
-/// Returns the count, its bytes, the prediction and whether spread from
-/// the first.
+/// `pool` (group indices in layer order), spread over it.
 #[allow(clippy::too_many_arguments)]
 fn best_split(
     groups: &[GroupInfo],
@@ -422,24 +398,24 @@ fn best_split(
     n: u32,
     pool: &[usize],
     most: usize,
-) -> (usize, u64, Prediction, bool) {
-    let eval = |k: usize, first: bool| {
-        let on = spread_at(pool.len(), k, first);
+) -> (usize, u64, Prediction) {
+    let eval = |k: usize| {
         let mut cpu = vec![false; groups.len()];
-        for &j in &on {
+        for j in spread(pool.len(), k) {
             cpu[pool[j]] = true;
         }
-        let b: u64 = on.iter().map(|&j| groups[pool[j]].bytes).sum();
+        let b: u64 = spread(pool.len(), k)
+            .iter()
+            .map(|&j| groups[pool[j]].bytes)
+            .sum();
         let at = placement(streamed, &cpu);
-        (k, b, simulate(groups, &at, slots, copy_bw, c, n), first)
+        (k, b, simulate(groups, &at, slots, copy_bw, c, n))
     };
     if let Some(f) = c.force {
-        return eval(f.min(most), false);
+        return eval(f.min(most));
     }
-    let firsts: &[bool] = if n > 1 { &[false, true] } else { &[false] };
     (0..=most)
-        .flat_map(|k| firsts.iter().map(move |&f| (k, f)))
-        .map(|(k, f)| eval(k, f))
+        .map(eval)
         .min_by(|a, b| a.2.step_s().total_cmp(&b.2.step_s()))
         .expect("k = 0 is always a candidate")
 }
@@ -457,13 +433,12 @@ pub fn sizes(
     let hosts: Vec<usize> = (0..groups.len()).filter(|&i| host[i]).collect();
     (1..=MAX_TOKENS)
         .map(|n| {
-            let (cpu_groups, cpu_bytes, predicted, first) =
+            let (cpu_groups, cpu_bytes, predicted) =
                 best_split(groups, streamed, slots, copy_bw, c, n, &hosts, hosts.len());
             SizePlan {
                 cpu_groups,
                 cpu_bytes,
                 predicted,
-                first,
             }
         })
         .collect()
@@ -592,8 +567,8 @@ impl HybridPlan {
             return out;
         }
         let hosts: Vec<usize> = (0..self.host.len()).filter(|&i| self.host[i]).collect();
-        let s = &self.per_size[n as usize - 1];
-        for j in spread_at(hosts.len(), s.cpu_groups, s.first) {
+        let k = self.per_size[n as usize - 1].cpu_groups;
+        for j in spread(hosts.len(), k) {
             out[hosts[j]] = true;
         }
         out
@@ -605,63 +580,6 @@ mod tests {
     use super::super::testutil::{cpu, layers};
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn spread_from_first_starts_at_the_first_and_leaves_the_last() {
-        assert_eq!(spread_from_first(10, 5), vec![0, 2, 4, 6, 8]);
-        assert_eq!(spread_from_first(10, 0), Vec::<usize>::new());
-        assert_eq!(spread_from_first(4, 4), vec![0, 1, 2, 3]);
-        assert_eq!(spread_from_first(3, 9), vec![0, 1, 2]);
-        for (m, k) in [(31, 8), (48, 7), (7, 3)] {
-            let v = spread_from_first(m, k);
-            assert_eq!(v.len(), k);
-            assert!(v.windows(2).all(|w| w[0] < w[1]));
-            assert_eq!(v[0], 0);
-            assert!(*v.last().unwrap() < m - 1);
-        }
-    }
-
-    /// A 64-token step of a mixture streaming most of its expert groups
-    /// (the Qwen3-30B-A3B shape at 8 GB, a CPU at 20 GB/s beside a 55 GB/s
-    /// bus): CPU groups spread from the first leave the bus less idle at
-    /// the step's end than ones ending at the last, and the plan takes
-    /// that order at 64 tokens, not at one.
-    #[test]
-    fn multi_token_steps_may_start_the_cpu_groups_at_the_first() {
-        let mixture = GroupInfo {
-            kind: GroupKind::Ffn,
-            bytes: 371_000_000,
-            experts: Some(super::super::groups::Experts {
-                bytes: 370_000_000,
-                n_expert: 128,
-                n_used: 8,
-            }),
-        };
-        let g: Vec<GroupInfo> = (0..48)
-            .flat_map(|_| [GroupInfo::dense(GroupKind::Attn, 10_000_000), mixture])
-            .collect();
-        let streamed: Vec<bool> = (0..g.len()).map(|i| i % 2 == 1 && i / 2 % 3 != 0).collect();
-        let c = CpuInput {
-            s_per_byte_1: 1.0 / 80e9,
-            s_per_byte_n: 1.0 / 20e9,
-            probe_tokens: 64,
-            gpu_s_per_byte: 1.0 / 2000e9,
-            ..cpu(1.0)
-        };
-        let pool: Vec<usize> = (0..g.len()).filter(|&i| streamed[i]).collect();
-        let at = |first: bool| {
-            let mut on = vec![false; g.len()];
-            for j in spread_at(pool.len(), 8, first) {
-                on[pool[j]] = true;
-            }
-            simulate(&g, &placement(&streamed, &on), (3, 3), 55e9, &c, 64).step_s()
-        };
-        assert!(at(true) < at(false), "{} against {}", at(true), at(false));
-        let (_, _, _, first) = best_split(&g, &streamed, (3, 3), 55e9, &c, 64, &pool, 8);
-        let (_, _, _, first1) = best_split(&g, &streamed, (3, 3), 55e9, &c, 1, &pool, 8);
-        assert!(first);
-        assert!(!first1, "one-token steps keep the tuned order");
-    }
 
     #[test]
     fn spread_is_even_and_exact() {
