@@ -135,6 +135,7 @@ pub struct SplitRows {
 
 impl SplitRows {
     pub(super) fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<SplitRows, EngineError> {
+        // what `paging::sizes::split_rows_bytes` reserves in the plan
         let spec = TensorSpec::new(GgmlType::F32, &[d.hp.n_embd as i64, lim.n_batch as i64])
             .named("host_rows");
         Ok(SplitRows {

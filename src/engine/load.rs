@@ -124,7 +124,14 @@ impl Engine {
         let head_bytes = spec.output.size
             + spec.output_norm.size
             + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
-        let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim);
+        let may_split =
+            cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe();
+        let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim)
+            + if may_split {
+                sizes::split_rows_bytes(&dims.hp, lim)
+            } else {
+                0
+            };
         // the reserve for whole steps and for FFN chunks (the plan picks)
         let activations = sizes::activations(&dims.hp, lim, cfg.paging.ffn_rows);
         let n_layer = dims.hp.n_layer as usize;

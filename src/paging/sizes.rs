@@ -81,11 +81,15 @@ pub fn kv_bytes(hp: &Hparams, cells: u64) -> u64 {
 /// Device bytes of the persistent step tensors: the residual stream
 /// (F32 [n_embd, n_batch]), positions, KV indices and output ids, and the
 /// F16 mask [n_ctx, n_batch] (two where layers attend over a sliding
-/// window); for a mixture of experts, the host's rows of an expert split
-/// (F32 [n_embd, n_batch]) too.
+/// window).
 pub fn persistent_bytes(hp: &Hparams, lim: Limits) -> u64 {
-    let residuals = if hp.is_moe() { 2 } else { 1 };
-    lim.n_batch as u64 * (residuals * hp.n_embd as u64 * 4 + 16) + 2 * mask_elements(hp, lim)
+    lim.n_batch as u64 * (hp.n_embd as u64 * 4 + 16) + 2 * mask_elements(hp, lim)
+}
+
+/// Device bytes of an expert split's host rows (F32 [n_embd, n_batch]),
+/// where a mixture may split (`paging::split`).
+pub fn split_rows_bytes(hp: &Hparams, lim: Limits) -> u64 {
+    lim.n_batch as u64 * hp.n_embd as u64 * 4
 }
 
 /// Elements of the F16 mask tensor: [n_ctx, n_batch] for the full-context
