@@ -35,8 +35,8 @@ pub type Range = (usize, usize);
 /// its slot zeroes instead.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Partial {
-    pub up: Vec<(usize, usize)>,
-    pub zero: Vec<(usize, usize)>,
+    pub up: Vec<Range>,
+    pub zero: Vec<Range>,
 }
 
 /// A graph writing zeros over byte ranges of one device slot, run on the
@@ -52,10 +52,7 @@ struct ZeroFill {
 impl ZeroFill {
     /// Zeros over `ranges` (offset, bytes) of the slot at `slot`: F32
     /// fills where a range is a multiple of 4 bytes, F16 where of 2.
-    fn new(
-        slot: &crate::ggml::Binding,
-        ranges: &[(usize, usize)],
-    ) -> Result<ZeroFill, EngineError> {
+    fn new(slot: &crate::ggml::Binding, ranges: &[Range]) -> Result<ZeroFill, EngineError> {
         use crate::dtype::GgmlType;
         let ctx = crate::ggml::Context::new(2 * ranges.len() + 1, ranges.len() + 1)?;
         let mut bound = Vec::with_capacity(ranges.len());
@@ -122,7 +119,7 @@ pub struct Pager {
     /// device's sum).
     pub partial: HashMap<usize, Partial>,
     /// Zero-fill graphs by (slot, ranges), run on the copy stream.
-    zero: HashMap<(usize, Vec<(usize, usize)>), ZeroFill>,
+    zero: HashMap<(usize, Vec<Range>), ZeroFill>,
     /// The engine's timeline switch.
     rec: Recorder,
 }

@@ -146,6 +146,11 @@ impl Engine {
         self.pager
             .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
 
+        if picks.is_empty() {
+            // every pick on the device: nothing for the host to add
+            return Ok(());
+        }
+
         // 4. the host's experts meanwhile
         let rows = self
             .split

@@ -139,13 +139,18 @@ impl Engine {
         // a mixture's expert split at this step size: the groups it splits
         // and the device's experts of each (steps whose FFN rows are
         // chunked do not split)
-        let hybrid = self.plan.placement.hybrid.as_ref();
-        let split_k = hybrid
-            .and_then(|h| h.split_at(n))
+        let split_plan = self
+            .plan
+            .placement
+            .hybrid
+            .as_ref()
+            .and_then(|h| h.split.as_ref());
+        let split_k = split_plan
+            .and_then(|s| s.at(n))
             .filter(|_| self.host.is_some() && self.split.is_some() && n <= self.lim.ffn_rows);
-        let split_groups: Vec<bool> = match (split_k, hybrid.and_then(|h| h.split.as_ref())) {
-            (Some(_), Some(s)) => s.groups.clone(),
-            _ => vec![false; self.spec.groups.len()],
+        let dev_experts = |l: u32| match (split_k, split_plan) {
+            (Some(k), Some(s)) if s.groups[GroupId::new(l, GroupKind::Ffn).index()] => k,
+            _ => 0,
         };
         // the groups of this step, in order, with their shapes
         let n_layer = self.spec.hp.n_layer;
@@ -191,9 +196,7 @@ impl Engine {
                     n_out: rows,
                     last_layer: false,
                     swa: false,
-                    dev_experts: split_k
-                        .filter(|_| split_groups[GroupId::new(l, GroupKind::Ffn).index()])
-                        .unwrap_or(0),
+                    dev_experts: dev_experts(l),
                 },
             ));
         }

@@ -194,14 +194,8 @@ impl Template {
     /// its row stride.
     pub fn read_routed(&self) -> Result<Vec<i32>> {
         let mut out = Vec::new();
-        for r in self.routed.iter().map(|&p| self.tensor(p)) {
-            let [k, rows, _, _] = r.ne();
-            let stride = r.nb()[1] / 4;
-            let mut buf = vec![0i32; r.nbytes().div_ceil(4)];
-            r.get_bytes(bytemuck::cast_slice_mut(&mut buf), 0)?;
-            for row in 0..rows as usize {
-                out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
-            }
+        for &p in &self.routed {
+            self.read_rows(p, &mut out)?;
         }
         Ok(out)
     }
@@ -209,20 +203,28 @@ impl Template {
     /// (F32 or I32) in row order, `ne[0]` of each row (the node may be a
     /// view with a wider row stride). Empty when there is none.
     pub fn read_node<T: bytemuck::Pod + Default>(&self, name: &str) -> Result<Vec<T>> {
-        let Some(&p) = self.graph().nodes_named(name).first() else {
-            return Ok(Vec::new());
-        };
+        let mut out = Vec::new();
+        if let Some(&p) = self.graph().nodes_named(name).first() {
+            self.read_rows(p, &mut out)?;
+        }
+        Ok(out)
+    }
+    /// Appends the rows of 4-byte node `p` to `out`, `ne[0]` values each,
+    /// read with its row stride.
+    fn read_rows<T: bytemuck::Pod + Default>(
+        &self,
+        p: NonNull<crate::sys::ggml_tensor>,
+        out: &mut Vec<T>,
+    ) -> Result<()> {
         let r = self.tensor(p);
         let [k, rows, r2, _] = r.ne();
         let stride = r.nb()[1] / 4;
         let mut buf = vec![T::default(); r.nbytes().div_ceil(4)];
         r.get_bytes(bytemuck::cast_slice_mut(&mut buf), 0)?;
-        let rows = (rows * r2) as usize;
-        let mut out = Vec::with_capacity(rows * k as usize);
-        for row in 0..rows {
+        for row in 0..(rows * r2) as usize {
             out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
         }
-        Ok(out)
+        Ok(())
     }
     pub fn weights(&self) -> Vec<Tensor<'_>> {
         self.weights.iter().map(|&p| self.tensor(p)).collect()

@@ -106,9 +106,8 @@ mod tests {
     use crate::model::GroupKind;
     use proptest::prelude::*;
 
-    /// Qwen3-30B-A3B's shape in MB: 48 layers of 10 MB attention and
-    /// 370 MB of 128 experts (8 per token), the first `resident` layers
-    /// resident.
+    /// Qwen3-30B-A3B's shape in bytes: `layers` layers of 10 MB attention
+    /// and 370 MB of 128 experts (8 per token).
     fn mixture(layers: usize) -> Vec<GroupInfo> {
         (0..layers)
             .flat_map(|_| {
