@@ -37,6 +37,7 @@ fn dims(arch: Arch) -> Dims {
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
+            layer0: 0,
         },
         Arch::Qwen2 => Hparams {
             n_vocab: 151936,
@@ -61,6 +62,7 @@ fn dims(arch: Arch) -> Dims {
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
+            layer0: 0,
         },
         Arch::Qwen3 => Hparams {
             n_vocab: 151936,
@@ -85,6 +87,7 @@ fn dims(arch: Arch) -> Dims {
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
+            layer0: 0,
         },
         // Qwen3-30B-A3B-like: 128 experts of width 768, 8 used
         Arch::Qwen3Moe => Hparams {
@@ -110,6 +113,7 @@ fn dims(arch: Arch) -> Dims {
             n_expert: 128,
             n_expert_used: 8,
             n_ff_exp: 768,
+            layer0: 0,
         },
         // Gemma 3 270M: head_dim 256 over 4 heads of a 640-wide stream,
         // sliding windows of 512 on five of every six layers
@@ -136,6 +140,7 @@ fn dims(arch: Arch) -> Dims {
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
+            layer0: 0,
         },
     };
     Dims {
@@ -164,6 +169,7 @@ fn mixtral_dims() -> Dims {
         n_expert: 8,
         n_expert_used: 2,
         n_ff_exp: 14336,
+        layer0: 0,
         ..d.hp
     };
     d

@@ -4,7 +4,9 @@
 //! equal to the local CPU's, with every group resident and with every group
 //! streamed; an unreachable server and a server killed mid-run end the
 //! client with a clear error, not a hang; a non-loopback address is refused
-//! without --allow-remote.
+//! without --allow-remote. Two servers: the model's layers split across
+//! their devices (`--devices 0,1`) give one device's tokens, plain and
+//! streamed, and a server lost mid-run ends the run with an error.
 
 mod common;
 
@@ -93,6 +95,83 @@ fn a_remote_cpu_gives_the_local_cpus_tokens_and_logits() {
     }
 }
 
+#[test]
+fn layers_split_across_two_remote_devices_give_one_devices_tokens() {
+    let Some(path) = model(common::SMOLLM2) else {
+        return;
+    };
+    let (a, b) = (Server::start(), Server::start());
+    let vocab = LlamaModel::load(&path, true, 0).expect("vocabulary");
+    let prompt = vocab
+        .tokenize("The capital of France is", true, true)
+        .expect("tokenize");
+    let mut local = Engine::load(&path, &common::cpu_cfg()).expect("local engine");
+    let want = strata::parity::run_strata(&mut local, &prompt, 16).expect("local run");
+    let n_layer = local.spec.hp.n_layer;
+    for stream_all in [false, true] {
+        let cfg = EngineConfig {
+            device: DeviceChoice::Remote,
+            rpc: vec![a.endpoint(), b.endpoint()],
+            devices: Some(vec![0, 1]),
+            // streamed: prompt steps of 4 tokens, so every part places
+            // cells over several steps
+            n_batch: if stream_all { 4 } else { 512 },
+            paging: PagingOptions {
+                stream_all,
+                ..PagingOptions::default()
+            },
+            ..common::cpu_cfg()
+        };
+        let mut split = Engine::load(&path, &cfg).expect("engine on two remote devices");
+        let parts: Vec<_> = split.parts().map(|p| (p.layers(), p.device())).collect();
+        assert_eq!(parts.len(), 2, "streamed={stream_all}");
+        assert_eq!(parts[0].0.start, 0);
+        assert_eq!(parts[0].0.end, parts[1].0.start);
+        assert_eq!(parts[1].0.end, n_layer);
+        assert!(parts.iter().all(|(_, d)| d.is_remote()));
+        assert_ne!(parts[0].1.name(), parts[1].1.name());
+        eprintln!("{}", split.placement_summary());
+        let got = strata::parity::run_strata(&mut split, &prompt, 16).expect("split run");
+        let (worst, _) = strata::parity::compare(&got, &want);
+        eprintln!("split, streamed={stream_all}: worst NMSE {worst:.3e}");
+        assert_eq!(got.tokens, want.tokens, "streamed={stream_all}");
+        assert!(worst <= 1e-4, "streamed={stream_all}: NMSE {worst}");
+        // a rolled-back draft leaves both parts' cells alike: the next
+        // token's logits are the same again
+        let n = prompt.len() as i32;
+        split.truncate_seq(0, n);
+        local.truncate_seq(0, n);
+        let tok = [strata::engine::BatchToken {
+            token: got.tokens[0],
+            pos: n,
+            seq: 0,
+            logits: true,
+        }];
+        let (x, y) = (split.decode(&tok).unwrap(), local.decode(&tok).unwrap());
+        assert!(strata::parity::nmse(&x, &y) <= 1e-4);
+    }
+    // devices the servers do not have, and budgets for other devices
+    let bad = |devices: Vec<usize>, gpu_budgets: Vec<u64>| {
+        let cfg = EngineConfig {
+            device: DeviceChoice::Remote,
+            rpc: vec![a.endpoint(), b.endpoint()],
+            devices: Some(devices),
+            gpu_budgets,
+            ..common::cpu_cfg()
+        };
+        match Engine::load(&path, &cfg) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = bad(vec![0, 2], vec![]);
+    assert!(e.contains("--devices 2") && e.contains("2 remote devices"), "{e}");
+    let e = bad(vec![1, 1], vec![]);
+    assert!(e.contains("twice"), "{e}");
+    let e = bad(vec![0, 1], vec![1 << 30, 1 << 30, 1 << 30]);
+    assert!(e.contains("3 GPU budgets for 2 devices"), "{e}");
+}
+
 /// Runs `strata run` on the remote device; returns its exit code (None
 /// when a signal ended it, or it was still running after `limit` and was
 /// killed), its stderr and how long it took.
@@ -102,6 +181,7 @@ fn run_remote(
     n: usize,
     limit: Duration,
 ) -> (Option<i32>, String, Duration) {
+    let split = endpoint.contains(',');
     let mut child = Command::new(STRATA)
         .args([
             "run",
@@ -109,6 +189,8 @@ fn run_remote(
             "rpc",
             "--rpc",
             endpoint,
+            "--devices",
+            if split { "0,1" } else { "0" },
             "--stream-all",
             "-c",
             "512",
@@ -183,6 +265,25 @@ fn lost_and_unreachable_servers_end_the_run_with_an_error() {
     assert!(
         took < Duration::from_secs(100),
         "the client hung after its server died: {err}"
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("error: ggml:") && err.contains("RPC server"),
+        "{err}"
+    );
+    // the layers split over two servers, the second dies
+    let (first, mut second) = (Server::start(), Server::start());
+    let endpoints = format!("{},{}", first.endpoint(), second.endpoint());
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(4));
+        let _ = second.child.kill();
+        let _ = second.child.wait();
+    });
+    let (code, err, took) = run_remote(&endpoints, &path, 100_000, Duration::from_secs(120));
+    killer.join().unwrap();
+    assert!(
+        took < Duration::from_secs(100),
+        "the client hung after a server died: {err}"
     );
     assert_eq!(code, Some(1), "{err}");
     assert!(

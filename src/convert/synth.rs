@@ -577,6 +577,7 @@ pub fn synth(opts: &SynthOptions, out: &Path) -> Result<WriteSummary> {
         n_expert: p.n_expert,
         n_expert_used: p.n_expert_used,
         n_ff_exp: if p.n_ff_exp == 0 { p.n_ff } else { p.n_ff_exp },
+        layer0: 0,
     };
     let spec = p.arch.spec();
     let ffn = spec.ffn_tensors(p.n_expert).ok_or_else(|| {

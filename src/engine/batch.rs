@@ -28,3 +28,28 @@ pub struct StepStats {
     /// What the host CPU computed (hybrid decode).
     pub host: HostStats,
 }
+
+impl StepStats {
+    /// Adds what another device's part of the same step did (a model split
+    /// across devices); the step's tokens and time stay this one's.
+    pub fn add_part(&mut self, o: &StepStats) {
+        let (p, q) = (&mut self.pager, &o.pager);
+        p.uploads += q.uploads;
+        p.bytes += q.bytes;
+        p.copy_wait += q.copy_wait;
+        p.kv_bytes += q.kv_bytes;
+        self.disk_bytes += o.disk_bytes;
+        let (k, m) = (&mut self.kv, &o.kv);
+        k.up_bytes += m.up_bytes;
+        k.down_bytes += m.down_bytes;
+        k.spilled += m.spilled;
+        k.loaded += m.loaded;
+        k.spill_bytes += m.spill_bytes;
+        k.load_bytes += m.load_bytes;
+        let (h, g) = (&mut self.host, &o.host);
+        h.groups += g.groups;
+        h.bytes += g.bytes;
+        h.compute += g.compute;
+        h.hops += g.hops;
+    }
+}

@@ -33,11 +33,13 @@ pub enum Gemm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
     Cpu,
-    /// The first local GPU; an error if none is loaded.
+    /// The local GPUs (all, or those `EngineConfig::devices` names); an
+    /// error if none is loaded.
     Gpu,
-    /// The first remote device (an RPC server's, `EngineConfig::rpc`).
+    /// The remote devices (an RPC server's, `EngineConfig::rpc`; all, or
+    /// those `EngineConfig::devices` names).
     Remote,
-    /// The local GPU if present, else the CPU.
+    /// The local GPUs if there are any, else the CPU.
     Auto,
 }
 
@@ -56,6 +58,14 @@ pub struct EngineConfig {
     /// the routing unfused, and the device waits for each MoE layer.
     pub expert_stats: bool,
     pub device: DeviceChoice,
+    /// Which of the chosen kind's devices to use, by index in their list
+    /// (`strata devices`), in layer order; None: every one the model needs
+    /// (the first alone where the model fits its budget). A model on
+    /// several devices is split into layer ranges (`paging::devices`).
+    pub devices: Option<Vec<usize>>,
+    /// GPU budgets per device, in `devices` order, where they differ; one
+    /// value (or `budgets.gpu`) applies to every device.
+    pub gpu_budgets: Vec<u64>,
     /// RPC servers (`HOST:PORT`) whose devices join ggml's registry before
     /// the device is chosen.
     pub rpc: Vec<String>,
@@ -156,6 +166,8 @@ impl Default for EngineConfig {
             tune_threads: false,
             expert_stats: false,
             device: DeviceChoice::Auto,
+            devices: None,
+            gpu_budgets: Vec::new(),
             rpc: Vec::new(),
             progress: false,
             budgets: Budgets::default(),

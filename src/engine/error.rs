@@ -38,4 +38,8 @@ pub enum EngineError {
     Routing(#[from] crate::paging::routing::RoutingError),
     #[error(transparent)]
     KvSpill(#[from] crate::kv::spill::SpillError),
+    #[error(transparent)]
+    Devices(#[from] crate::paging::DeviceSplitError),
+    #[error("{0}")]
+    BadDevices(String),
 }

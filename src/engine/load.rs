@@ -44,24 +44,126 @@ use std::path::Path;
 const RPC_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Engine {
+    /// Loads the model at `path` on the device(s) `cfg` chooses: on one
+    /// device, or split into layer ranges over several (`paging::devices`),
+    /// each a part with its own plan, chained by [`Engine::next`].
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
         let gguf = GgufFile::open(path)?;
         let spec = ModelSpec::from_gguf(&gguf)?;
-        let file = ModelFile::open(path)?;
+        // the servers' devices, in the order given
+        let mut remote = Vec::new();
         for e in &cfg.rpc {
-            ggml::rpc::add_server(e, RPC_CONNECT_TIMEOUT)?;
+            remote.extend(ggml::rpc::add_server(e, RPC_CONNECT_TIMEOUT)?);
         }
-        let device = match cfg.device {
-            DeviceChoice::Cpu => ggml::cpu_device()?,
-            DeviceChoice::Gpu => ggml::gpu_device()?.ok_or(GgmlError::NoDevice("GPU"))?,
-            DeviceChoice::Remote => ggml::remote_device()?.ok_or_else(|| {
-                GgmlError::Rpc("no remote device: give an RPC server (--rpc HOST:PORT)".into())
-            })?,
-            DeviceChoice::Auto => match ggml::gpu_device()? {
-                Some(d) => d,
-                None => ggml::cpu_device()?,
+        let devices = pick_devices(cfg, remote)?;
+        if cfg.gpu_budgets.len() > 1 && cfg.gpu_budgets.len() != devices.len() {
+            return Err(EngineError::BadDevices(format!(
+                "{} GPU budgets for {} devices: give one budget for all, or one per device",
+                cfg.gpu_budgets.len(),
+                devices.len()
+            )));
+        }
+        // each device's budget, where it was given
+        let given: Vec<Option<u64>> = (0..devices.len())
+            .map(|i| match cfg.gpu_budgets.len() {
+                0 => cfg.budgets.gpu,
+                1 => Some(cfg.gpu_budgets[0]),
+                _ => Some(cfg.gpu_budgets[i]),
+            })
+            .collect();
+        let part_cfg = |i: usize, budgets: Budgets| EngineConfig {
+            budgets: Budgets {
+                gpu: given[i],
+                ..budgets
             },
+            ..cfg.clone()
         };
+        if devices.len() == 1 || devices[0].is_cpu() {
+            return Self::load_part(path, &part_cfg(0, cfg.budgets), spec, devices[0]);
+        }
+        // the layer ranges, from every device's budget (what is free where
+        // none was given)
+        let budgets: Vec<u64> = devices
+            .iter()
+            .zip(&given)
+            .map(|(d, g)| {
+                g.unwrap_or_else(|| {
+                    let (free, total) = d.memory();
+                    crate::paging::auto_gpu_budget(free as u64, total as u64)
+                })
+            })
+            .collect();
+        let n_ctx = sizes::kv_cells(cfg.n_ctx).ok_or(EngineError::BadContext(cfg.n_ctx))?;
+        let kv_layer = sizes::kv_bytes(&spec.hp, n_ctx as u64);
+        let layer_bytes: Vec<u64> = spec
+            .groups
+            .chunks(2)
+            .map(|g| g.iter().map(|g| g.bytes()).sum::<u64>() + kv_layer)
+            .collect();
+        let head = spec.output.size + spec.output_norm.size;
+        let ranges =
+            crate::paging::split_layers(&layer_bytes, head, &budgets, cfg.devices.is_some())?;
+        if ranges.len() > 1 {
+            tracing::info!(
+                "layers split across {} devices: {}",
+                ranges.len(),
+                ranges
+                    .iter()
+                    .zip(&devices)
+                    .map(|(r, d)| format!("{}..{} on {}", r.start, r.end, d.name()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        // host budgets shared in proportion to each part's weights
+        let weights: Vec<u64> = ranges
+            .iter()
+            .map(|r| layer_bytes[r.start as usize..r.end as usize].iter().sum())
+            .collect();
+        let share = |b: Option<u64>| {
+            b.map_or_else(
+                || vec![None; ranges.len()],
+                |b| crate::paging::devices::share(b, &weights).into_iter().map(Some).collect(),
+            )
+        };
+        let dram = share(
+            cfg.budgets
+                .dram
+                .or_else(|| crate::paging::mem_available().map(crate::paging::auto_dram_budget)),
+        );
+        let kv_gpu = share(cfg.budgets.kv_gpu);
+        let kv_dram = share(cfg.budgets.kv_dram);
+        let mut parts = Vec::with_capacity(ranges.len());
+        for (i, r) in ranges.iter().enumerate() {
+            let b = Budgets {
+                gpu: None,
+                dram: dram[i],
+                kv_gpu: kv_gpu[i],
+                kv_dram: kv_dram[i],
+            };
+            parts.push(Self::load_part(
+                path,
+                &part_cfg(i, b),
+                spec.part(r.clone()),
+                devices[i],
+            )?);
+        }
+        let mut next: Option<Engine> = None;
+        while let Some(mut e) = parts.pop() {
+            e.next = next.map(Box::new);
+            next = Some(e);
+        }
+        Ok(next.expect("split_layers places every layer"))
+    }
+
+    /// Loads `spec` (a model, or a part of one) on `device`.
+    fn load_part(
+        path: &Path,
+        cfg: &EngineConfig,
+        spec: ModelSpec,
+        device: ggml::Device,
+    ) -> Result<Engine, EngineError> {
+        let file = ModelFile::open(path)?;
         // budgets not given: what the machine has free, less a margin
         let mut budgets = Vec::new();
         let auto_gpu = (cfg.budgets.gpu.is_none() && !device.is_cpu()).then(|| {
@@ -121,9 +223,11 @@ impl Engine {
         };
 
         let layouts = store::layouts(&spec, device)?;
-        let head_bytes = spec.output.size
-            + spec.output_norm.size
-            + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
+        let head_bytes = if spec.has_head {
+            spec.output.size + spec.output_norm.size
+        } else {
+            0
+        } + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let may_split =
             cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe();
         let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim)
@@ -359,6 +463,8 @@ impl Engine {
                     dims.hp.n_expert_used as usize,
                 )
             }),
+            next: None,
+            pending: None,
             threads: cfg.tune_threads.then(|| {
                 let mut t = super::threads::ThreadTuner::new(if device.is_cpu() {
                     cfg.n_threads
@@ -370,6 +476,68 @@ impl Engine {
             }),
         })
     }
+}
+
+/// The devices of the kind `cfg.device` chooses, those `cfg.devices`
+/// names or all of them, in layer order; `remote`: the devices of the
+/// configuration's RPC servers (not those of servers an earlier engine in
+/// the process named).
+fn pick_devices(
+    cfg: &EngineConfig,
+    remote: Vec<ggml::Device>,
+) -> Result<Vec<ggml::Device>, EngineError> {
+    let all = ggml::devices()?;
+    let gpus: Vec<ggml::Device> = all
+        .iter()
+        .copied()
+        .filter(|d| d.is_gpu() && !d.is_remote())
+        .collect();
+    let (kind, list) = match cfg.device {
+        DeviceChoice::Cpu => ("CPU", vec![ggml::cpu_device()?]),
+        DeviceChoice::Gpu if gpus.is_empty() => return Err(GgmlError::NoDevice("GPU").into()),
+        DeviceChoice::Gpu => ("GPU", gpus),
+        DeviceChoice::Remote => {
+            let r = remote;
+            if r.is_empty() {
+                return Err(GgmlError::Rpc(
+                    "no remote device: give an RPC server (--rpc HOST:PORT)".into(),
+                )
+                .into());
+            }
+            ("remote device", r)
+        }
+        DeviceChoice::Auto if gpus.is_empty() => ("CPU", vec![ggml::cpu_device()?]),
+        DeviceChoice::Auto => ("GPU", gpus),
+    };
+    let Some(idx) = &cfg.devices else {
+        return Ok(list);
+    };
+    if idx.is_empty() {
+        return Err(EngineError::BadDevices("--devices names no device".into()));
+    }
+    let mut out = Vec::with_capacity(idx.len());
+    for (k, &i) in idx.iter().enumerate() {
+        if idx[..k].contains(&i) {
+            return Err(EngineError::BadDevices(format!(
+                "--devices names {kind} {i} twice"
+            )));
+        }
+        let d = list.get(i).ok_or_else(|| {
+            EngineError::BadDevices(format!(
+                "--devices {i}: there {} {} {kind}{} ({}; `strata devices` lists them)",
+                if list.len() == 1 { "is" } else { "are" },
+                list.len(),
+                if list.len() == 1 { "" } else { "s" },
+                if list.len() == 1 {
+                    "index 0".to_string()
+                } else {
+                    format!("indices 0 to {}", list.len() - 1)
+                }
+            ))
+        })?;
+        out.push(*d);
+    }
+    Ok(out)
 }
 
 fn gib(b: u64) -> String {

@@ -22,6 +22,23 @@ use crate::paging::Limits;
 use crate::paging::MemoryPlan;
 use std::time::Instant;
 
+/// A step begun on one part of the model (`Engine::begin_part`), for
+/// `Engine::run_part` to finish.
+pub(super) struct Pending {
+    /// The cells before the step, restored if it fails.
+    pub(super) before: crate::kv::KvCells,
+    pub(super) start: Instant,
+    pub(super) disk0: u64,
+    pub(super) n_tokens: usize,
+    pub(super) n_out: u32,
+    /// The groups of the step, in order, with their shapes.
+    pub(super) order: Vec<(u32, crate::model::GroupKind, crate::graph::StepShape)>,
+    /// The groups the host CPU computes (hybrid decode).
+    pub(super) on_cpu: Vec<bool>,
+    /// The step's last group the CPU takes part in.
+    pub(super) last_cpu: Option<usize>,
+}
+
 pub struct Engine {
     pub spec: ModelSpec,
     /// Where the weights, the KV cache and the CPU's copies live.
@@ -54,11 +71,33 @@ pub struct Engine {
     pub(super) threads: Option<super::threads::ThreadTuner>,
     /// The experts the router picked (`EngineConfig::expert_stats`).
     pub(super) routing: Option<crate::paging::routing::RouterCounts>,
+    /// The next device's part of the model, where it is split across
+    /// devices (`Engine::load`): it takes this part's residual stream and
+    /// computes the layers after it. Its KV cells mirror this part's.
+    pub(super) next: Option<Box<Engine>>,
+    /// A step begun on this part and not yet finished (`step.rs`).
+    pub(super) pending: Option<Pending>,
 }
 
 impl Engine {
+    /// The device of this part (the first, for a model split across
+    /// devices; [`Engine::parts`] lists them all).
     pub fn device(&self) -> Device {
         self.device
+    }
+    /// This engine and the parts after it on other devices, in layer order
+    /// (one for a model on one device).
+    pub fn parts(&self) -> impl Iterator<Item = &Engine> {
+        std::iter::successors(Some(self), |e| e.next.as_deref())
+    }
+    /// The part after this one, on the next device (None: this part ends
+    /// with the head).
+    pub fn next_part(&self) -> Option<&Engine> {
+        self.next.as_deref()
+    }
+    /// The file's layers this part computes.
+    pub fn layers(&self) -> std::ops::Range<u32> {
+        self.spec.hp.layer0..self.spec.hp.layer0 + self.spec.hp.n_layer
     }
     /// Sets ggml's process-wide kernel switch to this engine's plan (see
     /// `paging::gemm`), after something else in the process ran with
@@ -82,8 +121,11 @@ impl Engine {
     pub fn store(&self) -> &WeightStore {
         &self.store
     }
+    /// Bytes of weights held, resident and pinned, over every part.
     pub fn weight_bytes(&self) -> u64 {
-        self.store.resident_bytes + self.store.pinned_bytes
+        self.parts()
+            .map(|e| e.store.resident_bytes + e.store.pinned_bytes)
+            .sum()
     }
     /// Device bytes of the KV cache and the persistent tensors.
     pub fn fixed_device_bytes(&self) -> u64 {
@@ -105,8 +147,28 @@ impl Engine {
         self.plan.activation_bytes
     }
 
-    /// One line on where the weights live.
+    /// One line on where the weights live (a clause per device where the
+    /// model is split across devices).
     pub fn placement_summary(&self) -> String {
+        if self.next.is_none() {
+            return self.part_summary();
+        }
+        self.parts()
+            .map(|e| {
+                let r = e.layers();
+                format!(
+                    "layers {}..{} on {}: {}",
+                    r.start,
+                    r.end,
+                    e.device.name(),
+                    e.part_summary()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    fn part_summary(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let kv = match self.kv.tier() {
             None => String::new(),
@@ -156,7 +218,10 @@ impl Engine {
 
     /// Starts recording a timeline of copies and computations.
     pub fn start_timeline(&mut self) {
-        self.rec.start(self.device);
+        let t0 = Instant::now();
+        for (i, e) in self.parts().enumerate() {
+            e.rec.start_part(e.device, i, t0);
+        }
     }
     /// Adds a host-timed span (e.g. the draft model's turn) to the timeline
     /// being recorded, if any.
@@ -171,8 +236,13 @@ impl Engine {
     }
     /// Stops recording and returns the spans recorded.
     pub fn finish_timeline(&mut self) -> Vec<timeline::Span> {
-        self.pager_sync();
-        self.rec.finish()
+        let mut v = Vec::new();
+        for e in self.parts() {
+            e.pager_sync();
+            v.extend(e.rec.finish());
+        }
+        v.sort_by(|a, b| a.start.total_cmp(&b.start));
+        v
     }
 
     /// The KV cache: its cells, resident layers and tier.
@@ -184,22 +254,35 @@ impl Engine {
         // frames may be the target of copies still in flight
         self.pager_sync();
         self.kv.remove_seq(seq);
+        if let Some(n) = self.next.as_deref_mut() {
+            n.clear_seq(seq);
+        }
     }
     /// Frees every KV cell, in every tier.
     pub fn clear(&mut self) {
         self.pager_sync();
         self.kv.clear();
+        if let Some(n) = self.next.as_deref_mut() {
+            n.clear();
+        }
     }
     /// Frees KV cells of sequence `seq` at positions >= `from`, in every
     /// tier (rejected drafts, a shortened history).
     pub fn truncate_seq(&mut self, seq: u32, from: i32) {
         self.pager_sync();
         self.kv.truncate(seq, from);
+        if let Some(n) = self.next.as_deref_mut() {
+            n.truncate_seq(seq, from);
+        }
     }
     /// Shares the cells of `src` at positions `[p0, p1)` with `dst`, which
     /// must hold no cells yet: a cached prefix, reused without recomputing
     /// or copying it.
     pub fn copy_seq(&mut self, src: u32, dst: u32, p0: i32, p1: i32) -> Result<(), EngineError> {
+        // checked on every part before any changes
+        if let Some(n) = self.next.as_deref_mut() {
+            n.copy_seq(src, dst, p0, p1)?;
+        }
         Ok(self.kv.copy_seq(src, dst, p0, p1)?)
     }
     /// Drains the compute and copy streams.
@@ -227,6 +310,12 @@ impl Engine {
         if let Err(e) = self.kv.prepare(&before, &cells, 1 << seq, None) {
             self.kv.restore(before);
             return Err(e);
+        }
+        if let Some(next) = self.next.as_deref_mut() {
+            if let Err(e) = next.fill_synthetic(seq, n) {
+                self.kv.restore(before);
+                return Err(e);
+            }
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ use super::buffers;
 use super::error::EngineError;
 use super::host;
 use super::state::Engine;
+use super::state::Pending;
 use super::store::Location;
 use super::timeline;
 use crate::ggml;
@@ -27,6 +28,7 @@ use crate::model::GroupKind;
 use crate::paging::Ring;
 use std::time::Instant;
 
+
 impl Engine {
     /// Runs `tokens` (split into steps of at most n_batch) and returns the
     /// logits of each token with `logits == true`, in order, n_vocab each.
@@ -36,18 +38,29 @@ impl Engine {
             return Err(EngineError::EmptyBatch);
         }
         let mut out = Vec::new();
-        let before = (tokens.len() > self.lim.n_batch as usize).then(|| self.kv.snapshot());
+        let before = (tokens.len() > self.lim.n_batch as usize)
+            .then(|| self.parts().map(|e| e.kv.snapshot()).collect::<Vec<_>>());
         for chunk in tokens.chunks(self.lim.n_batch as usize) {
             if let Err(e) = self.step(chunk, &mut out) {
                 // all or nothing: earlier steps' cells are given back too
                 if let Some(b) = before {
-                    self.pager_sync();
-                    self.kv.restore(b);
+                    self.restore_chain(b.into_iter());
                 }
                 return Err(e);
             }
         }
         Ok(out)
+    }
+
+    /// Gives every part back the cells of `snaps` (one per part, in order).
+    fn restore_chain(&mut self, mut snaps: impl Iterator<Item = KvCells>) {
+        if let Some(b) = snaps.next() {
+            self.pager_sync();
+            self.kv.restore(b);
+        }
+        if let Some(n) = self.next.as_deref_mut() {
+            n.restore_chain(snaps);
+        }
     }
 
     fn validate(&self, toks: &[BatchToken]) -> Result<(), EngineError> {
@@ -72,51 +85,123 @@ impl Engine {
 
     /// One forward step. On any error the step's cells are given back and
     /// the pager forgets the step, so the cache holds what it held before.
+    /// A model split across devices runs its parts in turn: every part
+    /// places its cells and starts its uploads first (so a later device's
+    /// link fills its slots while the earlier ones compute), then each
+    /// computes its layers and hands the residual stream to the next.
     fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
         self.validate(toks)?;
+        let start = Instant::now();
+        let out_len = out.len();
+        let r = self
+            .begin_chain(toks, None)
+            .and_then(|()| self.run_chain(out));
+        if r.is_err() {
+            self.abort_chain();
+            out.truncate(out_len);
+        } else if self.next.is_some() {
+            // the step over every part, timed whole
+            let mut st = self.last_step;
+            for p in self.parts().skip(1) {
+                st.add_part(&p.last_step);
+            }
+            st.seconds = start.elapsed().as_secs_f64();
+            self.last_step = st;
+        }
+        r
+    }
+
+    /// Begins the step on this part and the parts after it.
+    fn begin_chain(
+        &mut self,
+        toks: &[BatchToken],
+        first: Option<&[u32]>,
+    ) -> Result<(), EngineError> {
+        let cells = self.begin_part(toks)?;
+        // every part's cells mirror the first's: the same operations in
+        // the same order on the same cell table
+        if first.is_some_and(|f| f != cells.as_slice()) {
+            return Err(EngineError::BadDevices(format!(
+                "the KV cells of layers {:?} differ from the first device's",
+                self.layers()
+            )));
+        }
+        if let Some(n) = self.next.as_deref_mut() {
+            n.begin_chain(toks, Some(first.unwrap_or(&cells)))?;
+        }
+        Ok(())
+    }
+
+    /// Runs the begun step on this part and the parts after it.
+    fn run_chain(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.run_part(out)?;
+        if let Some(n) = self.next.as_deref_mut() {
+            n.run_chain(out)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets a begun step on every part: cells given back, the pager's
+    /// step dropped.
+    fn abort_chain(&mut self) {
+        if let Some(p) = self.pending.take() {
+            self.pager_sync();
+            self.pager.abort_step(self.kv.tier_mut());
+            // the step's cells given back, and the frames of blocks that
+            // are empty again
+            self.kv.restore(p.before);
+        }
+        if let Some(n) = self.next.as_deref_mut() {
+            n.abort_chain();
+        }
+    }
+
+    /// Places the step's cells, writes its inputs and starts the pager's
+    /// uploads; returns the cells. `pending` holds the rest for
+    /// [`Engine::run_part`].
+    fn begin_part(&mut self, toks: &[BatchToken]) -> Result<Vec<u32>, EngineError> {
         // inputs and the KV tier's host frames are written below: nothing
         // may be in flight
         self.pager_sync();
         let before = self.kv.snapshot();
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let cells = self.kv.place(&sp)?;
-        let out_len = out.len();
-        let r = self.run_step(toks, &cells, &before, out);
-        if r.is_err() {
-            self.pager_sync();
-            self.pager.abort_step(self.kv.tier_mut());
-            // the step's cells given back, and the frames of blocks that
-            // are empty again
-            self.kv.restore(before);
-            out.truncate(out_len);
-        }
-        r
+        self.pending = Some(Pending {
+            before,
+            start: Instant::now(),
+            disk0: self.store.disk_bytes_read(),
+            n_tokens: toks.len(),
+            n_out: 0,
+            order: Vec::new(),
+            on_cpu: Vec::new(),
+            last_cpu: None,
+        });
+        self.prepare_part(toks, &cells)?;
+        Ok(cells)
     }
 
-    fn run_step(
-        &mut self,
-        toks: &[BatchToken],
-        cells: &[u32],
-        before: &KvCells,
-        out: &mut Vec<f32>,
-    ) -> Result<(), EngineError> {
-        let start = Instant::now();
-        let disk0 = self.store.disk_bytes_read();
+    fn prepare_part(&mut self, toks: &[BatchToken], cells: &[u32]) -> Result<(), EngineError> {
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
+        let before = &self.pending.as_ref().expect("begun").before;
         self.kv.prepare(before, cells, mask, Some(&sp))?;
         let n_kv = self.kv.cells().n_kv() as u32;
+        // only the part with the head computes logits
+        let head = self.spec.has_head;
         let out_ids: Vec<i32> = toks
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.logits)
+            .filter(|(_, t)| t.logits && head)
             .map(|(i, _)| i as i32)
             .collect();
         let n_out = out_ids.len() as u32;
 
-        // inputs: synchronous writes (both streams drained in `step`)
-        self.embed(toks)?;
+        // inputs: synchronous writes (both streams drained in `begin_part`);
+        // a later device's part gets its residual from the part before
+        if self.spec.embeds() {
+            self.embed(toks)?;
+        }
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
         self.persistent.tensor(buffers::POS).set_i32(&pos)?;
         // the full-context mask, then the sliding-window layers' after it
@@ -135,7 +220,6 @@ impl Engine {
         if n_out > 0 {
             self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
         }
-
         // a mixture's expert split at this step size: the groups it splits
         // and the device's experts of each (steps whose FFN rows are
         // chunked do not split)
@@ -156,7 +240,8 @@ impl Engine {
         let n_layer = self.spec.hp.n_layer;
         let mut order: Vec<(u32, GroupKind, StepShape)> = Vec::with_capacity(2 * n_layer as usize);
         for l in 0..n_layer {
-            let last = l + 1 == n_layer;
+            // the model's last layer (not a part's before the last device's)
+            let last = l + 1 == n_layer && head;
             if last && n_out == 0 {
                 // nothing wanted: the last attention still writes its KV
                 // rows, the last FFN is not needed
@@ -225,8 +310,6 @@ impl Engine {
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
-        // rows of the residual stream on the host, while they are there
-        let mut x_host: Option<u32> = None;
         // after the step's last CPU group its pool sleeps: spinning, it
         // would take the cores the thread driving the GPU and the driver's
         // own threads need (the H100 traces showed that thread losing a
@@ -234,6 +317,23 @@ impl Engine {
         let last_cpu = order
             .iter()
             .rposition(|(l, k, s)| on_cpu[GroupId::new(*l, *k).index()] || s.dev_experts > 0);
+        let p = self.pending.as_mut().expect("begun");
+        p.n_out = n_out;
+        p.order = order;
+        p.on_cpu = on_cpu;
+        p.last_cpu = last_cpu;
+        Ok(())
+    }
+
+    /// Computes this part's groups of the begun step, then the head (the
+    /// last part) or hands the residual stream to the next part.
+    fn run_part(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let p = self.pending.as_mut().expect("begun");
+        let order = std::mem::take(&mut p.order);
+        let on_cpu = std::mem::take(&mut p.on_cpu);
+        let (last_cpu, n_out, n_tokens) = (p.last_cpu, p.n_out, p.n_tokens);
+        // rows of the residual stream on the host, while they are there
+        let mut x_host: Option<u32> = None;
         for (i, (l, kind, shape)) in order.into_iter().enumerate() {
             if on_cpu[GroupId::new(l, kind).index()] {
                 self.run_host_group(l, kind, shape, &mut x_host)?;
@@ -261,15 +361,34 @@ impl Engine {
             self.run_head(n_out, out)?;
         }
         self.backend.synchronize();
+        if let Some(next) = self.next.as_deref_mut() {
+            // the residual stream to the next device, through the host
+            let n = n_tokens * self.spec.hp.n_embd as usize;
+            let mut x = vec![0f32; n];
+            let t0 = Instant::now();
+            self.persistent
+                .tensor(buffers::X)
+                .get_bytes(bytemuck::cast_slice_mut(&mut x), 0)?;
+            next.persistent
+                .tensor(buffers::X)
+                .set_bytes(bytemuck::cast_slice(&x), 0)?;
+            self.rec.host_span(
+                timeline::Stream::Cpu,
+                || "hop to next device".into(),
+                t0,
+                Instant::now(),
+            );
+        }
+        let p = self.pending.take().expect("begun");
         self.last_step = StepStats {
-            n_tokens: toks.len(),
-            seconds: start.elapsed().as_secs_f64(),
+            n_tokens,
+            seconds: p.start.elapsed().as_secs_f64(),
             pager: self.pager.stats,
-            disk_bytes: self.store.disk_bytes_read() - disk0,
+            disk_bytes: self.store.disk_bytes_read() - p.disk0,
             kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
         };
-        self.calibrate_cpu(n);
+        self.calibrate_cpu(n_tokens as u32);
         self.tune_threads()?;
         Ok(())
     }

@@ -131,11 +131,18 @@ impl WeightStore {
         show_progress: bool,
     ) -> Result<WeightStore, EngineError> {
         let buft = dev.buffer_type();
-        let total: u64 = spec.groups.iter().map(|g| g.bytes()).sum::<u64>() + spec.output.size;
+        let head_specs: Vec<&WeightSpec> = if spec.has_head {
+            vec![&spec.output_norm, &spec.output]
+        } else {
+            Vec::new()
+        };
+        let total: u64 = spec.groups.iter().map(|g| g.bytes()).sum::<u64>()
+            + head_specs.iter().map(|w| w.size).sum::<u64>();
         let bar = progress(total, show_progress);
 
         // resident: globals + resident groups, tensor by tensor into one buffer
-        let mut resident_specs: Vec<&WeightSpec> = vec![&spec.output_norm, &spec.output];
+        let n_head = head_specs.len();
+        let mut resident_specs: Vec<&WeightSpec> = head_specs;
         resident_specs.extend(spec.rope_freqs.iter());
         for (g, r) in spec.groups.iter().zip(&plan.placement.resident) {
             if *r {
@@ -165,7 +172,7 @@ impl WeightStore {
             (ResidentMemory::Device { _arena: arena }, bindings, size)
         };
         let mut it = bindings.into_iter();
-        let head: Vec<Binding> = it.by_ref().take(2).collect();
+        let head: Vec<Binding> = it.by_ref().take(n_head).collect();
         let rope_freqs = if spec.rope_freqs.is_some() {
             it.next()
         } else {

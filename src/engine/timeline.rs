@@ -32,6 +32,9 @@ pub enum Stream {
 #[derive(Clone, Debug)]
 pub struct Span {
     pub stream: Stream,
+    /// The part of the model (its device, in layer order) the operation
+    /// belongs to: 0 but for a model split across devices.
+    pub device: usize,
     pub name: String,
     /// Seconds since the timeline started.
     pub start: f64,
@@ -53,6 +56,7 @@ struct Watcher {
 
 pub struct Timeline {
     t0: Instant,
+    part: usize,
     spans: Arc<Mutex<Vec<Span>>>,
     device: Option<Device>,
     watchers: Vec<(Stream, Watcher)>,
@@ -68,6 +72,7 @@ enum Open {
 
 fn spawn(
     stream: Stream,
+    part: usize,
     t0: Instant,
     spans: Arc<Mutex<Vec<Span>>>,
     rx: Receiver<Pending>,
@@ -81,6 +86,7 @@ fn spawn(
             if let Ok(mut s) = spans.lock() {
                 s.push(Span {
                     stream,
+                    device: part,
                     name: p.name,
                     start,
                     end,
@@ -94,7 +100,12 @@ fn spawn(
 impl Timeline {
     /// A timeline for `device`; device events are used unless it is the CPU.
     pub fn new(device: Device) -> Timeline {
-        let t0 = Instant::now();
+        Self::for_part(device, 0, Instant::now())
+    }
+
+    /// A timeline for part `part` of a model split across devices, its
+    /// times counted from `t0` (the same for every part).
+    pub fn for_part(device: Device, part: usize, t0: Instant) -> Timeline {
         let spans = Arc::new(Mutex::new(Vec::new()));
         let mut watchers = Vec::new();
         let dev = (!device.is_cpu()).then_some(device);
@@ -105,13 +116,14 @@ impl Timeline {
                     s,
                     Watcher {
                         tx,
-                        handle: spawn(s, t0, spans.clone(), rx),
+                        handle: spawn(s, part, t0, spans.clone(), rx),
                     },
                 ));
             }
         }
         Timeline {
             t0,
+            part,
             spans,
             device: dev,
             watchers,
@@ -155,6 +167,7 @@ impl Timeline {
                 if let Ok(mut s) = self.spans.lock() {
                     s.push(Span {
                         stream,
+                        device: self.part,
                         name,
                         start,
                         end,
@@ -171,6 +184,7 @@ impl Timeline {
         if let Ok(mut s) = self.spans.lock() {
             s.push(Span {
                 stream,
+                device: self.part,
                 name: name.to_string(),
                 start: t(start),
                 end: t(end),
@@ -200,8 +214,14 @@ pub struct Recorder(Arc<Mutex<Option<Timeline>>>);
 impl Recorder {
     /// Starts a timeline for `device`, replacing one that was on.
     pub fn start(&self, device: Device) {
+        self.start_part(device, 0, Instant::now());
+    }
+
+    /// Starts a timeline for part `part` of a model split across devices,
+    /// its times counted from `t0`.
+    pub fn start_part(&self, device: Device, part: usize, t0: Instant) {
         if let Ok(mut t) = self.0.lock() {
-            *t = Some(Timeline::new(device));
+            *t = Some(Timeline::for_part(device, part, t0));
         }
     }
 
@@ -319,17 +339,32 @@ pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Re
     use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(f, "{{\"traceEvents\":[")?;
-    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{{\"name\":\"copy stream\"}}}},")?;
-    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{{\"name\":\"compute stream\"}}}},")?;
-    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":3,\"args\":{{\"name\":\"draft model\"}}}},")?;
-    writeln!(f, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":4,\"args\":{{\"name\":\"host CPU\"}}}}")?;
+    // four tracks a device: copy, compute, draft, host CPU
+    let n_dev = spans.iter().map(|s| s.device + 1).max().unwrap_or(1);
+    let names = ["copy stream", "compute stream", "draft model", "host CPU"];
+    for d in 0..n_dev {
+        for (k, n) in names.iter().enumerate() {
+            let name = if n_dev > 1 {
+                format!("device {d} {n}")
+            } else {
+                n.to_string()
+            };
+            writeln!(
+                f,
+                "{}{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{name}\"}}}}",
+                if d == 0 && k == 0 { "" } else { "," },
+                4 * d + k + 1
+            )?;
+        }
+    }
     for s in spans {
-        let tid = match s.stream {
-            Stream::Copy => 1,
-            Stream::Compute => 2,
-            Stream::Draft => 3,
-            Stream::Cpu => 4,
-        };
+        let tid = 4 * s.device
+            + match s.stream {
+                Stream::Copy => 1,
+                Stream::Compute => 2,
+                Stream::Draft => 3,
+                Stream::Cpu => 4,
+            };
         writeln!(
             f,
             ",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":1,\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"bytes\":{}}}}}",
@@ -350,6 +385,7 @@ mod tests {
     fn span(stream: Stream, start: f64, end: f64, bytes: u64) -> Span {
         Span {
             stream,
+            device: 0,
             name: "x".into(),
             start,
             end,

@@ -169,6 +169,13 @@ impl LlamaModel {
         let mut p = unsafe { sys::llama_model_default_params() };
         p.vocab_only = vocab_only;
         p.n_gpu_layers = o.n_gpu_layers;
+        // a vocabulary needs no device: an empty list keeps libllama from
+        // asking every registered device (a lost RPC server's included,
+        // which ggml's RPC client aborts on) for its memory
+        let mut no_devices: [sys::ggml_backend_dev_t; 1] = [std::ptr::null_mut()];
+        if vocab_only {
+            p.devices = no_devices.as_mut_ptr();
+        }
         if !o.repack {
             p.use_extra_bufts = false;
         }
@@ -223,11 +230,13 @@ impl LlamaModel {
         }
         quiet_logs();
         // SAFETY: c is a valid path string; params are valid; the override
-        // array (NULL-pattern terminated) and its pattern strings outlive
-        // the call, the only time libllama reads them.
+        // array (NULL-pattern terminated), its pattern strings and the
+        // NULL-terminated device list outlive the call, the only time
+        // libllama reads them.
         let m = unsafe { sys::llama_model_load_from_file(c.as_ptr(), p) };
         drop(overrides);
         drop(patterns);
+        let _ = &mut no_devices;
         NonNull::new(m)
             .map(|ptr| LlamaModel { ptr })
             .ok_or_else(|| LlamaError::Load(path.display().to_string()))

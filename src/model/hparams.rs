@@ -43,6 +43,9 @@ pub struct Hparams {
     /// Hidden width of one expert: `expert_feed_forward_length`, else
     /// `feed_forward_length` (Mixtral's files carry only that).
     pub n_ff_exp: u32,
+    /// The file's index of this model's layer 0: 0, but in the part of a
+    /// model one of several devices computes ([`super::ModelSpec::part`]).
+    pub layer0: u32,
 }
 
 impl Hparams {
@@ -56,6 +59,7 @@ impl Hparams {
     }
     /// Whether layer `l` attends over a sliding window.
     pub fn is_swa(&self, l: u32) -> bool {
+        let l = l + self.layer0;
         self.n_swa > 0 && l % self.swa_pattern < self.swa_pattern - 1
     }
     /// The layers in the order they keep their KV on the device (the
@@ -290,6 +294,7 @@ impl Hparams {
             n_expert,
             n_expert_used,
             n_ff_exp,
+            layer0: 0,
         })
     }
 }

@@ -126,6 +126,9 @@ pub struct ModelSpec {
     pub output: WeightSpec,
     /// llama3 rope frequency factors [n_rot/2], shared by all layers.
     pub rope_freqs: Option<WeightSpec>,
+    /// Whether this spec ends with the output head: true but in the part
+    /// of a model a device before the last computes ([`ModelSpec::part`]).
+    pub has_head: bool,
 }
 
 fn expect_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
@@ -339,7 +342,44 @@ impl ModelSpec {
             output_norm: WeightSpec::from_info(None, out_norm),
             output: WeightSpec::from_info(None, output),
             rope_freqs,
+            has_head: true,
         })
+    }
+
+    /// The part of this model one of several devices computes: layers
+    /// `layers` of the file, renumbered from 0 (`Hparams::layer0` keeps
+    /// the file's index), with the output head only if it is the last part.
+    /// The embedding stays in the spec (the host reads it from the file);
+    /// only the part with `hp.layer0 == 0` embeds.
+    pub fn part(&self, layers: std::ops::Range<u32>) -> ModelSpec {
+        assert!(
+            layers.start < layers.end && layers.end <= self.hp.n_layer,
+            "layers {layers:?} of {}",
+            self.hp.n_layer
+        );
+        let groups = self.groups[2 * layers.start as usize..2 * layers.end as usize]
+            .iter()
+            .map(|g| GroupSpec {
+                layer: g.layer - layers.start,
+                ..g.clone()
+            })
+            .collect();
+        ModelSpec {
+            hp: Hparams {
+                n_layer: layers.end - layers.start,
+                layer0: self.hp.layer0 + layers.start,
+                ..self.hp.clone()
+            },
+            groups,
+            has_head: self.has_head && layers.end == self.hp.n_layer,
+            ..self.clone()
+        }
+    }
+
+    /// Whether this spec embeds the tokens (it starts at the file's first
+    /// layer).
+    pub fn embeds(&self) -> bool {
+        self.hp.layer0 == 0
     }
 
     pub fn group(&self, layer: u32, kind: GroupKind) -> &GroupSpec {

@@ -3,6 +3,7 @@
 //! compute. Plain Rust (no FFI); the engine executes what these decide.
 
 mod budget;
+pub mod devices;
 pub mod gemm;
 mod groups;
 mod hybrid;
@@ -15,6 +16,7 @@ mod split;
 #[cfg(test)]
 mod testutil;
 
+pub use devices::{split_layers, DeviceSplitError};
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
 pub use groups::{Experts, GroupInfo, Where};

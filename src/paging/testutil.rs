@@ -60,5 +60,6 @@ pub fn hparams_70b() -> Hparams {
         n_expert: 0,
         n_expert_used: 0,
         n_ff_exp: 0,
+        layer0: 0,
     }
 }

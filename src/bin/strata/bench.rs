@@ -243,7 +243,11 @@ fn time_strata(
         host.compute += h.compute;
         host.hops += h.hops;
         for c in b.chunks(e.n_batch() as usize) {
-            let p = e.plan.placement.predicted_step_s(c.len() as u32);
+            // the parts of a model split across devices run in turn
+            let p = e
+                .parts()
+                .map(|e| e.plan.placement.predicted_step_s(c.len() as u32))
+                .sum();
             predicted += p;
             cal_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
         }
@@ -380,7 +384,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             e.device().description(),
             e.placement_summary()
         );
-        eprintln!("{}", e.plan);
+        for p in e.parts() {
+            if e.next_part().is_some() {
+                let r = p.layers();
+                eprintln!("layers {}..{} on {}:", r.start, r.end, p.device().description());
+            }
+            eprintln!("{}", p.plan);
+        }
         eprintln!("measured pinned host-to-device copy: {:.1} GB/s", bw / 1e9);
 
         build_tests(&a, n_vocab, &mut tests);
@@ -709,10 +719,15 @@ fn budget_label(m: &super::ModelArgs) -> String {
     if m.stream_all {
         return format!("stream-all{kv}");
     }
-    match m.gpu_budget {
-        Some(b) => format!("budget={:.1}G{kv}", b as f64 / (1u64 << 30) as f64),
-        None => format!("all-resident{kv}"),
+    if m.gpu_budget.is_empty() {
+        return format!("all-resident{kv}");
     }
+    let b: Vec<String> = m
+        .gpu_budget
+        .iter()
+        .map(|&b| format!("{:.1}G", b as f64 / (1u64 << 30) as f64))
+        .collect();
+    format!("budget={}{kv}", b.join(","))
 }
 
 fn build_tests(a: &BenchArgs, n_vocab: u32, tests: &mut Vec<(String, Workload)>) {
@@ -797,9 +812,18 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
     }
 }
 
-/// The device's free memory now, MiB (None without a GPU).
+/// The free memory of every local GPU now, MiB, summed (None without a
+/// GPU): a model split across GPUs counts on each, and so does llama.cpp's
+/// layer split.
 fn free_mib(gpu: Option<strata::ggml::Device>) -> Option<f64> {
-    gpu.map(|g| g.memory().0 as f64 / (1u64 << 20) as f64)
+    gpu?;
+    let gpus = strata::ggml::devices().ok()?;
+    Some(
+        gpus.iter()
+            .filter(|d| d.is_gpu() && !d.is_remote())
+            .map(|g| g.memory().0 as f64 / (1u64 << 20) as f64)
+            .sum(),
+    )
 }
 
 /// GPU memory taken since the device had `free0` MiB free.

@@ -70,7 +70,7 @@ enum DeviceArg {
     Auto,
     Cpu,
     Gpu,
-    /// The first device of the --rpc servers.
+    /// The devices of the --rpc servers.
     Rpc,
 }
 
@@ -107,8 +107,10 @@ pub struct ModelArgs {
     /// spinning threads take cores from the process doing the work.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
     poll: u32,
-    /// Compute device: auto (the local GPU if there is one, else the CPU),
-    /// cpu, gpu, or rpc (the first device of the --rpc servers).
+    /// Compute device: auto (the local GPUs if there are any, else the
+    /// CPU), cpu, gpu (the local GPUs), or rpc (the devices of the --rpc
+    /// servers). Of several, --devices chooses; by default the model takes
+    /// as many as it needs (see --devices).
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
     /// RPC servers (`strata rpc-server`, or llama.cpp's rpc-server) whose
@@ -123,10 +125,18 @@ pub struct ModelArgs {
     /// mixture layer before the next is queued.
     #[arg(long = "expert-stats")]
     expert_stats: bool,
-    /// GPU memory strata may use (e.g. 12G); layer groups beyond it stream
-    /// from pinned host memory. Default: everything that fits stays resident.
-    #[arg(long = "gpu-budget", value_parser = strata::paging::parse_size)]
-    pub gpu_budget: Option<u64>,
+    /// GPU memory strata may use on each device (e.g. 12G), or per device
+    /// in --devices order (12G,20G); layer groups beyond it stream from
+    /// pinned host memory. Default: what each device has free, less a
+    /// margin.
+    #[arg(long = "gpu-budget", value_parser = strata::paging::parse_size, value_delimiter = ',')]
+    pub gpu_budget: Vec<u64>,
+    /// Which of the --device kind's devices to use, by index in `strata
+    /// devices`' list, in layer order (e.g. 0,1): the model's layers are
+    /// split into a range per device, in proportion to the budgets.
+    /// Default: every GPU the model needs (the first alone where it fits).
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<usize>>,
     /// Device slots per group kind for streamed groups.
     #[arg(long, default_value_t = 3)]
     slots: usize,
@@ -368,12 +378,22 @@ fn list_devices(rpc: &[String]) -> Result<()> {
     for e in rpc {
         strata::ggml::rpc::add_server(e, std::time::Duration::from_secs(5))?;
     }
-    println!("Available devices:");
+    println!("Available devices (--devices takes the index in its kind's list):");
+    let (mut gpus, mut remote) = (0, 0);
     for d in strata::ggml::devices()? {
         let (free, total) = d.memory();
         let mib = |b: usize| b / (1 << 20);
+        let index = if d.is_remote() {
+            remote += 1;
+            format!("rpc {}", remote - 1)
+        } else if d.is_gpu() {
+            gpus += 1;
+            format!("gpu {}", gpus - 1)
+        } else {
+            "cpu".to_string()
+        };
         println!(
-            "  {}: {} ({} MiB, {} MiB free)",
+            "  [{index}] {}: {} ({} MiB, {} MiB free)",
             d.name(),
             d.description(),
             mib(total),
@@ -458,9 +478,15 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             DeviceArg::Rpc => DeviceChoice::Remote,
         },
         rpc: m.rpc.clone(),
+        devices: m.devices.clone(),
+        gpu_budgets: if m.gpu_budget.len() > 1 {
+            m.gpu_budget.clone()
+        } else {
+            Vec::new()
+        },
         progress,
         budgets: Budgets {
-            gpu: m.gpu_budget,
+            gpu: m.gpu_budget.first().copied().filter(|_| m.gpu_budget.len() == 1),
             dram: m.dram_budget,
             kv_gpu: m.kv_budget,
             kv_dram: m.kv_dram,

@@ -1,0 +1,206 @@
+//! Several devices: which layers each one computes (the layer split).
+//!
+//! A model split across devices runs as a chain of parts, each a range of
+//! consecutive layers on one device with its own memory plan, slot rings
+//! and link (the engine's `Engine::load`); the residual stream hops from one
+//! device to the next between parts, and the last part computes the output
+//! head. This file decides the ranges. Each device gets a share of the
+//! weights in proportion to its budget, so every device keeps the same
+//! share of its layers resident and streams the same share over its own
+//! link. Where the devices are not named (`--devices`), only as many of the
+//! first devices are used as the model needs: a model that fits on one
+//! device runs there without hops.
+
+use std::ops::Range;
+
+/// Why the layers could not be split.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeviceSplitError {
+    #[error("no device to place the layers on")]
+    NoDevice,
+    #[error("the model has no layers")]
+    NoLayers,
+    #[error("device {0}'s budget is 0 bytes")]
+    ZeroBudget(usize),
+}
+
+/// The layer ranges of the devices used, in device order (device `i`
+/// computes `ranges[i]`; devices past `ranges.len()` are not used).
+/// `layer_bytes[l]`: what layer `l` holds on a device (weights and KV);
+/// `head_bytes`: the output head, on the last device used; `budgets`: each
+/// device's memory; `use_all`: the devices were named, use every one (at
+/// most one per layer), else the fewest first devices whose budgets hold
+/// the whole model (all of them where none do).
+pub fn split_layers(
+    layer_bytes: &[u64],
+    head_bytes: u64,
+    budgets: &[u64],
+    use_all: bool,
+) -> Result<Vec<Range<u32>>, DeviceSplitError> {
+    if budgets.is_empty() {
+        return Err(DeviceSplitError::NoDevice);
+    }
+    if layer_bytes.is_empty() {
+        return Err(DeviceSplitError::NoLayers);
+    }
+    if let Some(i) = budgets.iter().position(|&b| b == 0) {
+        return Err(DeviceSplitError::ZeroBudget(i));
+    }
+    let n_layer = layer_bytes.len();
+    let total = layer_bytes.iter().sum::<u64>() + head_bytes;
+    let k = if use_all {
+        budgets.len()
+    } else {
+        let mut sum = 0u64;
+        budgets
+            .iter()
+            .position(|&b| {
+                sum = sum.saturating_add(b);
+                sum >= total
+            })
+            .map_or(budgets.len(), |i| i + 1)
+    }
+    .min(n_layer);
+    let budgets = &budgets[..k];
+    let b_total: f64 = budgets.iter().map(|&b| b as f64).sum();
+    // cumulative bytes before each layer boundary
+    let mut cum = Vec::with_capacity(n_layer + 1);
+    cum.push(0u64);
+    for &b in layer_bytes {
+        cum.push(cum.last().unwrap() + b);
+    }
+    let mut ranges = Vec::with_capacity(k);
+    let mut start = 0usize;
+    let mut b_before = 0.0;
+    for (i, &b) in budgets.iter().enumerate() {
+        let end = if i + 1 == k {
+            n_layer
+        } else {
+            b_before += b as f64;
+            let target = total as f64 * b_before / b_total;
+            // the boundary nearest the target, leaving every device a layer
+            let lo = start + 1;
+            let hi = n_layer - (k - 1 - i);
+            (lo..=hi)
+                .min_by(|&x, &y| {
+                    let dx = (cum[x] as f64 - target).abs();
+                    let dy = (cum[y] as f64 - target).abs();
+                    dx.total_cmp(&dy)
+                })
+                .unwrap_or(lo)
+        };
+        ranges.push(start as u32..end as u32);
+        start = end;
+    }
+    Ok(ranges)
+}
+
+/// Splits `total` bytes (a host budget) between parts in proportion to
+/// `weights` (their streamed bytes, say); every part gets something.
+pub fn share(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u128 = weights.iter().map(|&w| u128::from(w.max(1))).sum();
+    weights
+        .iter()
+        .map(|&w| (u128::from(total) * u128::from(w.max(1)) / sum.max(1)) as u64)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_model_that_fits_on_the_first_device_stays_there() {
+        let layers = vec![10u64; 8];
+        let one: Vec<Range<u32>> = std::iter::once(0..8).collect();
+        assert_eq!(split_layers(&layers, 5, &[100, 100], false), Ok(one));
+        // named devices are all used
+        assert_eq!(
+            split_layers(&layers, 5, &[100, 100], true),
+            Ok(vec![0..4, 4..8])
+        );
+        // too big for one: both, in proportion to the budgets
+        assert_eq!(
+            split_layers(&layers, 0, &[60, 20], false),
+            Ok(vec![0..6, 6..8])
+        );
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_split() {
+        assert_eq!(
+            split_layers(&[1, 2], 0, &[], true),
+            Err(DeviceSplitError::NoDevice)
+        );
+        assert_eq!(
+            split_layers(&[], 0, &[1], true),
+            Err(DeviceSplitError::NoLayers)
+        );
+        assert_eq!(
+            split_layers(&[1], 0, &[1, 0], true),
+            Err(DeviceSplitError::ZeroBudget(1))
+        );
+        // more devices than layers: one layer each, the rest unused
+        assert_eq!(split_layers(&[1, 1], 0, &[9, 9, 9], true), Ok(vec![0..1, 1..2]));
+    }
+
+    proptest! {
+        /// Every layer is placed once, in order, every device used gets a
+        /// layer, and each device's share of the bytes is its budget's
+        /// share within one layer.
+        #[test]
+        fn every_layer_placed_once_in_proportion_to_the_budgets(
+            layers in prop::collection::vec(1u64..1000, 1..120),
+            head in 0u64..2000,
+            budgets in prop::collection::vec(1u64..100_000, 1..9),
+            use_all in any::<bool>(),
+        ) {
+            let r = split_layers(&layers, head, &budgets, use_all).unwrap();
+            prop_assert!(!r.is_empty() && r.len() <= budgets.len().min(layers.len()));
+            prop_assert_eq!(r[0].start, 0);
+            prop_assert_eq!(r.last().unwrap().end as usize, layers.len());
+            for w in r.windows(2) {
+                prop_assert_eq!(w[0].end, w[1].start);
+            }
+            for x in &r {
+                prop_assert!(x.start < x.end);
+            }
+            if use_all {
+                prop_assert_eq!(r.len(), budgets.len().min(layers.len()));
+            }
+            // proportion, where no device is squeezed to its one layer
+            let total: u64 = layers.iter().sum::<u64>() + head;
+            let used = &budgets[..r.len()];
+            let b_total: f64 = used.iter().map(|&b| b as f64).sum();
+            let max_layer = *layers.iter().max().unwrap() as f64;
+            if layers.len() >= 4 * r.len() {
+                let mut cum_b = 0.0;
+                for (i, x) in r.iter().enumerate().take(r.len() - 1) {
+                    cum_b += used[i] as f64;
+                    let target = total as f64 * cum_b / b_total;
+                    let got: u64 = layers[..x.end as usize].iter().sum();
+                    let squeezed = x.end as usize == x.start as usize + 1
+                        || x.end as usize == layers.len() - (r.len() - 1 - i);
+                    prop_assert!(squeezed || (got as f64 - target).abs() <= max_layer,
+                        "device {} ends at {} bytes against {:.0}", i, got, target);
+                }
+            }
+            // not named: fewer devices only where they hold the model
+            if !use_all && r.len() < budgets.len().min(layers.len()) {
+                prop_assert!(used.iter().sum::<u64>() >= total);
+            }
+        }
+
+        #[test]
+        fn shares_add_up_to_at_most_the_total(
+            total in 0u64..1 << 40,
+            w in prop::collection::vec(0u64..1 << 36, 1..9),
+        ) {
+            let s = share(total, &w);
+            prop_assert_eq!(s.len(), w.len());
+            prop_assert!(s.iter().sum::<u64>() <= total);
+            prop_assert!(s.iter().sum::<u64>() + w.len() as u64 >= total);
+        }
+    }
+}
