@@ -26,6 +26,17 @@ fn runs(cells: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 impl Engine {
+    /// Session files hold one device's layers: refused for a model split
+    /// across devices.
+    fn one_part(&self) -> Result<(), EngineError> {
+        if self.next.is_some() {
+            return Err(EngineError::Unsupported(
+                "session files for a model split across devices (use one device: --devices 0)",
+            ));
+        }
+        Ok(())
+    }
+
     /// The shape (model fingerprint, row and entry sizes) of this engine's
     /// session files.
     pub fn session_shape(&self) -> KvShape {
@@ -63,6 +74,7 @@ impl Engine {
     /// Writes sequence `seq`'s KV cache and `extra` to `path`. Returns the
     /// bytes written.
     pub fn save_seq(&mut self, seq: u32, path: &Path, extra: &[u8]) -> Result<u64, EngineError> {
+        self.one_part()?;
         self.pager_sync();
         // the sequence's blocks into frames (from spill files if needed)
         let all = self.kv.snapshot();
@@ -117,6 +129,7 @@ impl Engine {
     /// returns the caller's bytes saved with it. On error the sequence is
     /// left empty.
     pub fn load_seq(&mut self, seq: u32, path: &Path) -> Result<Vec<u8>, EngineError> {
+        self.one_part()?;
         self.clear_seq(seq);
         let mut file = KvFile::open(path, self.session_shape())?;
         let corrupt = |what: String| -> EngineError {

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On the two-GPU machine (nvidia-h100-x2 / nvidia-h200-x2): a model's layers
+# split across both GPUs, each streaming its own range over its own link
+# (issue 28). Modes, several per call (default: smoke strata):
+#   smoke   the Llama-3-8B-shaped Q4_0 model: `strata devices`; CUDA parity
+#           of the split (--devices 0,1 --gpu-budget 3G, every part streaming)
+#           against llama.cpp on the GPUs; pp512 and tg16 split and on one GPU
+#   strata  the 70B-shaped Q4_0 model: 12G on each of two GPUs (trace of the
+#           decode steps), 24G on one GPU, 12G on one GPU: pp2048, tg16 and
+#           64 sequences
+#   llama   llama.cpp on the same file over both GPUs (its default layer
+#           split, about -ts 1,1 on two idle GPUs) at each of LLAMA_NGL
+#           (default 40), with its defaults and with --no-mmap -ub 2048
+#           (--llama-best), the same tests
+#   tools/device/pack.sh VOCAB.gguf        (here), then on the device:
+#   bash tools/device/multi-gpu.sh smoke strata llama
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/device/lib.sh
+dev_machine
+nvidia-smi --query-gpu=index,name,memory.total,memory.free,pcie.link.gen.current,pcie.link.width.current \
+  --format=csv > "$out/gpus.txt" 2>&1
+cat "$out/gpus.txt"
+tests="-p 2048 -b 2048 -ub 2048 -n 16 -B 64 --batch-steps 2 -r 2"
+for what in ${@:-smoke strata}; do
+case $what in
+  smoke)
+    dev_module_start
+    s8=$(dev_synth llama3-8b)
+    dev_module_wait || exit 1
+    dev_keep_module
+    f=$out/smoke.txt
+    echo "== strata devices" | tee "$f"
+    $bin/strata devices 2>&1 | quiet | tee -a "$f"
+    echo "== strata check --devices 0,1 --gpu-budget 3G --hybrid off" | tee -a "$f"
+    timeout 200 $bin/strata check -m "$s8" --device gpu --devices 0,1 --gpu-budget 3G --hybrid off -n 16 \
+      2>&1 | quiet | tee -a "$f"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "smoke: the split's parity check failed" | tee -a "$f"; exit 1; }
+    for d in "0,1 --gpu-budget 3G" "0 --gpu-budget 6G" "0 --gpu-budget 3G"; do
+      echo "== strata bench --devices $d" | tee -a "$f"
+      timeout 120 $bin/strata bench -m "$s8" --device gpu --devices $d -p 512 -n 16 -B 0 -r 2 \
+        2>&1 | quiet | tee -a "$f"
+    done
+    ;;
+  strata)
+    dev_70b || exit 1
+    dev_keep_module
+    f=$out/bench_70b_2gpu.txt
+    echo "== 12G on each of two GPUs" | tee "$f"
+    timeout 240 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G $tests \
+      --trace "$out/trace_70b_2x12g.json" 2>&1 | quiet | tee -a "$f"
+    echo "== 24G on one GPU" | tee -a "$f"
+    timeout 180 $bin/strata bench -m "$m" --device gpu --devices 0 --gpu-budget 24G $tests \
+      2>&1 | quiet | tee -a "$f"
+    echo "== 12G on one GPU" | tee -a "$f"
+    timeout 180 $bin/strata bench -m "$m" --device gpu --devices 0 --gpu-budget 12G $tests \
+      2>&1 | quiet | tee -a "$f"
+    ;;
+  llama)
+    dev_70b || exit 1
+    f=$out/bench_70b_2gpu_llama.txt
+    for n in ${LLAMA_NGL:-40}; do
+      echo "== llama.cpp -ngl $n over both GPUs, defaults and --no-mmap -ub 2048" | tee -a "$f"
+      timeout 400 $bin/strata bench -m "$m" --device gpu --no-strata $tests --llama-ngl $n --llama-best \
+        2>&1 | quiet | tee -a "$f"
+    done
+    ;;
+  *) echo "multi-gpu.sh: unknown mode $what (smoke, strata, llama)" >&2; exit 2 ;;
+esac
+done
