@@ -406,6 +406,8 @@ impl Engine {
             plan.kv.windows,
             rec.clone(),
         )?;
+        let mut pager = pager;
+        pager.group0 = 2 * spec.hp.layer0 as usize;
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let split = match plan
             .placement

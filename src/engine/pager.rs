@@ -104,6 +104,9 @@ enum Streams {
 
 pub struct Pager {
     pub rings: [Option<SlotRing>; 3],
+    /// The file's index of this part's group 0 (a model split across
+    /// devices), for the timeline's names.
+    pub(super) group0: usize,
     /// Per ring: each group it streams, in this step's order.
     lists: [Vec<GroupId>; 3],
     /// All streamed groups of this step, in order (for reading ahead).
@@ -171,6 +174,7 @@ impl Pager {
         };
         Ok(Pager {
             rings,
+            group0: 0,
             lists: [Vec::new(), Vec::new(), Vec::new()],
             pos: Vec::new(),
             streamed: Vec::new(),
@@ -254,7 +258,13 @@ impl Pager {
         let bytes: usize = ranges.iter().map(|r| r.1).sum();
         self.stats.uploads += 1;
         self.stats.bytes += bytes as u64;
-        let name = || format!("upload {gi} -> {}{slot}", ring.label());
+        let name = || {
+            format!(
+                "upload g{} -> {}{slot}",
+                gi.index() + self.group0,
+                ring.label()
+            )
+        };
         match &self.streams {
             Streams::Async { copy, .. } => {
                 let _rec = self.rec.scope(Stream::Copy, copy, name, bytes as u64);

@@ -574,7 +574,7 @@ impl Engine {
         let rec = self.rec.scope(
             timeline::Stream::Compute,
             &self.backend,
-            || format!("{} {layer}", kind.name()),
+            || format!("{} {}", kind.name(), layer + self.spec.hp.layer0),
             0,
         );
         self.backend.compute_async(&t.graph())?;
@@ -635,7 +635,7 @@ impl Engine {
         }
         self.rec.host_span(
             timeline::Stream::Cpu,
-            || format!("{} {layer}", kind.name()),
+            || format!("{} {}", kind.name(), layer + self.spec.hp.layer0),
             t0,
             Instant::now(),
         );

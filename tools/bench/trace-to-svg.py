@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Draws a strata bench trace (Chrome trace JSON) as an SVG timeline:
 one lane per stream (copy, compute; the draft model and the host CPU
-computing layer groups (hybrid decode) when the trace has them), one box
-per operation.
+computing layer groups (hybrid decode) when the trace has them; a set per
+device for a model split across devices), one box per operation.
 
     tools/bench/trace-to-svg.py TRACE.json OUT.svg [--steps N] [--skip K]
 
@@ -28,9 +28,11 @@ def main():
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--skip", type=int, default=1)
     a = ap.parse_args()
-    ev = [e for e in json.load(open(a.trace))["traceEvents"] if e.get("ph") == "X"]
+    all_ev = json.load(open(a.trace))["traceEvents"]
+    meta = {e["tid"]: e["args"]["name"] for e in all_ev if e.get("ph") == "M"}
+    ev = [e for e in all_ev if e.get("ph") == "X"]
     ev.sort(key=lambda e: e["ts"])
-    starts = [e["ts"] for e in ev if e["name"] == "attn 0"]
+    starts = [e["ts"] for e in ev if e["name"] == "attn 0" and e["tid"] == 2]
     if len(starts) > a.skip:
         t0 = starts[a.skip]
         t1 = starts[a.skip + a.steps] if len(starts) > a.skip + a.steps else max(e["ts"] + e["dur"] for e in ev)
@@ -45,14 +47,19 @@ def main():
         t0, t1 = ev[0]["ts"], max(e["ts"] + e["dur"] for e in ev)
     span = max(t1 - t0, 1.0)
     names = {1: "copy", 2: "compute", 3: "draft", 4: "host CPU"}
-    tids = [t for t in (1, 2, 3, 4) if t <= 2 or any(e["tid"] == t for e in ev)]
+    n_dev = max((e["tid"] - 1) // 4 + 1 for e in ev)
+    if n_dev > 1:
+        # "device 1 copy stream" -> "GPU 1 copy"
+        names = {t: meta.get(t, f"track {t}").replace("device ", "GPU ").replace(" stream", "")
+                 for t in range(1, 4 * n_dev + 1)}
+    tids = [t for t in sorted(names) if (t - 1) % 4 < 2 or any(e["tid"] == t for e in ev)]
     lanes = [names[t] for t in tids]
     row = {t: i for i, t in enumerate(tids)}
-    W, lane, top, left = 1400, 46, 40, 90
+    W, lane, top, left = 1400, 46, 40, 130 if n_dev > 1 else 90
     x = lambda t: left + (t - t0) / span * (W - left - 20)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{top + len(lanes) * lane + 70}" font-family="sans-serif" font-size="12">',
            f'<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{left}" y="20">strata: one streamed step, {span / 1000:.1f} ms ({", ".join(lanes)})</text>']
+           f'<text x="{left}" y="20">strata: {"one streamed step" if a.steps == 1 else str(a.steps) + " streamed steps"}, {span / 1000:.1f} ms ({", ".join(lanes)})</text>']
     for i, name in enumerate(lanes):
         y = top + i * lane
         out.append(f'<text x="10" y="{y + lane / 2 + 4}">{name}</text>')

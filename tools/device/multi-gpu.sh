@@ -3,8 +3,9 @@
 # split across both GPUs, each streaming its own range over its own link
 # (issue 28). Modes, several per call (default: smoke strata):
 #   smoke   the Llama-3-8B-shaped Q4_0 model: `strata devices`; CUDA parity
-#           of the split (--devices 0,1 --gpu-budget 3G, every part streaming)
-#           against llama.cpp on the GPUs; pp512 and tg16 split and on one GPU
+#           of the split against llama.cpp on the GPUs, all resident
+#           (--gpu-budget 3G) and streaming half of each part (1200M); pp512
+#           and tg16 split and on one GPU
 #   strata  the 70B-shaped Q4_0 model: 12G on each of two GPUs (trace of the
 #           decode steps), 24G on one GPU, 12G on one GPU: pp2048, tg16 and
 #           64 sequences
@@ -32,10 +33,12 @@ case $what in
     f=$out/smoke.txt
     echo "== strata devices" | tee "$f"
     $bin/strata devices 2>&1 | quiet | tee -a "$f"
-    echo "== strata check --devices 0,1 --gpu-budget 3G --hybrid off" | tee -a "$f"
-    timeout 200 $bin/strata check -m "$s8" --device gpu --devices 0,1 --gpu-budget 3G --hybrid off -n 16 \
-      2>&1 | quiet | tee -a "$f"
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "smoke: the split's parity check failed" | tee -a "$f"; exit 1; }
+    for b in 3G 1200M; do
+      echo "== strata check --devices 0,1 --gpu-budget $b --hybrid off" | tee -a "$f"
+      timeout 200 $bin/strata check -m "$s8" --device gpu --devices 0,1 --gpu-budget $b --hybrid off -n 16 \
+        2>&1 | quiet | tee -a "$f"
+      [ "${PIPESTATUS[0]}" = 0 ] || { echo "smoke: the split's parity check failed" | tee -a "$f"; exit 1; }
+    done
     for d in "0,1 --gpu-budget 3G" "0 --gpu-budget 6G" "0 --gpu-budget 3G"; do
       echo "== strata bench --devices $d" | tee -a "$f"
       timeout 120 $bin/strata bench -m "$s8" --device gpu --devices $d -p 512 -n 16 -B 0 -r 2 \
