@@ -6,7 +6,8 @@
 //! client with a clear error, not a hang; a non-loopback address is refused
 //! without --allow-remote. Two servers: the model's layers split across
 //! their devices (`--devices 0,1`) give one device's tokens, plain and
-//! streamed, and a server lost mid-run ends the run with an error.
+//! streamed, with the KV cache tiered, and a server lost mid-run ends the
+//! run with an error.
 
 mod common;
 
@@ -108,7 +109,8 @@ fn layers_split_across_two_remote_devices_give_one_devices_tokens() {
     let mut local = Engine::load(&path, &common::cpu_cfg()).expect("local engine");
     let want = strata::parity::run_strata(&mut local, &prompt, 16).expect("local run");
     let n_layer = local.spec.hp.n_layer;
-    for stream_all in [false, true] {
+    // resident; streamed; streamed with every layer's KV in the host tier
+    for (stream_all, kv_gpu) in [(false, None), (true, None), (true, Some(0))] {
         let cfg = EngineConfig {
             device: DeviceChoice::Remote,
             rpc: vec![a.endpoint(), b.endpoint()],
@@ -120,6 +122,14 @@ fn layers_split_across_two_remote_devices_give_one_devices_tokens() {
                 stream_all,
                 ..PagingOptions::default()
             },
+            budgets: strata::engine::Budgets {
+                kv_gpu,
+                ..Default::default()
+            },
+            kv_tier: strata::engine::KvTierOptions {
+                block: 16,
+                ..Default::default()
+            },
             ..common::cpu_cfg()
         };
         let mut split = Engine::load(&path, &cfg).expect("engine on two remote devices");
@@ -129,6 +139,9 @@ fn layers_split_across_two_remote_devices_give_one_devices_tokens() {
         assert_eq!(parts[0].0.end, parts[1].0.start);
         assert_eq!(parts[1].0.end, n_layer);
         assert!(parts.iter().all(|(_, d)| d.is_remote()));
+        if kv_gpu == Some(0) {
+            assert!(split.parts().all(|p| p.kv_resident_layers() == 0));
+        }
         assert_ne!(parts[0].1.name(), parts[1].1.name());
         eprintln!("{}", split.placement_summary());
         let got = strata::parity::run_strata(&mut split, &prompt, 16).expect("split run");
