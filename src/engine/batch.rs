@@ -38,6 +38,7 @@ impl StepStats {
         p.bytes += q.bytes;
         p.copy_wait += q.copy_wait;
         p.kv_bytes += q.kv_bytes;
+        p.relayed += q.relayed;
         self.disk_bytes += o.disk_bytes;
         let (k, m) = (&mut self.kv, &o.kv);
         k.up_bytes += m.up_bytes;

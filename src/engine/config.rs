@@ -109,6 +109,10 @@ pub struct PagingOptions {
     /// layer's experts between the device and the host CPU (with hybrid
     /// decode's host copies; see `paging::split`).
     pub split: crate::paging::SplitInput,
+    /// A model split across local GPUs: each part's every other streamed
+    /// FFN group goes up over the next GPU's bus and across by a peer copy
+    /// (`Pager::lend_link`), so both links carry one part's groups.
+    pub relay: bool,
 }
 
 impl Default for PagingOptions {
@@ -121,6 +125,7 @@ impl Default for PagingOptions {
             ffn_rows: None,
             gemm: Gemm::Auto,
             split: crate::paging::SplitInput::default(),
+            relay: true,
         }
     }
 }

@@ -79,7 +79,7 @@ impl Engine {
             ..cfg.clone()
         };
         if devices.len() == 1 || devices[0].is_cpu() {
-            return Self::load_part(path, &part_cfg(0, cfg.budgets), spec, devices[0]);
+            return Self::load_part(path, &part_cfg(0, cfg.budgets), spec, devices[0], None);
         }
         // the layer ranges, from every device's budget (what is free where
         // none was given)
@@ -133,7 +133,24 @@ impl Engine {
         );
         let kv_gpu = share(cfg.budgets.kv_gpu);
         let kv_dram = share(cfg.budgets.kv_dram);
-        let mut parts = Vec::with_capacity(ranges.len());
+        // each part lends the next GPU's bus (local GPUs only): that GPU
+        // holds one FFN slot of staging for it, out of its budget
+        let k = ranges.len();
+        let relay = cfg.paging.relay
+            && k > 1
+            && devices[..k].iter().all(|d| d.is_gpu() && !d.is_remote());
+        let staging = if relay {
+            store::layouts(&spec, devices[0])?
+                .iter()
+                .zip(&spec.groups)
+                .filter(|(_, g)| g.kind == crate::model::GroupKind::Ffn)
+                .map(|(l, _)| l.bytes as u64)
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let mut parts = Vec::with_capacity(k);
         for (i, r) in ranges.iter().enumerate() {
             let b = Budgets {
                 gpu: None,
@@ -141,11 +158,15 @@ impl Engine {
                 kv_gpu: kv_gpu[i],
                 kv_dram: kv_dram[i],
             };
+            let mut c = part_cfg(i, b);
+            // the staging this GPU holds for the part before it
+            c.budgets.gpu = Some(budgets[i].saturating_sub(staging));
             parts.push(Self::load_part(
                 path,
-                &part_cfg(i, b),
+                &c,
                 spec.part(r.clone()),
                 devices[i],
+                relay.then(|| devices[(i + 1) % k]),
             )?);
         }
         let mut next: Option<Engine> = None;
@@ -162,6 +183,7 @@ impl Engine {
         cfg: &EngineConfig,
         spec: ModelSpec,
         device: ggml::Device,
+        relay: Option<ggml::Device>,
     ) -> Result<Engine, EngineError> {
         let file = ModelFile::open(path)?;
         // budgets not given: what the machine has free, less a margin
@@ -276,7 +298,10 @@ impl Engine {
             copy_bw: if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
                 10e9
             } else {
-                probe::measure_h2d(device, 64 << 20, 4)?
+                // with another GPU's bus lent for every other FFN group,
+                // a streamed layer takes (attention + half its FFN) of the
+                // time on this bus (`Pager::lend_link`)
+                probe::measure_h2d(device, 64 << 20, 4)? * relay.map_or(1.0, |_| relay_gain(&spec))
             },
             cpu: None,
             gemm,
@@ -408,6 +433,16 @@ impl Engine {
         )?;
         let mut pager = pager;
         pager.group0 = 2 * spec.hp.layer0 as usize;
+        if let Some(other) = relay.filter(|_| !store.has_dram_window()) {
+            let slot = store.slot_bytes(crate::paging::Ring::Ffn);
+            if pager.lend_link(device, other, slot)? {
+                tracing::info!(
+                    "layers {:?}: every other streamed FFN group also goes up over {}'s bus",
+                    spec.hp.layer0..spec.hp.layer0 + spec.hp.n_layer,
+                    other.name()
+                );
+            }
+        }
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let split = match plan
             .placement
@@ -478,6 +513,20 @@ impl Engine {
             }),
         })
     }
+}
+
+/// How much faster streamed layers go up where every other FFN group
+/// takes another GPU's bus: 1 / (attention's share + half the FFN's).
+fn relay_gain(spec: &ModelSpec) -> f64 {
+    let (mut a, mut f) = (0u64, 0u64);
+    for g in &spec.groups {
+        match g.kind {
+            crate::model::GroupKind::Attn => a += g.bytes(),
+            crate::model::GroupKind::Ffn => f += g.bytes(),
+        }
+    }
+    let t = (a + f).max(1) as f64;
+    1.0 / (a as f64 / t + f as f64 / t / 2.0)
 }
 
 /// The devices of the kind `cfg.device` chooses, those `cfg.devices`

@@ -26,6 +26,8 @@ pub struct PagerStats {
     pub copy_wait: Duration,
     /// Host-to-device bytes of KV blocks (windowed layers).
     pub kv_bytes: u64,
+    /// Of `bytes`, those that went up over another GPU's bus (relayed).
+    pub relayed: u64,
 }
 
 /// A byte range (offset, bytes) of a group's extent.
@@ -91,6 +93,32 @@ impl ZeroFill {
     }
 }
 
+/// Another GPU's link lent to this part (a model split across GPUs): every
+/// other streamed FFN group goes up over the other GPU's bus into a staging
+/// slot there, then across to this GPU's slot (a peer copy), while this
+/// GPU's own bus carries the rest. The ring's state machine is unchanged:
+/// the relay waits for the slot's `free` event itself (on its own stream,
+/// so this part's copy stream does not wait behind it), and the slot's
+/// `loaded` event is recorded on the landing stream, after the peer copy.
+struct Relay {
+    // field order is drop order: streams before the staging they copy from
+    /// On the other GPU: the copy into staging, then the peer copy out.
+    stream: Backend,
+    /// On this GPU: waits for each peer copy, then records the slot loaded.
+    landing: Backend,
+    /// One FFN slot's bytes on the other GPU.
+    staging: crate::ggml::TensorArena,
+    /// Per FFN slot: whether its upload under way was relayed.
+    relayed: Vec<bool>,
+}
+
+impl Relay {
+    /// Whether the FFN ring's `j`-th group of a step goes through the relay.
+    fn takes(j: usize) -> bool {
+        j % 2 == 1
+    }
+}
+
 enum Streams {
     Async {
         copy: Backend,
@@ -125,6 +153,8 @@ pub struct Pager {
     zero: HashMap<(usize, Vec<Range>), ZeroFill>,
     /// The engine's timeline switch.
     rec: Recorder,
+    /// Another GPU's link, lent for every other FFN upload (GPUs only).
+    relay: Option<Relay>,
 }
 
 impl Pager {
@@ -183,7 +213,40 @@ impl Pager {
             partial: HashMap::new(),
             zero: HashMap::new(),
             rec,
+            relay: None,
         })
+    }
+
+    /// Lends `other`'s bus to this pager's FFN ring (see [`Relay`]):
+    /// `slot_bytes` of staging on `other`. Only between local GPUs, with
+    /// device streams and no DRAM window (its host slots are reused once
+    /// this GPU's copy stream drained, which the relay's stream is not).
+    pub fn lend_link(
+        &mut self,
+        dev: Device,
+        other: Device,
+        slot_bytes: usize,
+    ) -> Result<bool, EngineError> {
+        let n_ffn = self.rings[Ring::Ffn as usize].as_ref().map_or(0, |r| r.n());
+        if !matches!(self.streams, Streams::Async { .. }) || n_ffn == 0 || slot_bytes == 0 {
+            return Ok(false);
+        }
+        let staging = crate::ggml::TensorArena::new(
+            other.buffer_type(),
+            crate::ggml::BufferUsage::Any,
+            &[crate::ggml::TensorSpec::new(
+                crate::dtype::GgmlType::I8,
+                &[slot_bytes as i64],
+            )
+            .named("relay_staging")],
+        )?;
+        self.relay = Some(Relay {
+            stream: other.init_backend()?,
+            landing: dev.init_backend()?,
+            staging,
+            relayed: vec![false; n_ffn],
+        });
+        Ok(true)
     }
 
     /// Starts a step whose device groups run in `order`.
@@ -222,6 +285,7 @@ impl Pager {
         store.prefetch(&self.streamed[..ahead])
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn upload(
         &mut self,
         ring: Ring,
@@ -230,6 +294,7 @@ impl Pager {
         store: &WeightStore,
         compute: &Backend,
         kv: Option<&mut KvTier>,
+        relayed: bool,
     ) -> Result<(), EngineError> {
         if ring == Ring::Kv {
             let kv = kv.expect("KV ring without a tiered cache");
@@ -266,6 +331,24 @@ impl Pager {
             )
         };
         match &self.streams {
+            Streams::Async { free, .. } if relayed && zero.is_empty() => {
+                let r = self.relay.as_mut().expect("a relayed upload has a relay");
+                let st = r.staging.tensor(0);
+                // SAFETY: src is pinned memory owned by the store and never
+                // rewritten while a relay exists (no DRAM window); the
+                // staging slot is free: its last peer copy precedes this on
+                // the relay's stream; the extent fits the staging (a slot).
+                unsafe { r.stream.tensor_set_async(st, &src[..bytes], 0) };
+                free[ring as usize][slot].wait_on(&r.stream);
+                // SAFETY: staging and slot are both one FFN slot of bytes;
+                // the slot is free (the relay's stream waited its `free`
+                // event) and the staging is not rewritten before this copy
+                // completed (in order on the relay's stream).
+                unsafe { r.stream.copy_tensor_async(&r.landing, st, t) };
+                r.relayed[slot] = true;
+                self.stats.relayed += bytes as u64;
+                store.copy_enqueued(gi);
+            }
             Streams::Async { copy, .. } => {
                 let _rec = self.rec.scope(Stream::Copy, copy, name, bytes as u64);
                 if !zero.is_empty() {
@@ -360,18 +443,38 @@ impl Pager {
         compute: &Backend,
         mut kv: Option<&mut KvTier>,
     ) -> Result<(), EngineError> {
+        // the slots whose uploads in these ops go through the relay: they
+        // wait for their `free` event on the relay's stream, not here
+        let relayed: Vec<usize> = if ring == Ring::Ffn && self.relay.is_some() {
+            let r = self.rings[ring as usize].as_ref().expect("ring");
+            ops.iter()
+                .filter_map(|op| match *op {
+                    Op::Upload { j, slot } => {
+                        let local = r.local(j);
+                        let gi = self.lists[ring as usize][local];
+                        (Relay::takes(local) && !self.partial.contains_key(&gi.index()))
+                            .then_some(slot)
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         for op in ops {
             match op {
                 Op::Upload { j, slot } => {
                     let local = self.rings[ring as usize].as_ref().expect("ring").local(j);
                     let gi = self.lists[ring as usize][local];
+                    let relay = relayed.contains(&slot);
                     match &mut self.streams {
                         Streams::Sync { pending } => pending.push_back((ring, slot, gi)),
                         Streams::Async { .. } => {
-                            self.upload(ring, slot, gi, store, compute, kv.as_deref_mut())?
+                            self.upload(ring, slot, gi, store, compute, kv.as_deref_mut(), relay)?
                         }
                     }
                 }
+                Op::WaitFree(s) if relayed.contains(&s) => {}
                 Op::WaitFree(s) => {
                     if let Streams::Async { copy, free, .. } = &self.streams {
                         free[ring as usize][s].wait_on(copy);
@@ -379,7 +482,14 @@ impl Pager {
                 }
                 Op::RecordLoaded(s) => {
                     if let Streams::Async { copy, loaded, .. } = &self.streams {
-                        loaded[ring as usize][s].record(copy);
+                        match self.relay.as_mut() {
+                            Some(r) if ring == Ring::Ffn && r.relayed[s] => {
+                                // after the peer copy the landing stream waited for
+                                loaded[ring as usize][s].record(&r.landing);
+                                r.relayed[s] = false;
+                            }
+                            _ => loaded[ring as usize][s].record(copy),
+                        }
                     }
                 }
                 Op::WaitLoaded(s) => match &mut self.streams {
@@ -391,7 +501,7 @@ impl Pager {
                         {
                             let todo: Vec<_> = pending.drain(..=pos).collect();
                             for (r, sl, gi) in todo {
-                                self.upload(r, sl, gi, store, compute, kv.as_deref_mut())?;
+                                self.upload(r, sl, gi, store, compute, kv.as_deref_mut(), false)?;
                                 if let Some(rg) = self.rings[r as usize].as_mut() {
                                     rg.mark_resident(sl);
                                 }
@@ -551,6 +661,9 @@ impl Pager {
         for r in self.rings.iter_mut().flatten() {
             r.abort();
         }
+        if let Some(r) = self.relay.as_mut() {
+            r.relayed.fill(false);
+        }
         if let Streams::Sync { pending } = &mut self.streams {
             pending.clear();
         }
@@ -563,6 +676,10 @@ impl Pager {
     pub fn synchronize(&self) {
         if let Streams::Async { copy, .. } = &self.streams {
             copy.synchronize();
+        }
+        if let Some(r) = &self.relay {
+            r.stream.synchronize();
+            r.landing.synchronize();
         }
     }
 }

@@ -350,6 +350,13 @@ impl WeightStore {
 
     /// Groups the DRAM windows read ahead of use, counted in step order (0
     /// without a window).
+    pub fn has_dram_window(&self) -> bool {
+        self.windows.iter().any(Option::is_some)
+    }
+    /// Bytes of one slot of ring `ring` (0 without that ring).
+    pub fn slot_bytes(&self, ring: Ring) -> usize {
+        self.rings[ring as usize].as_ref().map_or(0, |r| r.slot_bytes)
+    }
     pub fn read_ahead(&self) -> usize {
         self.windows.iter().flatten().map(|(w, _)| w.ahead).sum()
     }

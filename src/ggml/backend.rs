@@ -507,6 +507,18 @@ impl Backend {
             src.len(),
         );
     }
+    /// Enqueues a copy of `src` (on this backend's device) into `dst` (on
+    /// `dst_backend`'s device, maybe another GPU: a peer copy) on this
+    /// backend's stream, and makes `dst_backend`'s stream wait for it. Where
+    /// the backends cannot copy asynchronously, ggml drains both streams and
+    /// copies synchronously.
+    ///
+    /// # Safety
+    /// `src` and `dst` have the same size; neither is written (nor `dst`
+    /// read) by anyone else until the copy completed.
+    pub unsafe fn copy_tensor_async(&self, dst_backend: &Backend, src: Tensor<'_>, dst: Tensor<'_>) {
+        sys::ggml_backend_tensor_copy_async(self.raw(), dst_backend.raw(), src.raw(), dst.raw());
+    }
     /// Enqueues a device-to-host copy on this backend's stream.
     ///
     /// # Safety

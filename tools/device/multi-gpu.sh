@@ -9,6 +9,8 @@
 #   strata  the 70B-shaped Q4_0 model: 12G on each of two GPUs (trace of the
 #           decode steps), 24G on one GPU, 12G on one GPU: pp2048, tg16 and
 #           64 sequences
+#   relay   the 70B at 12G on each of two GPUs with and without --no-relay
+#           (tg16, 64 sequences; traces)
 #   llama   llama.cpp on the same file over both GPUs (its default layer
 #           split, about -ts 1,1 on two idle GPUs) at each of LLAMA_NGL
 #           (default 40), with its defaults and with --no-mmap -ub 2048
@@ -21,6 +23,7 @@ source tools/device/lib.sh
 dev_machine
 nvidia-smi --query-gpu=index,name,memory.total,memory.free,pcie.link.gen.current,pcie.link.width.current \
   --format=csv > "$out/gpus.txt" 2>&1
+nvidia-smi topo -m >> "$out/gpus.txt" 2>&1
 cat "$out/gpus.txt"
 tests="-p 2048 -b 2048 -ub 2048 -n 16 -B 64 --batch-steps 2 -r 2"
 for what in ${@:-smoke strata}; do
@@ -39,7 +42,7 @@ case $what in
         2>&1 | quiet | tee -a "$f"
       [ "${PIPESTATUS[0]}" = 0 ] || { echo "smoke: the split's parity check failed" | tee -a "$f"; exit 1; }
     done
-    for d in "0,1 --gpu-budget 3G" "0 --gpu-budget 6G" "0 --gpu-budget 3G"; do
+    for d in "0,1 --gpu-budget 1200M" "0,1 --gpu-budget 1200M --no-relay" "0 --gpu-budget 2400M"; do
       echo "== strata bench --devices $d" | tee -a "$f"
       timeout 120 $bin/strata bench -m "$s8" --device gpu --devices $d -p 512 -n 16 -B 0 -r 2 \
         2>&1 | quiet | tee -a "$f"
@@ -49,7 +52,7 @@ case $what in
     dev_70b || exit 1
     dev_keep_module
     f=$out/bench_70b_2gpu.txt
-    echo "== 12G on each of two GPUs" | tee "$f"
+    echo "== 12G on each of two GPUs (relay on)" | tee "$f"
     timeout 240 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G $tests \
       --trace "$out/trace_70b_2x12g.json" 2>&1 | quiet | tee -a "$f"
     echo "== 24G on one GPU" | tee -a "$f"
@@ -58,6 +61,16 @@ case $what in
     echo "== 12G on one GPU" | tee -a "$f"
     timeout 180 $bin/strata bench -m "$m" --device gpu --devices 0 --gpu-budget 12G $tests \
       2>&1 | quiet | tee -a "$f"
+    ;;
+  relay)
+    dev_70b || exit 1
+    dev_keep_module
+    f=$out/bench_70b_relay.txt
+    for r in "" "--no-relay"; do
+      echo "== 12G on each of two GPUs ${r:-(relay on)}" | tee -a "$f"
+      timeout 200 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G $r -p 0 -n 16 -B 64 \
+        --batch-steps 2 -r 2 --trace "$out/trace_70b_2x12g${r:+_norelay}.json" 2>&1 | quiet | tee -a "$f"
+    done
     ;;
   llama)
     dev_70b || exit 1
@@ -68,6 +81,6 @@ case $what in
         2>&1 | quiet | tee -a "$f"
     done
     ;;
-  *) echo "multi-gpu.sh: unknown mode $what (smoke, strata, llama)" >&2; exit 2 ;;
+  *) echo "multi-gpu.sh: unknown mode $what (smoke, strata, relay, llama)" >&2; exit 2 ;;
 esac
 done

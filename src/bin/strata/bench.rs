@@ -184,6 +184,8 @@ struct StepFigures {
     read_wait_ms: f64,
     /// KV MiB per step up to the GPU and back (windowed layers).
     kv_up_mib: f64,
+    /// MiB per step that went up over another GPU's bus (not in `mib_up`).
+    relayed_mib: f64,
     kv_down_mib: f64,
     /// Hybrid decode, per step: host CPU compute, groups, GB/s of weights
     /// it read, residual hops; and the plan's predicted step.
@@ -229,6 +231,7 @@ fn time_strata(
     let disk0 = e.store().disk_bytes_read();
     let wait0 = e.store().read_wait();
     let (mut kv_up, mut kv_down) = (0u64, 0u64);
+    let mut relayed = 0u64;
     let mut host = strata::engine::host::HostStats::default();
     let (mut predicted, mut cal_predicted) = (0.0, 0.0);
     let t0 = Instant::now();
@@ -236,6 +239,7 @@ fn time_strata(
     for b in run {
         e.decode(b)?;
         kv_up += e.last_step.kv.up_bytes;
+        relayed += e.last_step.pager.relayed;
         kv_down += e.last_step.kv.down_bytes;
         let h = e.last_step.host;
         host.groups += h.groups;
@@ -290,6 +294,7 @@ fn time_strata(
         floor_ms: (o.bytes as f64 / bw).max(o.compute_s) * 1e3 / steps as f64,
         read_wait_ms: read_wait * 1e3 / steps as f64,
         kv_up_mib: kv_up as f64 / steps as f64 / (1u64 << 20) as f64,
+        relayed_mib: relayed as f64 / steps as f64 / (1u64 << 20) as f64,
         kv_down_mib: kv_down as f64 / steps as f64 / (1u64 << 20) as f64,
         cpu_ms: host.compute.as_secs_f64() * 1e3 / steps as f64,
         cpu_groups: host.groups as f64 / steps as f64,
@@ -793,6 +798,12 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                 println!(
                     "{:<47} the bus ran at {:.1} GB/s (probed beside the CPU: {:.1}); at both rates the plan predicts {:.2} ms (measured/predicted {:.2})",
                     "", f.copy_gbs, f.bus_probe_gbs, f.rates_predicted_ms, f.step_ms / f.rates_predicted_ms.max(1e-9)
+                );
+            }
+            if f.relayed_mib > 0.0 {
+                println!(
+                    "{:<47} relayed {:>8.1} MiB/step over the next GPU's bus (not in up, copy or floor)",
+                    "", f.relayed_mib
                 );
             }
             if f.kv_up_mib > 0.0 {
