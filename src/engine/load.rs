@@ -435,12 +435,14 @@ impl Engine {
         pager.group0 = 2 * spec.hp.layer0 as usize;
         if let Some(other) = relay.filter(|_| !store.has_dram_window()) {
             let slot = store.slot_bytes(crate::paging::Ring::Ffn);
+            let layers = spec.hp.layer0..spec.hp.layer0 + spec.hp.n_layer;
             if pager.lend_link(device, other, slot)? {
                 tracing::info!(
-                    "layers {:?}: every other streamed FFN group also goes up over {}'s bus",
-                    spec.hp.layer0..spec.hp.layer0 + spec.hp.n_layer,
+                    "layers {layers:?}: every other streamed FFN group also goes up over {}'s bus",
                     other.name()
                 );
+            } else if plan.placement.n_streamed() > 0 {
+                tracing::warn!("layers {layers:?}: no FFN ring, so no relay over {}", other.name());
             }
         }
         let persistent = Persistent::alloc(&dims, lim, device)?;

@@ -227,7 +227,9 @@ impl Pager {
         other: Device,
         slot_bytes: usize,
     ) -> Result<bool, EngineError> {
-        let n_ffn = self.rings[Ring::Ffn as usize].as_ref().map_or(0, |r| r.n());
+        let n_ffn = self.rings[Ring::Ffn as usize]
+            .as_ref()
+            .map_or(0, |r| r.slots());
         if !matches!(self.streams, Streams::Async { .. }) || n_ffn == 0 || slot_bytes == 0 {
             return Ok(false);
         }

@@ -4,11 +4,12 @@
 # (issue 28). Modes, several per call (default: smoke strata):
 #   smoke   the Llama-3-8B-shaped Q4_0 model: `strata devices`; CUDA parity
 #           of the split against llama.cpp on the GPUs, all resident
-#           (--gpu-budget 3G) and streaming half of each part (1200M); pp512
-#           and tg16 split and on one GPU
-#   strata  the 70B-shaped Q4_0 model: 12G on each of two GPUs (trace of the
-#           decode steps), 24G on one GPU, 12G on one GPU: pp2048, tg16 and
-#           64 sequences
+#           (--gpu-budget 3G) and streaming most of each part (1200M; the
+#           relay carries every other FFN group), CHECK_BUDGETS to choose;
+#           pp512 and tg16 split (relay on and off) and on one GPU
+#   strata  the 70B-shaped Q4_0 model: 12G on each of two GPUs with the
+#           relay (trace of the decode steps) and with --no-relay, 24G on one
+#           GPU, 12G on one GPU: pp2048, tg16 and 64 sequences
 #   relay   the 70B at 12G on each of two GPUs with and without --no-relay
 #           (tg16, 64 sequences; traces)
 #   llama   llama.cpp on the same file over both GPUs (its default layer
@@ -36,7 +37,7 @@ case $what in
     f=$out/smoke.txt
     echo "== strata devices" | tee "$f"
     $bin/strata devices 2>&1 | quiet | tee -a "$f"
-    for b in 3G 1200M; do
+    for b in ${CHECK_BUDGETS:-3G 1200M}; do
       echo "== strata check --devices 0,1 --gpu-budget $b --hybrid off" | tee -a "$f"
       timeout 200 $bin/strata check -m "$s8" --device gpu --devices 0,1 --gpu-budget $b --hybrid off -n 16 \
         2>&1 | quiet | tee -a "$f"
@@ -55,6 +56,9 @@ case $what in
     echo "== 12G on each of two GPUs (relay on)" | tee "$f"
     timeout 240 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G $tests \
       --trace "$out/trace_70b_2x12g.json" 2>&1 | quiet | tee -a "$f"
+    echo "== 12G on each of two GPUs --no-relay" | tee -a "$f"
+    timeout 240 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G --no-relay $tests \
+      2>&1 | quiet | tee -a "$f"
     echo "== 24G on one GPU" | tee -a "$f"
     timeout 180 $bin/strata bench -m "$m" --device gpu --devices 0 --gpu-budget 24G $tests \
       2>&1 | quiet | tee -a "$f"
