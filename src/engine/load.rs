@@ -134,7 +134,7 @@ impl Engine {
         let kv_gpu = share(cfg.budgets.kv_gpu);
         let kv_dram = share(cfg.budgets.kv_dram);
         // each part lends the next GPU's bus (local GPUs only): that GPU
-        // holds one FFN slot of staging for it, out of its budget
+        // holds two FFN slots of staging for it, out of its budget
         let k = ranges.len();
         let relay = cfg.paging.relay
             && k > 1
@@ -144,7 +144,7 @@ impl Engine {
                 .iter()
                 .zip(&spec.groups)
                 .filter(|(_, g)| g.kind == crate::model::GroupKind::Ffn)
-                .map(|(l, _)| l.bytes as u64)
+                .map(|(l, _)| 2 * l.bytes as u64)
                 .max()
                 .unwrap_or(0)
         } else {

@@ -94,19 +94,31 @@ impl ZeroFill {
 }
 
 /// Another GPU's link lent to this part (a model split across GPUs): every
-/// other streamed FFN group goes up over the other GPU's bus into a staging
-/// slot there, then across to this GPU's slot (a peer copy), while this
-/// GPU's own bus carries the rest. The ring's state machine is unchanged:
-/// the relay waits for the slot's `free` event itself (on its own stream,
-/// so this part's copy stream does not wait behind it), and the slot's
-/// `loaded` event is recorded on the landing stream, after the peer copy.
+/// other streamed FFN group goes up over the other GPU's bus into one of two
+/// staging slots there, then across to this GPU's slot (a peer copy), while
+/// this GPU's own bus carries the rest. The ring's state machine is
+/// unchanged: the relay waits for the slot's `free` event itself (on its
+/// own stream, so this part's copy stream does not wait behind it), and the
+/// slot's `loaded` event is recorded on the landing stream, after the peer
+/// copy. Two streams on the other GPU, so the next group goes up into the
+/// other staging slot while this one waits for its slot to be free.
 struct Relay {
-    // field order is drop order: streams before the staging they copy from
-    /// On the other GPU: the copy into staging, then the peer copy out.
-    stream: Backend,
+    // field order is drop order: streams and events before the staging
+    /// On the other GPU: host to staging.
+    up: Backend,
+    /// On the other GPU: waits for the slot, then staging to the slot.
+    peer: Backend,
     /// On this GPU: waits for each peer copy, then records the slot loaded.
     landing: Backend,
-    /// One FFN slot's bytes on the other GPU.
+    /// Per staging slot, on the other GPU: filled (recorded on `up`) and
+    /// emptied (recorded on `peer`).
+    filled: [Event; 2],
+    emptied: [Event; 2],
+    /// Whether a staging slot was used yet (its `emptied` was recorded).
+    used: [bool; 2],
+    /// The staging slot the next relayed group takes.
+    next: usize,
+    /// Two FFN slots' bytes on the other GPU.
     staging: crate::ggml::TensorArena,
     /// Per FFN slot: whether its upload under way was relayed.
     relayed: Vec<bool>,
@@ -233,18 +245,21 @@ impl Pager {
         if !matches!(self.streams, Streams::Async { .. }) || n_ffn == 0 || slot_bytes == 0 {
             return Ok(false);
         }
+        let spec = crate::ggml::TensorSpec::new(crate::dtype::GgmlType::I8, &[slot_bytes as i64])
+            .named("relay_staging");
         let staging = crate::ggml::TensorArena::new(
             other.buffer_type(),
             crate::ggml::BufferUsage::Any,
-            &[crate::ggml::TensorSpec::new(
-                crate::dtype::GgmlType::I8,
-                &[slot_bytes as i64],
-            )
-            .named("relay_staging")],
+            &[spec.clone(), spec],
         )?;
         self.relay = Some(Relay {
-            stream: other.init_backend()?,
+            up: other.init_backend()?,
+            peer: other.init_backend()?,
             landing: dev.init_backend()?,
+            filled: [Event::new(other)?, Event::new(other)?],
+            emptied: [Event::new(other)?, Event::new(other)?],
+            used: [false; 2],
+            next: 0,
             staging,
             relayed: vec![false; n_ffn],
         });
@@ -335,18 +350,28 @@ impl Pager {
         match &self.streams {
             Streams::Async { free, .. } if relayed && zero.is_empty() => {
                 let r = self.relay.as_mut().expect("a relayed upload has a relay");
-                let st = r.staging.tensor(0);
+                let k = r.next;
+                r.next = 1 - k;
+                let st = r.staging.tensor(k);
+                if r.used[k] {
+                    // the staging slot's last peer copy went out
+                    r.emptied[k].wait_on(&r.up);
+                }
                 // SAFETY: src is pinned memory owned by the store and never
-                // rewritten while a relay exists (no DRAM window); the
-                // staging slot is free: its last peer copy precedes this on
-                // the relay's stream; the extent fits the staging (a slot).
-                unsafe { r.stream.tensor_set_async(st, &src[..bytes], 0) };
-                free[ring as usize][slot].wait_on(&r.stream);
+                // rewritten while a relay exists (no DRAM window); staging
+                // slot k is empty (`up` waited its last peer copy); the
+                // extent fits the staging (a slot).
+                unsafe { r.up.tensor_set_async(st, &src[..bytes], 0) };
+                r.filled[k].record(&r.up);
+                r.filled[k].wait_on(&r.peer);
+                free[ring as usize][slot].wait_on(&r.peer);
                 // SAFETY: staging and slot are both one FFN slot of bytes;
-                // the slot is free (the relay's stream waited its `free`
-                // event) and the staging is not rewritten before this copy
-                // completed (in order on the relay's stream).
-                unsafe { r.stream.copy_tensor_async(&r.landing, st, t) };
+                // the slot is free (`peer` waited its `free` event), the
+                // staging filled (`peer` waited `filled`) and not rewritten
+                // before this copy completed (`up` waits `emptied`).
+                unsafe { r.peer.copy_tensor_async(&r.landing, st, t) };
+                r.emptied[k].record(&r.peer);
+                r.used[k] = true;
                 r.relayed[slot] = true;
                 self.stats.relayed += bytes as u64;
                 store.copy_enqueued(gi);
@@ -680,7 +705,8 @@ impl Pager {
             copy.synchronize();
         }
         if let Some(r) = &self.relay {
-            r.stream.synchronize();
+            r.up.synchronize();
+            r.peer.synchronize();
             r.landing.synchronize();
         }
     }
