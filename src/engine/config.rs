@@ -111,7 +111,10 @@ pub struct PagingOptions {
     pub split: crate::paging::SplitInput,
     /// A model split across local GPUs: each part's every other streamed
     /// FFN group goes up over the next GPU's bus and across by a peer copy
-    /// (`Pager::lend_link`), so both links carry one part's groups.
+    /// (`Pager::lend_link`), so both links carry one part's groups. Off by
+    /// default: measured slower (docs/device-runs.md, runs 48-49; ggml
+    /// enables peer access only inside its own split, so the peer copy is
+    /// likely staged through host memory).
     pub relay: bool,
 }
 
@@ -125,7 +128,7 @@ impl Default for PagingOptions {
             ffn_rows: None,
             gemm: Gemm::Auto,
             split: crate::paging::SplitInput::default(),
-            relay: true,
+            relay: false,
         }
     }
 }

@@ -4,13 +4,14 @@
 # (issue 28). Modes, several per call (default: smoke strata):
 #   smoke   the Llama-3-8B-shaped Q4_0 model: `strata devices`; CUDA parity
 #           of the split against llama.cpp on the GPUs, all resident
-#           (--gpu-budget 3G) and streaming most of each part (1200M; the
-#           relay carries every other FFN group), CHECK_BUDGETS to choose;
-#           pp512 and tg16 split (relay on and off) and on one GPU
-#   strata  the 70B-shaped Q4_0 model: 12G on each of two GPUs with the
-#           relay (trace of the decode steps) and with --no-relay, 24G on one
-#           GPU, 12G on one GPU: pp2048, tg16 and 64 sequences
-#   relay   the 70B at 12G on each of two GPUs with and without --no-relay
+#           (--gpu-budget 3G) and streaming most of each part (1200M; with
+#           RELAY=--relay the relay carries every other FFN group),
+#           CHECK_BUDGETS to choose; pp512 and tg16 split (relay off and on)
+#           and on one GPU
+#   strata  the 70B-shaped Q4_0 model: 12G on each of two GPUs (trace of
+#           the decode steps) and with --relay, 24G on one GPU, 12G on one
+#           GPU: pp2048, tg16 and 64 sequences
+#   relay   the 70B at 12G on each of two GPUs with and without --relay
 #           (tg16, 64 sequences; traces)
 #   llama   llama.cpp on the same file over both GPUs (its default layer
 #           split, about -ts 1,1 on two idle GPUs) at each of LLAMA_NGL
@@ -39,11 +40,11 @@ case $what in
     $bin/strata devices 2>&1 | quiet | tee -a "$f"
     for b in ${CHECK_BUDGETS:-3G 1200M}; do
       echo "== strata check --devices 0,1 --gpu-budget $b --hybrid off" | tee -a "$f"
-      timeout 200 $bin/strata check -m "$s8" --device gpu --devices 0,1 --gpu-budget $b --hybrid off -n 16 \
+      timeout 200 $bin/strata check -m "$s8" --device gpu --devices 0,1 --gpu-budget $b ${RELAY:-} --hybrid off -n 16 \
         2>&1 | quiet | tee -a "$f"
       [ "${PIPESTATUS[0]}" = 0 ] || { echo "smoke: the split's parity check failed" | tee -a "$f"; exit 1; }
     done
-    for d in "0,1 --gpu-budget 1200M" "0,1 --gpu-budget 1200M --no-relay" "0 --gpu-budget 2400M"; do
+    for d in "0,1 --gpu-budget 1200M" "0,1 --gpu-budget 1200M --relay" "0 --gpu-budget 2400M"; do
       echo "== strata bench --devices $d" | tee -a "$f"
       timeout 120 $bin/strata bench -m "$s8" --device gpu --devices $d -p 512 -n 16 -B 0 -r 2 \
         2>&1 | quiet | tee -a "$f"
@@ -53,11 +54,11 @@ case $what in
     dev_70b || exit 1
     dev_keep_module
     f=$out/bench_70b_2gpu.txt
-    echo "== 12G on each of two GPUs (relay on)" | tee "$f"
+    echo "== 12G on each of two GPUs" | tee "$f"
     timeout 240 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G $tests \
       --trace "$out/trace_70b_2x12g.json" 2>&1 | quiet | tee -a "$f"
-    echo "== 12G on each of two GPUs --no-relay" | tee -a "$f"
-    timeout 240 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G --no-relay $tests \
+    echo "== 12G on each of two GPUs --relay" | tee -a "$f"
+    timeout 240 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G --relay $tests \
       2>&1 | quiet | tee -a "$f"
     echo "== 24G on one GPU" | tee -a "$f"
     timeout 180 $bin/strata bench -m "$m" --device gpu --devices 0 --gpu-budget 24G $tests \
@@ -70,10 +71,10 @@ case $what in
     dev_70b || exit 1
     dev_keep_module
     f=$out/bench_70b_relay.txt
-    for r in "" "--no-relay"; do
-      echo "== 12G on each of two GPUs ${r:-(relay on)}" | tee -a "$f"
+    for r in "" "--relay"; do
+      echo "== 12G on each of two GPUs ${r:-(no relay)}" | tee -a "$f"
       timeout 200 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G $r -p 0 -n 16 -B 64 \
-        --batch-steps 2 -r 2 --trace "$out/trace_70b_2x12g${r:+_norelay}.json" 2>&1 | quiet | tee -a "$f"
+        --batch-steps 2 -r 2 --trace "$out/trace_70b_2x12g${r:+_relay}.json" 2>&1 | quiet | tee -a "$f"
     done
     ;;
   llama)

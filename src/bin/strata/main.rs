@@ -137,11 +137,11 @@ pub struct ModelArgs {
     /// Default: every GPU the model needs (the first alone where it fits).
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<usize>>,
-    /// Across several local GPUs, each part streams its own groups only
-    /// (by default every other streamed FFN group of a part also goes up
-    /// over the next GPU's bus and across by a peer copy).
-    #[arg(long = "no-relay")]
-    no_relay: bool,
+    /// Across several local GPUs, every other streamed FFN group of a part
+    /// also goes up over the next GPU's bus and across by a peer copy
+    /// (measured slower so far: off by default; see BENCHMARKS.md).
+    #[arg(long)]
+    relay: bool,
     /// Device slots per group kind for streamed groups.
     #[arg(long, default_value_t = 3)]
     slots: usize,
@@ -507,7 +507,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
                 mode: m.expert_split,
                 min_tokens: m.split_min_tokens,
             },
-            relay: !m.no_relay,
+            relay: m.relay,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,
