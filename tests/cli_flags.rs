@@ -633,3 +633,22 @@ fn bench_llama_n_cpu_moe_times_a_row_named_with_it() {
     let (_, _, err) = bench(m, &["--llama-ngl", "0", "--llama-n-cpu-moe", "abc"]);
     assert!(err.contains("invalid value 'abc'"), "{err}");
 }
+
+#[test]
+fn device_lists_and_budgets_that_do_not_match_are_refused() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    for (args, says) in [
+        (&["--devices", "1"][..], "--devices 1: there is 1 CPU"),
+        (&["--devices", "0,0"][..], "names CPU 0 twice"),
+        (&["--gpu-budget", "1G,2G"][..], "2 GPU budgets for 1 device"),
+        (&["--gpu-budget", "1G,x"][..], "not a size"),
+    ] {
+        let mut a = vec!["run", "-m", m, "--device", "cpu", "-p", "hi", "-n", "1"];
+        a.extend_from_slice(args);
+        let (ok, _, err) = strata(&a);
+        assert!(!ok, "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -58,9 +58,10 @@ impl Engine {
         let devices = pick_devices(cfg, remote)?;
         if cfg.gpu_budgets.len() > 1 && cfg.gpu_budgets.len() != devices.len() {
             return Err(EngineError::BadDevices(format!(
-                "{} GPU budgets for {} devices: give one budget for all, or one per device",
+                "{} GPU budgets for {} device{}: give one budget for all, or one per device",
                 cfg.gpu_budgets.len(),
-                devices.len()
+                devices.len(),
+                if devices.len() == 1 { "" } else { "s" }
             )));
         }
         // each device's budget, where it was given

@@ -551,19 +551,30 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
         "strata: {} ({}), {} layers, {:.1} MiB of weights on {}",
         engine.spec.name,
         engine.spec.arch.name(),
-        engine.spec.hp.n_layer,
+        engine.parts().map(|p| p.spec.hp.n_layer).sum::<u32>(),
         engine.weight_bytes() as f64 / (1 << 20) as f64,
-        engine.device().description()
+        engine
+            .parts()
+            .map(|p| p.device().description())
+            .collect::<Vec<_>>()
+            .join(" and ")
     );
-    for b in &engine.auto_budgets {
-        tracing::info!("{b}");
-    }
-    if engine.plan.placement.n_streamed() > 0 || engine.plan.kv.windows > 0 {
-        for b in &engine.auto_budgets {
-            eprintln!("strata: {b}");
+    let split = engine.next_part().is_some();
+    for p in engine.parts() {
+        for b in &p.auto_budgets {
+            tracing::info!("{b}");
         }
-        for line in engine.plan.to_string().lines() {
-            eprintln!("strata: {line}");
+        if p.plan.placement.n_streamed() > 0 || p.plan.kv.windows > 0 {
+            for b in &p.auto_budgets {
+                eprintln!("strata: {b}");
+            }
+            if split {
+                let r = p.layers();
+                eprintln!("strata: layers {}..{} on {}:", r.start, r.end, p.device().name());
+            }
+            for line in p.plan.to_string().lines() {
+                eprintln!("strata: {line}");
+            }
         }
     }
     Ok((engine, vocab))
