@@ -112,9 +112,10 @@ pub struct PagingOptions {
     /// A model split across local GPUs: each part's every other streamed
     /// FFN group goes up over the next GPU's bus and across by a peer copy
     /// (`Pager::lend_link`), so both links carry one part's groups. Off by
-    /// default: measured slower (docs/device-runs.md, runs 48-49; ggml
-    /// enables peer access only inside its own split, so the peer copy is
-    /// likely staged through host memory).
+    /// default: measured slower (docs/device-runs.md, runs 48-49), with
+    /// peer access off. ggml's CUDA module turns peer access on at its
+    /// start only where GGML_CUDA_P2P is set in the environment, which
+    /// `strata --relay` does; a library user sets it before loading.
     pub relay: bool,
 }
 

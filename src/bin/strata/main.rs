@@ -138,8 +138,10 @@ pub struct ModelArgs {
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<usize>>,
     /// Across several local GPUs, every other streamed FFN group of a part
-    /// also goes up over the next GPU's bus and across by a peer copy
-    /// (measured slower so far: off by default; see BENCHMARKS.md).
+    /// also goes up over the next GPU's bus and across by a peer copy (with
+    /// peer access on: GGML_CUDA_P2P=1 is set for ggml unless given).
+    /// Measured slower so far (without peer access): off by default; see
+    /// BENCHMARKS.md.
     #[arg(long)]
     relay: bool,
     /// Device slots per group kind for streamed groups.
@@ -362,6 +364,20 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     strata::ggml::exit_on_fatal_errors();
+    let model = match &cli.cmd {
+        Cmd::Run(a) => Some(&a.model),
+        #[cfg(feature = "reference")]
+        Cmd::Check(a) => Some(&a.model),
+        Cmd::Bench(a) => Some(&a.model),
+        Cmd::Serve(a) => Some(&a.model),
+        _ => None,
+    };
+    if model.is_some_and(|m| m.relay) && std::env::var_os("GGML_CUDA_P2P").is_none() {
+        // the relay's peer copies go GPU to GPU only with peer access on,
+        // which ggml's CUDA module turns on at its start where this is set
+        // (no ggml call has been made yet; no other thread runs)
+        std::env::set_var("GGML_CUDA_P2P", "1");
+    }
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
         #[cfg(feature = "reference")]
