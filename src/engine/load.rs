@@ -102,8 +102,15 @@ impl Engine {
             .map(|g| g.iter().map(|g| g.bytes()).sum::<u64>() + kv_layer)
             .collect();
         let head = spec.output.size + spec.output_norm.size;
-        let ranges =
-            crate::paging::split_layers(&layer_bytes, head, &budgets, cfg.devices.is_some())?;
+        // remote devices: an RPC socket is too slow to stream over
+        let slow: Vec<bool> = devices.iter().map(|d| d.is_remote()).collect();
+        let ranges = crate::paging::split_layers(
+            &layer_bytes,
+            head,
+            &budgets,
+            &slow,
+            cfg.devices.is_some(),
+        )?;
         if ranges.len() > 1 {
             tracing::info!(
                 "layers split across {} devices: {}",
@@ -549,7 +556,8 @@ fn pick_devices(
     let (kind, list) = match cfg.device {
         DeviceChoice::Cpu => ("CPU", vec![ggml::cpu_device()?]),
         DeviceChoice::Gpu if gpus.is_empty() => return Err(GgmlError::NoDevice("GPU").into()),
-        DeviceChoice::Gpu => ("GPU", gpus),
+        // the local GPUs, then the --rpc servers' devices
+        DeviceChoice::Gpu => ("device", gpus.into_iter().chain(remote).collect()),
         DeviceChoice::Remote => {
             let r = remote;
             if r.is_empty() {
@@ -561,7 +569,7 @@ fn pick_devices(
             ("remote device", r)
         }
         DeviceChoice::Auto if gpus.is_empty() => ("CPU", vec![ggml::cpu_device()?]),
-        DeviceChoice::Auto => ("GPU", gpus),
+        DeviceChoice::Auto => ("device", gpus.into_iter().chain(remote).collect()),
     };
     let Some(idx) = &cfg.devices else {
         return Ok(list);

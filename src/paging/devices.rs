@@ -28,13 +28,17 @@ pub enum DeviceSplitError {
 /// computes `ranges[i]`; devices past `ranges.len()` are not used).
 /// `layer_bytes[l]`: what layer `l` holds on a device (weights and KV);
 /// `head_bytes`: the output head, on the last device used; `budgets`: each
-/// device's memory; `use_all`: the devices were named, use every one (at
-/// most one per layer), else the fewest first devices whose budgets hold
-/// the whole model (all of them where none do).
+/// device's memory; `slow[i]`: device `i`'s link is too slow to stream
+/// weights over at every step (a remote device: an RPC socket), so its
+/// range is kept within its budget where the other devices can take the
+/// rest; `use_all`: the devices were named, use every one (at most one
+/// per layer), else the fewest first devices whose budgets hold the whole
+/// model (all of them where none do).
 pub fn split_layers(
     layer_bytes: &[u64],
     head_bytes: u64,
     budgets: &[u64],
+    slow: &[bool],
     use_all: bool,
 ) -> Result<Vec<Range<u32>>, DeviceSplitError> {
     if budgets.is_empty() {
@@ -62,7 +66,32 @@ pub fn split_layers(
     }
     .min(n_layer);
     let budgets = &budgets[..k];
+    let is_slow = |i: usize| slow.get(i).copied().unwrap_or(false);
+    // each device's share of the bytes: in proportion to the budgets; where
+    // that overfills a slow device while a fast one is used, the slow one
+    // keeps only what its budget holds and the fast ones share the rest
     let b_total: f64 = budgets.iter().map(|&b| b as f64).sum();
+    let mut share: Vec<f64> = budgets
+        .iter()
+        .map(|&b| total as f64 * b as f64 / b_total)
+        .collect();
+    let fast_budget: f64 = (0..k)
+        .filter(|&i| !is_slow(i))
+        .map(|i| budgets[i] as f64)
+        .sum();
+    if fast_budget > 0.0 {
+        let mut spill = 0.0;
+        for i in (0..k).filter(|&i| is_slow(i)) {
+            let cap = budgets[i] as f64;
+            if share[i] > cap {
+                spill += share[i] - cap;
+                share[i] = cap;
+            }
+        }
+        for i in (0..k).filter(|&i| !is_slow(i)) {
+            share[i] += spill * budgets[i] as f64 / fast_budget;
+        }
+    }
     // cumulative bytes before each layer boundary
     let mut cum = Vec::with_capacity(n_layer + 1);
     cum.push(0u64);
@@ -71,23 +100,32 @@ pub fn split_layers(
     }
     let mut ranges = Vec::with_capacity(k);
     let mut start = 0usize;
-    let mut b_before = 0.0;
-    for (i, &b) in budgets.iter().enumerate() {
+    let mut before = 0.0;
+    for i in 0..k {
         let end = if i + 1 == k {
             n_layer
         } else {
-            b_before += b as f64;
-            let target = total as f64 * b_before / b_total;
-            // the boundary nearest the target, leaving every device a layer
+            before += share[i];
+            // the boundary nearest the target (for a slow device beside a
+            // fast one, the last one within its budget), leaving every
+            // device a layer
             let lo = start + 1;
             let hi = n_layer - (k - 1 - i);
-            (lo..=hi)
-                .min_by(|&x, &y| {
-                    let dx = (cum[x] as f64 - target).abs();
-                    let dy = (cum[y] as f64 - target).abs();
-                    dx.total_cmp(&dy)
-                })
-                .unwrap_or(lo)
+            if is_slow(i) && fast_budget > 0.0 {
+                let target = before.min(cum[start] as f64 + budgets[i] as f64);
+                (lo..=hi)
+                    .rev()
+                    .find(|&x| cum[x] as f64 <= target + 0.5)
+                    .unwrap_or(lo)
+            } else {
+                (lo..=hi)
+                    .min_by(|&x, &y| {
+                        let dx = (cum[x] as f64 - before).abs();
+                        let dy = (cum[y] as f64 - before).abs();
+                        dx.total_cmp(&dy)
+                    })
+                    .unwrap_or(lo)
+            }
         };
         ranges.push(start as u32..end as u32);
         start = end;
@@ -114,15 +152,15 @@ mod tests {
     fn a_model_that_fits_on_the_first_device_stays_there() {
         let layers = vec![10u64; 8];
         let one: Vec<Range<u32>> = std::iter::once(0..8).collect();
-        assert_eq!(split_layers(&layers, 5, &[100, 100], false), Ok(one));
+        assert_eq!(split_layers(&layers, 5, &[100, 100], &[], false), Ok(one));
         // named devices are all used
         assert_eq!(
-            split_layers(&layers, 5, &[100, 100], true),
+            split_layers(&layers, 5, &[100, 100], &[], true),
             Ok(vec![0..4, 4..8])
         );
         // too big for one: both, in proportion to the budgets
         assert_eq!(
-            split_layers(&layers, 0, &[60, 20], false),
+            split_layers(&layers, 0, &[60, 20], &[], false),
             Ok(vec![0..6, 6..8])
         );
     }
@@ -130,19 +168,69 @@ mod tests {
     #[test]
     fn refuses_what_cannot_be_split() {
         assert_eq!(
-            split_layers(&[1, 2], 0, &[], true),
+            split_layers(&[1, 2], 0, &[], &[], true),
             Err(DeviceSplitError::NoDevice)
         );
         assert_eq!(
-            split_layers(&[], 0, &[1], true),
+            split_layers(&[], 0, &[1], &[], true),
             Err(DeviceSplitError::NoLayers)
         );
         assert_eq!(
-            split_layers(&[1], 0, &[1, 0], true),
+            split_layers(&[1], 0, &[1, 0], &[], true),
             Err(DeviceSplitError::ZeroBudget(1))
         );
         // more devices than layers: one layer each, the rest unused
-        assert_eq!(split_layers(&[1, 1], 0, &[9, 9, 9], true), Ok(vec![0..1, 1..2]));
+        assert_eq!(split_layers(&[1, 1], 0, &[9, 9, 9], &[], true), Ok(vec![0..1, 1..2]));
+    }
+
+    #[test]
+    fn a_slow_device_keeps_what_its_budget_holds() {
+        let layers = vec![10u64; 20];
+        // 200 bytes over budgets of 160 stream either way: in proportion the
+        // remote device (second) would take 75 and stream 15 over its
+        // socket; it keeps the 60 its budget holds, the local GPU the rest
+        assert_eq!(
+            split_layers(&layers, 0, &[100, 60], &[false, true], true),
+            Ok(vec![0..14, 14..20])
+        );
+        // first: the same from the front
+        assert_eq!(
+            split_layers(&layers, 0, &[60, 100], &[true, false], true),
+            Ok(vec![0..6, 6..20])
+        );
+        // only slow devices: in proportion, as nothing else can stream
+        assert_eq!(
+            split_layers(&layers, 0, &[60, 60], &[true, true], true),
+            Ok(vec![0..10, 10..20])
+        );
+    }
+
+    proptest! {
+        /// A slow device beside a fast one never gets more than its budget
+        /// holds (a layer at least), and every layer is placed once.
+        #[test]
+        fn slow_devices_stay_within_their_budgets(
+            layers in prop::collection::vec(1u64..1000, 4..100),
+            devs in prop::collection::vec((1u64..50_000, any::<bool>()), 2..6),
+        ) {
+            let budgets: Vec<u64> = devs.iter().map(|d| d.0).collect();
+            let mut slow: Vec<bool> = devs.iter().map(|d| d.1).collect();
+            slow[0] = false; // a fast device is used
+            let r = split_layers(&layers, 0, &budgets, &slow, true).unwrap();
+            prop_assert_eq!(r[0].start, 0);
+            prop_assert_eq!(r.last().unwrap().end as usize, layers.len());
+            for w in r.windows(2) {
+                prop_assert_eq!(w[0].end, w[1].start);
+            }
+            for (i, x) in r.iter().enumerate() {
+                prop_assert!(x.start < x.end);
+                if slow[i] && i + 1 < r.len() {
+                    let got: u64 = layers[x.start as usize..x.end as usize].iter().sum();
+                    prop_assert!(x.end == x.start + 1 || got <= budgets[i],
+                        "slow device {} holds {} bytes over its {}", i, got, budgets[i]);
+                }
+            }
+        }
     }
 
     proptest! {
@@ -156,7 +244,7 @@ mod tests {
             budgets in prop::collection::vec(1u64..100_000, 1..9),
             use_all in any::<bool>(),
         ) {
-            let r = split_layers(&layers, head, &budgets, use_all).unwrap();
+            let r = split_layers(&layers, head, &budgets, &[], use_all).unwrap();
             prop_assert!(!r.is_empty() && r.len() <= budgets.len().min(layers.len()));
             prop_assert_eq!(r[0].start, 0);
             prop_assert_eq!(r.last().unwrap().end as usize, layers.len());

@@ -108,9 +108,11 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
     poll: u32,
     /// Compute device: auto (the local GPUs if there are any, else the
-    /// CPU), cpu, gpu (the local GPUs), or rpc (the devices of the --rpc
-    /// servers). Of several, --devices chooses; by default the model takes
-    /// as many as it needs (see --devices).
+    /// CPU), cpu, gpu (the local GPUs, then the devices of the --rpc
+    /// servers), or rpc (the servers' devices alone). Of several, --devices
+    /// chooses; by default the model takes as many as it needs (see
+    /// --devices), a remote device only what its budget holds where a
+    /// local GPU can stream the rest.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
     /// RPC servers (`strata rpc-server`, or llama.cpp's rpc-server) whose
@@ -399,14 +401,20 @@ fn list_devices(rpc: &[String]) -> Result<()> {
     for e in rpc {
         strata::ggml::rpc::add_server(e, std::time::Duration::from_secs(5))?;
     }
-    println!("Available devices (--devices takes the index in its kind's list):");
+    println!("Available devices (--devices takes the index in the list --device chooses: gpu, the local GPUs then the --rpc servers' devices; rpc, the servers' devices alone):");
+    let all = strata::ggml::devices()?;
+    let n_gpus = all.iter().filter(|d| d.is_gpu() && !d.is_remote()).count();
     let (mut gpus, mut remote) = (0, 0);
-    for d in strata::ggml::devices()? {
+    for d in all {
         let (free, total) = d.memory();
         let mib = |b: usize| b / (1 << 20);
         let index = if d.is_remote() {
             remote += 1;
-            format!("rpc {}", remote - 1)
+            if n_gpus > 0 {
+                format!("rpc {}, gpu {}", remote - 1, n_gpus + remote - 1)
+            } else {
+                format!("rpc {}", remote - 1)
+            }
         } else if d.is_gpu() {
             gpus += 1;
             format!("gpu {}", gpus - 1)
