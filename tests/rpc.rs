@@ -288,7 +288,7 @@ fn lost_and_unreachable_servers_end_the_run_with_an_error() {
     let (first, mut second) = (Server::start(), Server::start());
     let endpoints = format!("{},{}", first.endpoint(), second.endpoint());
     let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(4));
+        std::thread::sleep(Duration::from_secs(8));
         let _ = second.child.kill();
         let _ = second.child.wait();
     });
@@ -299,10 +299,9 @@ fn lost_and_unreachable_servers_end_the_run_with_an_error() {
         "the client hung after a server died: {err}"
     );
     assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains("error: ggml:") && err.contains("RPC server"),
-        "{err}"
-    );
+    // mid-run ggml's client names the server; on a loaded machine the
+    // kill may come before the client reached it, and strata names it
+    assert!(err.contains("RPC server"), "{err}");
 }
 
 #[test]
