@@ -99,7 +99,10 @@ impl Engine {
         if r.is_err() {
             self.abort_chain();
             out.truncate(out_len);
-        } else if self.next.is_some() {
+            return r;
+        }
+        self.end_chain();
+        if self.next.is_some() {
             // the step over every part, timed whole
             let mut st = self.last_step;
             for p in self.parts().skip(1) {
@@ -139,6 +142,14 @@ impl Engine {
             n.run_chain(out)?;
         }
         Ok(())
+    }
+
+    /// Ends a step every part ran: their cells stay.
+    fn end_chain(&mut self) {
+        self.pending = None;
+        if let Some(n) = self.next.as_deref_mut() {
+            n.end_chain();
+        }
     }
 
     /// Forgets a begun step on every part: cells given back, the pager's
@@ -379,7 +390,9 @@ impl Engine {
                 Instant::now(),
             );
         }
-        let p = self.pending.take().expect("begun");
+        // kept until every part ran: a later part's error gives this
+        // part's cells back too (`abort_chain`)
+        let p = self.pending.as_ref().expect("begun");
         self.last_step = StepStats {
             n_tokens,
             seconds: p.start.elapsed().as_secs_f64(),
