@@ -178,7 +178,10 @@ fn layers_split_across_two_remote_devices_give_one_devices_tokens() {
         }
     };
     let e = bad(vec![0, 2], vec![]);
-    assert!(e.contains("--devices 2") && e.contains("2 remote devices"), "{e}");
+    assert!(
+        e.contains("--devices 2") && e.contains("2 remote devices"),
+        "{e}"
+    );
     let e = bad(vec![1, 1], vec![]);
     assert!(e.contains("twice"), "{e}");
     let e = bad(vec![0, 1], vec![1 << 30, 1 << 30, 1 << 30]);

@@ -131,7 +131,12 @@ impl Engine {
         let share = |b: Option<u64>| {
             b.map_or_else(
                 || vec![None; ranges.len()],
-                |b| crate::paging::devices::share(b, &weights).into_iter().map(Some).collect(),
+                |b| {
+                    crate::paging::devices::share(b, &weights)
+                        .into_iter()
+                        .map(Some)
+                        .collect()
+                },
             )
         };
         let dram = share(
@@ -144,9 +149,8 @@ impl Engine {
         // each part lends the next GPU's bus (local GPUs only): that GPU
         // holds two FFN slots of staging for it, out of its budget
         let k = ranges.len();
-        let relay = cfg.paging.relay
-            && k > 1
-            && devices[..k].iter().all(|d| d.is_gpu() && !d.is_remote());
+        let relay =
+            cfg.paging.relay && k > 1 && devices[..k].iter().all(|d| d.is_gpu() && !d.is_remote());
         let staging = if relay {
             store::layouts(&spec, devices[0])?
                 .iter()
@@ -450,7 +454,10 @@ impl Engine {
                     other.name()
                 );
             } else if plan.placement.n_streamed() > 0 {
-                tracing::warn!("layers {layers:?}: no FFN ring, so no relay over {}", other.name());
+                tracing::warn!(
+                    "layers {layers:?}: no FFN ring, so no relay over {}",
+                    other.name()
+                );
             }
         }
         let persistent = Persistent::alloc(&dims, lim, device)?;

@@ -28,7 +28,6 @@ use crate::model::GroupKind;
 use crate::paging::Ring;
 use std::time::Instant;
 
-
 impl Engine {
     /// Runs `tokens` (split into steps of at most n_batch) and returns the
     /// logits of each token with `logits == true`, in order, n_vocab each.

@@ -355,7 +355,9 @@ impl WeightStore {
     }
     /// Bytes of one slot of ring `ring` (0 without that ring).
     pub fn slot_bytes(&self, ring: Ring) -> usize {
-        self.rings[ring as usize].as_ref().map_or(0, |r| r.slot_bytes)
+        self.rings[ring as usize]
+            .as_ref()
+            .map_or(0, |r| r.slot_bytes)
     }
     pub fn read_ahead(&self) -> usize {
         self.windows.iter().flatten().map(|(w, _)| w.ahead).sum()

@@ -516,7 +516,12 @@ impl Backend {
     /// # Safety
     /// `src` and `dst` have the same size; neither is written (nor `dst`
     /// read) by anyone else until the copy completed.
-    pub unsafe fn copy_tensor_async(&self, dst_backend: &Backend, src: Tensor<'_>, dst: Tensor<'_>) {
+    pub unsafe fn copy_tensor_async(
+        &self,
+        dst_backend: &Backend,
+        src: Tensor<'_>,
+        dst: Tensor<'_>,
+    ) {
         sys::ggml_backend_tensor_copy_async(self.raw(), dst_backend.raw(), src.raw(), dst.raw());
     }
     /// Enqueues a device-to-host copy on this backend's stream.

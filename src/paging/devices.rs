@@ -180,7 +180,10 @@ mod tests {
             Err(DeviceSplitError::ZeroBudget(1))
         );
         // more devices than layers: one layer each, the rest unused
-        assert_eq!(split_layers(&[1, 1], 0, &[9, 9, 9], &[], true), Ok(vec![0..1, 1..2]));
+        assert_eq!(
+            split_layers(&[1, 1], 0, &[9, 9, 9], &[], true),
+            Ok(vec![0..1, 1..2])
+        );
     }
 
     #[test]

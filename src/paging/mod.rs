@@ -16,8 +16,8 @@ mod split;
 #[cfg(test)]
 mod testutil;
 
-pub use devices::{split_layers, DeviceSplitError};
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
+pub use devices::{split_layers, DeviceSplitError};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
 pub use groups::{Experts, GroupInfo, Where};
 pub use hybrid::{

@@ -392,7 +392,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         for p in e.parts() {
             if e.next_part().is_some() {
                 let r = p.layers();
-                eprintln!("layers {}..{} on {}:", r.start, r.end, p.device().description());
+                eprintln!(
+                    "layers {}..{} on {}:",
+                    r.start,
+                    r.end,
+                    p.device().description()
+                );
             }
             eprintln!("{}", p.plan);
         }

@@ -515,7 +515,11 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         },
         progress,
         budgets: Budgets {
-            gpu: m.gpu_budget.first().copied().filter(|_| m.gpu_budget.len() == 1),
+            gpu: m
+                .gpu_budget
+                .first()
+                .copied()
+                .filter(|_| m.gpu_budget.len() == 1),
             dram: m.dram_budget,
             kv_gpu: m.kv_budget,
             kv_dram: m.kv_dram,
@@ -594,7 +598,12 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
             }
             if split {
                 let r = p.layers();
-                eprintln!("strata: layers {}..{} on {}:", r.start, r.end, p.device().name());
+                eprintln!(
+                    "strata: layers {}..{} on {}:",
+                    r.start,
+                    r.end,
+                    p.device().name()
+                );
             }
             for line in p.plan.to_string().lines() {
                 eprintln!("strata: {line}");
