@@ -242,6 +242,29 @@ fn run_remote(
     (status.flatten(), err, t0.elapsed())
 }
 
+/// Runs `strata run` on `endpoints` while `lost` is killed after `secs`
+/// seconds; returns the client's exit code and stderr, having checked that
+/// it did not hang.
+fn run_losing(
+    endpoints: &str,
+    path: &std::path::Path,
+    mut lost: Server,
+    secs: u64,
+) -> (Option<i32>, String) {
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(secs));
+        let _ = lost.child.kill();
+        let _ = lost.child.wait();
+    });
+    let (code, err, took) = run_remote(endpoints, path, 100_000, Duration::from_secs(120));
+    killer.join().unwrap();
+    assert!(
+        took < Duration::from_secs(100),
+        "the client hung after a server died: {err}"
+    );
+    (code, err)
+}
+
 #[test]
 fn lost_and_unreachable_servers_end_the_run_with_an_error() {
     let Some(path) = model(common::SMOLLM2) else {
@@ -269,38 +292,18 @@ fn lost_and_unreachable_servers_end_the_run_with_an_error() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("HOST:PORT"), "{err}");
     // the server dies while the client generates: the client ends, saying so
-    let mut server = Server::start();
+    let server = Server::start();
     let endpoint = server.endpoint();
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(4));
-        let _ = server.child.kill();
-        let _ = server.child.wait();
-    });
-    let (code, err, took) = run_remote(&endpoint, &path, 100_000, Duration::from_secs(120));
-    killer.join().unwrap();
-    assert!(
-        took < Duration::from_secs(100),
-        "the client hung after its server died: {err}"
-    );
+    let (code, err) = run_losing(&endpoint, &path, server, 4);
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("error: ggml:") && err.contains("RPC server"),
         "{err}"
     );
     // the layers split over two servers, the second dies
-    let (first, mut second) = (Server::start(), Server::start());
+    let (first, second) = (Server::start(), Server::start());
     let endpoints = format!("{},{}", first.endpoint(), second.endpoint());
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(8));
-        let _ = second.child.kill();
-        let _ = second.child.wait();
-    });
-    let (code, err, took) = run_remote(&endpoints, &path, 100_000, Duration::from_secs(120));
-    killer.join().unwrap();
-    assert!(
-        took < Duration::from_secs(100),
-        "the client hung after a server died: {err}"
-    );
+    let (code, err) = run_losing(&endpoints, &path, second, 8);
     assert_eq!(code, Some(1), "{err}");
     // mid-run ggml's client names the server; on a loaded machine the
     // kill may come before the client reached it, and strata names it
