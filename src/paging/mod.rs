@@ -4,6 +4,7 @@
 
 mod budget;
 pub mod devices;
+pub mod experts;
 pub mod gemm;
 mod groups;
 mod hybrid;
@@ -18,6 +19,7 @@ mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use devices::{split_layers, DeviceSplitError};
+pub use experts::{plan_hot, HotExperts, HotPlan};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
 pub use groups::{Experts, GroupInfo, Where};
 pub use hybrid::{

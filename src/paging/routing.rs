@@ -30,7 +30,12 @@ pub enum RoutingError {
     },
     #[error("{n} expert ids are not whole tokens of {n_used}")]
     Ragged { n: usize, n_used: usize },
+    #[error("router counts: {0}")]
+    Shape(String),
 }
+
+/// The `format` of persisted router counts.
+pub const COUNTS_FORMAT: &str = "strata-router-counts-1";
 
 impl RouterCounts {
     pub fn new(n_layer: usize, n_expert: usize, n_used: usize) -> RouterCounts {
@@ -75,6 +80,83 @@ impl RouterCounts {
         }
         self.tokens[layer] += (ids.len() / self.n_used) as u64;
         Ok(())
+    }
+
+    pub fn n_expert(&self) -> usize {
+        self.n_expert
+    }
+
+    /// Picks counted in `layer`.
+    pub fn layer_picks(&self, layer: usize) -> u64 {
+        self.row(layer).iter().sum()
+    }
+
+    /// Adds `other`'s counts (the same shape) to these.
+    pub fn merge(&mut self, other: &RouterCounts) -> Result<(), RoutingError> {
+        if other.n_expert != self.n_expert || other.n_layer() != self.n_layer() {
+            return Err(RoutingError::Shape(format!(
+                "{} layers of {} experts, these {} of {}",
+                other.n_layer(),
+                other.n_expert,
+                self.n_layer(),
+                self.n_expert
+            )));
+        }
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        for (a, b) in self.tokens.iter_mut().zip(&other.tokens) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    /// The counts as JSON, the form persisted beside a model.
+    pub fn to_json(&self) -> String {
+        let rows: Vec<&[u64]> = (0..self.n_layer()).map(|l| self.row(l)).collect();
+        serde_json::json!({
+            "format": COUNTS_FORMAT,
+            "n_expert": self.n_expert,
+            "n_used": self.n_used,
+            "tokens": self.tokens,
+            "counts": rows,
+        })
+        .to_string()
+    }
+
+    /// Reads [`RouterCounts::to_json`]'s form, refusing anything
+    /// inconsistent (a file written for another model, or damaged).
+    pub fn from_json(text: &str) -> Result<RouterCounts, RoutingError> {
+        #[derive(serde::Deserialize)]
+        struct Form {
+            format: String,
+            n_expert: usize,
+            n_used: usize,
+            tokens: Vec<u64>,
+            counts: Vec<Vec<u64>>,
+        }
+        let f: Form = serde_json::from_str(text).map_err(|e| RoutingError::Shape(e.to_string()))?;
+        if f.format != COUNTS_FORMAT {
+            return Err(RoutingError::Shape(format!(
+                "format '{}', not '{COUNTS_FORMAT}'",
+                f.format
+            )));
+        }
+        if f.n_expert == 0 || f.n_used == 0 || f.n_used > f.n_expert {
+            return Err(RoutingError::Shape(format!(
+                "{} of {} experts a token",
+                f.n_used, f.n_expert
+            )));
+        }
+        if f.tokens.len() != f.counts.len() || f.counts.iter().any(|r| r.len() != f.n_expert) {
+            return Err(RoutingError::Shape(
+                "a layer's counts are not one per expert".into(),
+            ));
+        }
+        let mut c = RouterCounts::new(f.counts.len(), f.n_expert, f.n_used);
+        c.counts = f.counts.concat();
+        c.tokens = f.tokens;
+        Ok(c)
     }
 
     /// Picks of `expert` in `layer`.
@@ -180,6 +262,30 @@ mod tests {
         assert_eq!(c.uniform_rate(1), 0.25);
         let s = c.to_string();
         assert!(s.contains("8 picks over 2 layers"), "{s}");
+    }
+
+    #[test]
+    fn counts_survive_json_and_bad_files_are_refused() {
+        let mut c = RouterCounts::new(2, 4, 2);
+        c.add(0, &[3, 1, 1, 3]).unwrap();
+        c.add(1, &[2, 0]).unwrap();
+        let back = RouterCounts::from_json(&c.to_json()).unwrap();
+        assert_eq!(back, c);
+        let mut twice = back.clone();
+        twice.merge(&c).unwrap();
+        assert_eq!(twice.count(0, 3), 4);
+        assert_eq!(twice.layer_picks(1), 4);
+        assert!(twice.merge(&RouterCounts::new(3, 4, 2)).is_err());
+        for bad in [
+            "",
+            "{}",
+            r#"{"format":"other","n_expert":4,"n_used":2,"tokens":[0],"counts":[[0,0,0,0]]}"#,
+            r#"{"format":"strata-router-counts-1","n_expert":4,"n_used":2,"tokens":[0],"counts":[[0,0,0]]}"#,
+            r#"{"format":"strata-router-counts-1","n_expert":4,"n_used":5,"tokens":[0],"counts":[[0,0,0,0]]}"#,
+            r#"{"format":"strata-router-counts-1","n_expert":4,"n_used":2,"tokens":[],"counts":[[0,0,0,0]]}"#,
+        ] {
+            assert!(RouterCounts::from_json(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

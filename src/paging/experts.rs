@@ -1,0 +1,351 @@
+//! Hot experts: the most picked experts of a mixture's streamed layers kept
+//! resident on the GPU (issue 31). Plain Rust.
+//!
+//! A step of a few tokens reads only the experts its tokens were routed
+//! to. Where the host CPU computes a streamed mixture layer (hybrid
+//! decode) or the layer's experts are split between the two (see
+//! `paging::split`), the picks of a hot expert go to the GPU instead,
+//! which computes them from its resident copy while the CPU computes the
+//! others' picks; the results are summed with the router's weights. Real
+//! routers are skewed, so a few experts per layer catch a large share of
+//! the picks: each hot expert takes more CPU work off the step than a
+//! byte of a whole resident group would.
+//!
+//! Which experts: the most picked of each layer in the router counts
+//! persisted beside the model (`routing::RouterCounts`, written by
+//! `--expert-stats`). `Auto` keeps a layer's hot set only where the counts
+//! are skewed (the smallest set of at least `n_used` experts that caught
+//! half the layer's picks is at most a quarter of its experts; uniform
+//! routing needs half of them), `Force(k)` keeps `k` in every eligible
+//! layer (the lowest-numbered where nothing was counted). Either way the
+//! pool stays within the budget given, layers with the most picks per byte
+//! first.
+
+use super::groups::GroupInfo;
+use super::routing::RouterCounts;
+
+/// How many experts per streamed mixture layer stay on the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HotExperts {
+    #[default]
+    Off,
+    /// Where the router counts show skew (see the module notes).
+    Auto,
+    /// `k` per eligible layer (at least the experts a token uses).
+    Force(u32),
+}
+
+/// The hot set of every group (empty: none), and what it costs and
+/// should catch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HotPlan {
+    /// Per group index: its hot experts, ascending.
+    pub sets: Vec<Vec<u32>>,
+    /// Device bytes of every hot expert's weights.
+    pub bytes: u64,
+    /// The share of the counted picks of the layers with a hot set that
+    /// landed in it (None: nothing counted).
+    pub expected_hit: Option<f64>,
+}
+
+impl HotPlan {
+    pub fn is_empty(&self) -> bool {
+        self.sets.iter().all(|s| s.is_empty())
+    }
+    /// Groups with a hot set.
+    pub fn n_groups(&self) -> usize {
+        self.sets.iter().filter(|s| !s.is_empty()).count()
+    }
+    /// Hot experts over every group.
+    pub fn n_experts(&self) -> usize {
+        self.sets.iter().map(|s| s.len()).sum()
+    }
+    /// Whether `expert` of group `gi` is hot.
+    pub fn is_hot(&self, gi: usize, expert: u32) -> bool {
+        self.sets
+            .get(gi)
+            .is_some_and(|s| s.binary_search(&expert).is_ok())
+    }
+    /// The compact index of `expert` in group `gi`'s hot tensors.
+    pub fn slot_of(&self, gi: usize, expert: u32) -> Option<u32> {
+        self.sets
+            .get(gi)?
+            .binary_search(&expert)
+            .ok()
+            .map(|i| i as u32)
+    }
+}
+
+/// Device bytes of one expert of `g` (its share of the expert tensors).
+pub fn expert_bytes(g: &GroupInfo) -> u64 {
+    g.experts
+        .map_or(0, |x| x.bytes.div_ceil(x.n_expert.max(1) as u64))
+}
+
+/// Alignment slack per hot group: three tensors, each padded by the
+/// allocator.
+pub const GROUP_SLACK: u64 = 3 * 512;
+
+/// Chooses the hot experts of the `eligible` groups (streamed mixture FFN
+/// groups the host keeps a copy of). `counts` is indexed by the model's
+/// layer (group index / 2). The pool's bytes never exceed `budget`.
+pub fn plan_hot(
+    groups: &[GroupInfo],
+    eligible: &[bool],
+    counts: Option<&RouterCounts>,
+    mode: HotExperts,
+    budget: u64,
+) -> HotPlan {
+    let mut plan = HotPlan {
+        sets: vec![Vec::new(); groups.len()],
+        ..HotPlan::default()
+    };
+    if mode == HotExperts::Off {
+        return plan;
+    }
+    // candidates: (group, set, picks caught, picks counted)
+    let mut cand: Vec<(usize, Vec<u32>, u64, u64)> = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        let Some(x) = g.experts else { continue };
+        if !eligible.get(gi).copied().unwrap_or(false) || x.n_expert < 2 {
+            continue;
+        }
+        let n = x.n_expert;
+        let used = x.n_used.clamp(1, n - 1);
+        let layer = gi / 2;
+        let counted = counts
+            .filter(|c| layer < c.n_layer() && c.n_expert() == n as usize)
+            .filter(|c| c.layer_picks(layer) > 0);
+        let order: Vec<u32> = match counted {
+            Some(c) => c.hot(layer, n as usize),
+            None => (0..n).collect(),
+        };
+        let k = match mode {
+            HotExperts::Off => unreachable!("returned above"),
+            HotExperts::Force(k) => k.clamp(used, n - 1) as usize,
+            HotExperts::Auto => {
+                let Some(c) = counted else { continue };
+                let total = c.layer_picks(layer);
+                let mut caught = 0u64;
+                let mut k = 0usize;
+                for &e in &order {
+                    if k >= used as usize && 2 * caught >= total {
+                        break;
+                    }
+                    caught += c.count(layer, e as usize);
+                    k += 1;
+                }
+                if 4 * k > n as usize {
+                    continue;
+                }
+                k
+            }
+        };
+        let mut set: Vec<u32> = order[..k].to_vec();
+        let (caught, total) = match counted {
+            Some(c) => (
+                set.iter().map(|&e| c.count(layer, e as usize)).sum(),
+                c.layer_picks(layer),
+            ),
+            None => (0, 0),
+        };
+        set.sort_unstable();
+        cand.push((gi, set, caught, total));
+    }
+    // the most picks caught per byte first (equal: layer order)
+    let cost = |gi: usize, k: usize| k as u64 * expert_bytes(&groups[gi]) + GROUP_SLACK;
+    cand.sort_by(|a, b| {
+        let ra = a.2 as f64 / cost(a.0, a.1.len()) as f64;
+        let rb = b.2 as f64 / cost(b.0, b.1.len()) as f64;
+        rb.total_cmp(&ra).then(a.0.cmp(&b.0))
+    });
+    let (mut caught, mut total) = (0u64, 0u64);
+    for (gi, set, c, t) in cand {
+        let b = cost(gi, set.len());
+        if plan.bytes + b > budget {
+            continue;
+        }
+        plan.bytes += b;
+        caught += c;
+        total += t;
+        plan.sets[gi] = set;
+    }
+    plan.expected_hit = (total > 0).then(|| caught as f64 / total as f64);
+    plan
+}
+
+/// Keeps only the hot sets of groups still `eligible` (a later plan may
+/// have placed a group differently); the bytes stay what was reserved.
+pub fn retain_eligible(plan: &mut HotPlan, eligible: &[bool]) {
+    for (gi, s) in plan.sets.iter_mut().enumerate() {
+        if !eligible.get(gi).copied().unwrap_or(false) {
+            s.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::groups::Experts;
+    use super::*;
+    use crate::model::GroupKind;
+    use proptest::prelude::*;
+
+    fn mixture(layers: usize, n_expert: u32, n_used: u32) -> Vec<GroupInfo> {
+        (0..layers)
+            .flat_map(|_| {
+                [
+                    GroupInfo::dense(GroupKind::Attn, 1000),
+                    GroupInfo {
+                        kind: GroupKind::Ffn,
+                        bytes: 100 + 1000 * n_expert as u64,
+                        experts: Some(Experts {
+                            bytes: 1000 * n_expert as u64,
+                            n_expert,
+                            n_used,
+                        }),
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    fn ffn_eligible(groups: &[GroupInfo]) -> Vec<bool> {
+        groups.iter().map(|g| g.experts.is_some()).collect()
+    }
+
+    /// Counts with expert e of every layer picked about 1/(e+1) as often
+    /// (Zipf), or uniformly.
+    fn counts(layers: usize, n_expert: usize, n_used: usize, zipf: bool) -> RouterCounts {
+        let mut c = RouterCounts::new(layers, n_expert, n_used);
+        for l in 0..layers {
+            for t in 0..400usize {
+                // n_used distinct experts a token
+                let mut ids: Vec<i32> = Vec::new();
+                let mut j = 0usize;
+                while ids.len() < n_used {
+                    let e = if zipf {
+                        // 0 in most tokens, then 1, 2, ... rarer
+                        let r = (t * 7 + j * 13) % 64;
+                        match r {
+                            0..=39 => 0,
+                            40..=51 => 1,
+                            52..=57 => 2,
+                            _ => 3 + (t + j) % (n_expert - 3),
+                        }
+                    } else {
+                        (t * n_used + j) % n_expert
+                    };
+                    if !ids.contains(&(e as i32)) {
+                        ids.push(e as i32);
+                    }
+                    j += 1;
+                }
+                c.add(l, &ids).unwrap();
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn auto_keeps_skewed_layers_and_skips_uniform_ones() {
+        let g = mixture(4, 16, 2);
+        let el = ffn_eligible(&g);
+        let skewed = counts(4, 16, 2, true);
+        let p = plan_hot(&g, &el, Some(&skewed), HotExperts::Auto, u64::MAX);
+        assert_eq!(p.n_groups(), 4);
+        for gi in (1..8).step_by(2) {
+            // expert 0 is in most tokens: always hot
+            assert!(p.is_hot(gi, 0), "{:?}", p.sets[gi]);
+            assert!(p.sets[gi].len() >= 2 && p.sets[gi].len() <= 4);
+        }
+        assert!(p.expected_hit.unwrap() >= 0.5);
+        let uniform = counts(4, 16, 2, false);
+        let p = plan_hot(&g, &el, Some(&uniform), HotExperts::Auto, u64::MAX);
+        assert!(p.is_empty(), "{:?}", p.sets);
+        // nothing counted: auto keeps nothing, force the first experts
+        assert!(plan_hot(&g, &el, None, HotExperts::Auto, u64::MAX).is_empty());
+        let f = plan_hot(&g, &el, None, HotExperts::Force(3), u64::MAX);
+        assert_eq!(f.sets[1], vec![0, 1, 2]);
+        assert_eq!(f.expected_hit, None);
+        assert_eq!(f.slot_of(1, 2), Some(2));
+        assert_eq!(f.slot_of(1, 5), None);
+    }
+
+    #[test]
+    fn force_takes_the_most_picked_and_at_least_a_tokens_experts() {
+        let g = mixture(2, 16, 2);
+        let el = ffn_eligible(&g);
+        let c = counts(2, 16, 2, true);
+        let p = plan_hot(&g, &el, Some(&c), HotExperts::Force(1), u64::MAX);
+        // clamped up to n_used
+        assert_eq!(p.sets[1], vec![0, 1]);
+        let p = plan_hot(&g, &el, Some(&c), HotExperts::Force(99), u64::MAX);
+        assert_eq!(p.sets[1].len(), 15);
+        assert_eq!(plan_hot(&g, &el, Some(&c), HotExperts::Off, u64::MAX), {
+            HotPlan {
+                sets: vec![Vec::new(); 4],
+                ..HotPlan::default()
+            }
+        });
+    }
+
+    #[test]
+    fn a_small_budget_keeps_fewer_layers() {
+        let g = mixture(4, 16, 2);
+        let el = ffn_eligible(&g);
+        let one = 4 * expert_bytes(&g[1]) + GROUP_SLACK;
+        let p = plan_hot(&g, &el, None, HotExperts::Force(4), 2 * one + 1);
+        assert_eq!(p.n_groups(), 2);
+        assert_eq!(p.bytes, 2 * one);
+        assert!(plan_hot(&g, &el, None, HotExperts::Force(4), one - 1).is_empty());
+        let mut p = plan_hot(&g, &el, None, HotExperts::Force(4), u64::MAX);
+        let mut only_first = vec![false; 8];
+        only_first[1] = true;
+        retain_eligible(&mut p, &only_first);
+        assert_eq!(p.n_groups(), 1);
+    }
+
+    proptest! {
+        /// Within the budget; only eligible mixture groups; every expert
+        /// at most once, in range, ascending; a set holds at least a
+        /// token's experts and leaves one to the host.
+        #[test]
+        fn hot_sets_are_valid_and_within_budget(
+            layers in 1usize..6,
+            n_expert in 2u32..40,
+            n_used in 1u32..9,
+            k in 0u32..48,
+            auto in any::<bool>(),
+            budget_k in 0u64..200,
+            elig in proptest::collection::vec(any::<bool>(), 12),
+            picks in proptest::collection::vec(0usize..40, 0..400),
+        ) {
+            let n_used = n_used.min(n_expert);
+            let g = mixture(layers, n_expert, n_used);
+            let el: Vec<bool> = (0..g.len()).map(|i| elig[i % 12]).collect();
+            let mut c = RouterCounts::new(layers, n_expert as usize, 1);
+            for (i, &e) in picks.iter().enumerate() {
+                c.add(i % layers, &[(e % n_expert as usize) as i32]).unwrap();
+            }
+            let budget = budget_k * 1000;
+            let mode = if auto { HotExperts::Auto } else { HotExperts::Force(k) };
+            let p = plan_hot(&g, &el, Some(&c), mode, budget);
+            prop_assert!(p.bytes <= budget);
+            let mut bytes = 0;
+            for (gi, s) in p.sets.iter().enumerate() {
+                if s.is_empty() { continue; }
+                prop_assert!(el[gi] && g[gi].experts.is_some());
+                prop_assert!(s.windows(2).all(|w| w[0] < w[1]));
+                prop_assert!(s.iter().all(|&e| e < n_expert));
+                prop_assert!(s.len() as u32 >= n_used.min(n_expert - 1));
+                prop_assert!((s.len() as u32) < n_expert);
+                bytes += s.len() as u64 * expert_bytes(&g[gi]) + GROUP_SLACK;
+            }
+            prop_assert_eq!(bytes, p.bytes);
+            if let Some(h) = p.expected_hit {
+                prop_assert!((0.0..=1.0).contains(&h));
+            }
+        }
+    }
+}
