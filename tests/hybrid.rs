@@ -412,3 +412,87 @@ fn moe_expert_split_equals_resident() {
         }
     }
 }
+
+/// Hot experts (`--hot-experts`): each mixture layer's first three experts
+/// kept in the device's pool. One-token steps compute whole CPU groups'
+/// hot picks on the device and the rest on the host; prompt steps split
+/// each layer three ways (expert 0 uploaded into the slot, experts 1 and
+/// 2 from the pool, the others on the host). Logits within rounding of the
+/// resident engine's, tokens equal, with slots poisoned after use.
+#[test]
+fn moe_hot_experts_equal_resident() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    for preset in ["mixtral-tiny", "qwen3moe-tiny"] {
+        let path = dir.path().join(format!("{preset}.gguf"));
+        common::synth(
+            &path,
+            &vocab,
+            Synth {
+                preset,
+                seed: 11,
+                ..Synth::default()
+            },
+        );
+        let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+        let plain = EngineConfig {
+            repack: false,
+            ..cpu_cfg()
+        };
+        let mut resident = Engine::load(&path, &plain).expect("resident engine");
+        let hp = resident.spec.hp.clone();
+        let n_layer = hp.n_layer as usize;
+        let mut cfg = hybrid_cfg(n_layer, false);
+        cfg.paging.split = strata::paging::SplitInput {
+            mode: strata::paging::ExpertSplit::Force(1),
+            min_tokens: 2,
+        };
+        cfg.paging.hot = strata::paging::HotExperts::Force(3);
+        cfg.faults.poison_slots = true;
+        let mut hot = Engine::load(&path, &cfg).expect("hot engine");
+        let (mut picks, mut on_gpu) = (0u64, 0u64);
+        for p in PROMPTS {
+            let prompt = lm.tokenize(p, true, true).expect("tokenize");
+            let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+            let b = run_strata(&mut hot, &prompt, 12).expect("hot run");
+            let (worst, diff) = compare(&b, &a);
+            assert!(worst < 1e-8, "{preset}: NMSE {worst}");
+            assert_eq!(diff, None, "{preset}: tokens differ");
+            // the last step was one token: every pick of every layer went
+            // to one side or the other
+            let st = hot.last_step.host;
+            assert_eq!(st.picks, (n_layer * hp.n_expert_used as usize) as u64);
+            picks += st.picks;
+            on_gpu += st.hot_picks;
+        }
+        // some picks on each side (3 of the 8 experts are hot)
+        assert!(
+            on_gpu > 0 && on_gpu < picks,
+            "{preset}: {on_gpu} of {picks}"
+        );
+        let prompt = lm.tokenize(PROMPTS[1], true, true).expect("tokenize");
+        hot.clear();
+        resident.clear();
+        let batch = common::all_positions(&[prompt]);
+        let a = resident.decode(&batch).expect("resident prompt");
+        let b = hot.decode(&batch).expect("hot prompt");
+        assert!(common::nmse(&b, &a) < 1e-8, "{preset}: prompt");
+        let st = hot.last_step;
+        assert!(st.host.hot_picks > 0, "{preset}: no pick of experts 1-2");
+        assert!(st.host.hot_picks < st.host.picks);
+        // the bus carried the split's first expert only, as without the pool
+        let whole: u64 = hot.spec.groups.iter().map(|g| g.bytes()).sum();
+        let expert_bytes: u64 = hot
+            .spec
+            .groups
+            .iter()
+            .flat_map(|g| &g.weights)
+            .filter(|w| w.role.is_some_and(|r| r.is_expert()))
+            .map(|w| w.size)
+            .sum();
+        let carried = whole - expert_bytes + expert_bytes / hp.n_expert as u64;
+        assert_eq!(st.pager.bytes, carried, "{preset}: bytes up");
+    }
+}

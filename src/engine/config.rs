@@ -57,6 +57,10 @@ pub struct EngineConfig {
     /// [`crate::paging::routing`]); a measuring mode: ggml-cuda then runs
     /// the routing unfused, and the device waits for each MoE layer.
     pub expert_stats: bool,
+    /// Router counts persisted beside the model (`RouterCounts::to_json`),
+    /// read at load to choose the hot experts (a file that is not there
+    /// is no counts).
+    pub expert_counts: Option<std::path::PathBuf>,
     pub device: DeviceChoice,
     /// Which of the chosen kind's devices to use, by index in their list
     /// (`strata devices`), in layer order; None: every one the model needs
@@ -117,6 +121,10 @@ pub struct PagingOptions {
     /// start only where GGML_CUDA_P2P is set in the environment, which
     /// `strata --relay` does; a library user sets it before loading.
     pub relay: bool,
+    /// A mixture's most picked experts of each streamed layer kept on the
+    /// device, computed there while the host CPU computes the others'
+    /// picks (`paging::experts`; needs hybrid decode's host copies).
+    pub hot: crate::paging::HotExperts,
 }
 
 impl Default for PagingOptions {
@@ -129,6 +137,7 @@ impl Default for PagingOptions {
             ffn_rows: None,
             gemm: Gemm::Auto,
             split: crate::paging::SplitInput::default(),
+            hot: crate::paging::HotExperts::Off,
             relay: false,
         }
     }
@@ -174,6 +183,7 @@ impl Default for EngineConfig {
             poll: 50,
             tune_threads: false,
             expert_stats: false,
+            expert_counts: None,
             device: DeviceChoice::Auto,
             devices: None,
             gpu_budgets: Vec::new(),

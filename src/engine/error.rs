@@ -42,4 +42,6 @@ pub enum EngineError {
     Devices(#[from] crate::paging::DeviceSplitError),
     #[error("{0}")]
     BadDevices(String),
+    #[error("router counts {0}: {1}")]
+    BadCounts(String, crate::paging::routing::RoutingError),
 }

@@ -27,6 +27,10 @@ pub struct HostStats {
     pub compute: Duration,
     /// Host time in residual hops (drain, download, upload).
     pub hops: Duration,
+    /// Routed picks of the layers with hot experts on the device, and
+    /// those the device computed (`paging::experts`).
+    pub picks: u64,
+    pub hot_picks: u64,
 }
 
 pub struct HostCompute {
@@ -162,6 +166,44 @@ impl HostCompute {
     /// Computes group `gi` (the template `key` describes) on the CPU, on
     /// the host residual.
     pub fn compute(&mut self, gi: GroupId, key: &TemplateKey) -> Result<(), EngineError> {
+        self.run(gi, key)?;
+        self.stats.groups += 1;
+        self.stats.bytes += self.group_bytes.get(&gi.index()).copied().unwrap_or(0);
+        Ok(())
+    }
+
+    /// Runs a mixture's router (template `key`, a `TemplateKey::Router`)
+    /// over the host residual, from group `gi`'s copy; its nodes are then
+    /// readable ([`HostCompute::read_node`]).
+    pub fn route(&mut self, gi: GroupId, key: &TemplateKey) -> Result<(), EngineError> {
+        self.run(gi, key)
+    }
+
+    /// Node `name` of template `key`'s last compute.
+    pub fn read_node<T: bytemuck::Pod + Default>(
+        &self,
+        key: &TemplateKey,
+        name: &str,
+    ) -> Result<Vec<T>, EngineError> {
+        let t = self.templates.get(key).ok_or(EngineError::Unsupported(
+            "a node of a graph the host never ran",
+        ))?;
+        Ok(t.read_node(name)?)
+    }
+
+    /// Adds `y` (F32 [n_embd, rows]) to the host residual's first rows.
+    pub fn add_rows(&mut self, y: &[f32]) -> Result<(), EngineError> {
+        self.x.resize(y.len(), 0.0);
+        let x = self.persistent.tensor(buffers::X);
+        x.get_bytes(bytemuck::cast_slice_mut(&mut self.x), 0)?;
+        for (a, b) in self.x.iter_mut().zip(y) {
+            *a += b;
+        }
+        x.set_bytes(bytemuck::cast_slice(&self.x), 0)?;
+        Ok(())
+    }
+
+    fn run(&mut self, gi: GroupId, key: &TemplateKey) -> Result<(), EngineError> {
         let set = *self
             .set_of
             .get(&gi.index())
@@ -190,8 +232,6 @@ impl HostCompute {
         let t0 = Instant::now();
         self.backend.compute(&t.graph())?;
         self.stats.compute += t0.elapsed();
-        self.stats.groups += 1;
-        self.stats.bytes += self.group_bytes.get(&gi.index()).copied().unwrap_or(0);
         Ok(())
     }
 }

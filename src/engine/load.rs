@@ -353,11 +353,23 @@ impl Engine {
             }
         }
         let mut cpu_cal = None;
+        let mut hot: Option<crate::paging::HotPlan> = None;
         if let Some(c) =
             probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
         {
             input.cpu = Some(c.clone());
             plan = crate::paging::memory_plan(&input)?;
+            // hot experts: their pool out of the budget, so the plan again
+            if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch)? {
+                input.fixed_bytes += h.bytes + hot_io_bytes(&spec, n_batch);
+                plan = crate::paging::memory_plan(&input)?;
+                let mut h = h;
+                crate::paging::experts::retain_eligible(
+                    &mut h,
+                    &hot_eligible(&input.groups, &plan),
+                );
+                hot = Some(h);
+            }
             cpu_cal = plan.placement.hybrid.is_some().then(|| {
                 crate::paging::CpuCalibration::new(
                     c,
@@ -479,6 +491,31 @@ impl Engine {
                 None
             }
         };
+        let hot = match hot.filter(|h| !h.is_empty()) {
+            Some(h) => {
+                let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
+                let pool = super::hotpool::HotPool::load(&spec, &file, device, h, most)?;
+                tracing::info!(
+                    "hot experts: {} in {} layers on the device ({:.1} MiB){}",
+                    pool.plan.n_experts(),
+                    pool.plan.n_groups(),
+                    pool.bytes() as f64 / (1u64 << 20) as f64,
+                    pool.plan.expected_hit.map_or(String::new(), |x| format!(
+                        ", {:.1}% of the counted picks",
+                        100.0 * x
+                    ))
+                );
+                Some(pool)
+            }
+            None => {
+                if cfg.paging.hot != crate::paging::HotExperts::Off && spec.hp.is_moe() {
+                    tracing::warn!(
+                        "--hot-experts: none kept (they need streamed mixture layers the host CPU keeps a copy of, room in the GPU budget, and for auto router counts that show skew)"
+                    );
+                }
+                None
+            }
+        };
         // what every graph's externals are bound to
         let mut ext = persistent.bindings.clone();
         ext.extend(store.rope_freqs.clone());
@@ -498,6 +535,7 @@ impl Engine {
             templates,
             pager,
             host,
+            hot,
             split,
             backend,
             store,
@@ -631,4 +669,88 @@ fn group_info(g: &crate::model::GroupSpec, bytes: u64, hp: &crate::model::Hparam
             n_used: hp.n_expert_used,
         }),
     }
+}
+
+/// Streamed mixture FFN groups the host keeps a copy of: where hot experts
+/// may go.
+fn hot_eligible(groups: &[GroupInfo], plan: &crate::paging::MemoryPlan) -> Vec<bool> {
+    let host = plan.placement.hybrid.as_ref().map(|h| h.host.as_slice());
+    (0..groups.len())
+        .map(|i| {
+            groups[i].experts.is_some() && !plan.placement.resident[i] && host.is_some_and(|h| h[i])
+        })
+        .collect()
+}
+
+/// Device bytes of the hot experts' rows and ids (`HotPool::load`).
+fn hot_io_bytes(spec: &ModelSpec, n_batch: u32) -> u64 {
+    let most = (crate::paging::HYBRID_MAX_TOKENS.min(n_batch) * spec.hp.n_expert_used)
+        .next_multiple_of(8) as u64;
+    most * (4 * spec.hp.n_embd as u64 + 4) + 1024
+}
+
+/// The hot experts `cfg` asks for, from the router counts persisted beside
+/// the model, within what the plan's resident groups hold (all of it for
+/// a number asked, half for auto): None where there are none.
+fn hot_plan(
+    spec: &ModelSpec,
+    groups: &[GroupInfo],
+    plan: &crate::paging::MemoryPlan,
+    cfg: &EngineConfig,
+    n_batch: u32,
+) -> Result<Option<crate::paging::HotPlan>, EngineError> {
+    use crate::paging::HotExperts;
+    let mode = cfg.paging.hot;
+    if mode == HotExperts::Off || !spec.hp.is_moe() {
+        return Ok(None);
+    }
+    let counts = match &cfg.expert_counts {
+        Some(p) if p.exists() => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| EngineError::Io(p.display().to_string(), e))?;
+            let c = crate::paging::routing::RouterCounts::from_json(&text)
+                .map_err(|e| EngineError::BadCounts(p.display().to_string(), e))?;
+            // counts are the whole model's, by layer
+            if spec.hp.layer0 == 0
+                && c.n_layer() == spec.hp.n_layer as usize
+                && c.n_expert() == spec.hp.n_expert as usize
+            {
+                Some(c)
+            } else {
+                tracing::warn!(
+                    "router counts {}: {} layers of {} experts, not this model's; ignored",
+                    p.display(),
+                    c.n_layer(),
+                    c.n_expert()
+                );
+                None
+            }
+        }
+        _ => None,
+    };
+    let resident: u64 = groups
+        .iter()
+        .zip(&plan.placement.resident)
+        .filter(|(_, r)| **r)
+        .map(|(g, _)| g.bytes)
+        .sum();
+    // streaming everything whatever the budget (tests, benchmarks): the
+    // pool too
+    let room = if cfg.paging.stream_all {
+        u64::MAX
+    } else {
+        resident.saturating_sub(hot_io_bytes(spec, n_batch))
+    };
+    let budget = match mode {
+        HotExperts::Auto => room / 2,
+        _ => room,
+    };
+    let h = crate::paging::plan_hot(
+        groups,
+        &hot_eligible(groups, plan),
+        counts.as_ref(),
+        mode,
+        budget,
+    );
+    Ok((!h.is_empty()).then_some(h))
 }

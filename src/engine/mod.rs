@@ -18,6 +18,9 @@
 //! - `host`: groups the host CPU computes (hybrid decode);
 //! - `split`: a mixture's layers whose experts the device and the host
 //!   compute together (expert split);
+//! - `hot`, `hotpool`: a mixture's most picked experts kept on the device
+//!   (their memory), which computes their picks while the host computes
+//!   the others';
 //! - `session`: KV caches saved to and restored from files;
 //! - `timeline`: the recorder behind `bench --trace`.
 //!
@@ -29,6 +32,8 @@ mod config;
 mod cpuweights;
 mod error;
 pub mod host;
+mod hot;
+mod hotpool;
 mod kvcache;
 pub mod kvtier;
 mod load;

@@ -150,6 +150,8 @@ impl Engine {
             // every pick on the device: nothing for the host to add
             return Ok(());
         }
+        // the picks of hot experts (`engine::hot`) to the device's pool
+        let (picks, hot) = self.queue_hot(gi, &cur, picks)?;
 
         // 4. the host's experts meanwhile
         let rows = self
@@ -157,12 +159,13 @@ impl Engine {
             .as_mut()
             .expect("a split plan allocates its rows");
         let mut sums = std::mem::take(&mut rows.host);
-        let host = self.host.as_mut().expect("a split plan has a host");
         if self.device.is_cpu() {
             // a CPU standing in for the device: its pool would spin on the
             // host's cores
+            self.backend.synchronize();
             self.backend.park_threads();
         }
+        let host = self.host.as_mut().expect("a split plan has a host");
         let t0 = Instant::now();
         let r = host.split_experts(gi, &sig, &cur, &picks, &mut sums);
         self.rec.host_span(
@@ -172,6 +175,7 @@ impl Engine {
             Instant::now(),
         );
         r?;
+        self.finish_hot(gi, &hot, &mut sums)?;
 
         // 5. its rows up (nothing queued reads them: the last add ran
         // before the router's drain), added after the device's experts

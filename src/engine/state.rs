@@ -52,6 +52,9 @@ pub struct Engine {
     pub(super) host: Option<host::HostCompute>,
     /// The host's rows of expert-split steps, where the plan splits.
     pub(super) split: Option<super::buffers::SplitRows>,
+    /// Hot experts on the device (`paging::experts`), where the plan keeps
+    /// any.
+    pub(super) hot: Option<super::hotpool::HotPool>,
     pub(super) backend: Backend,
     pub(super) store: WeightStore,
     pub(super) persistent: Persistent,

@@ -630,6 +630,10 @@ impl Engine {
             host.download(self.persistent.tensor(buffers::X), shape.n_tokens)?;
         }
         *x_host = Some(shape.n_tokens);
+        if kind == GroupKind::Ffn && self.has_hot(gi) {
+            return self.run_host_ffn_hot(layer, shape.n_tokens);
+        }
+        let host = self.host.as_mut().expect("hybrid plan has a host");
         // a CPU standing in for the device: its pool would spin on the
         // cores the host's pool computes on (and the other way round)
         let shared_cores = self.device.is_cpu();

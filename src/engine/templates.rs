@@ -103,6 +103,7 @@ impl TemplateCache {
             TemplateKey::Router { n_tokens, .. } => shapes.iter().any(|s| s.n_tokens == *n_tokens),
             TemplateKey::Head { .. }
             | TemplateKey::HostExperts { .. }
+            | TemplateKey::HotExperts { .. }
             | TemplateKey::AddRows { .. } => true,
         });
     }

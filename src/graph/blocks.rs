@@ -415,9 +415,10 @@ pub fn build_router<'c>(
 /// The name of a router graph's normed rows.
 pub const ROUTER_IN: &str = "ffn_moe_router_in";
 
-/// The host's part of an expert split: `picks` rows, each one token's row
-/// through one expert, F32 [n_embd, 1, picks] in and out (unweighted).
-/// Weights: the FFN group's signature, then the two inputs, rows F32
+/// The host's part of an expert split, or the device's hot experts:
+/// `picks` rows, each one token's row through one expert, F32 [n_embd, 1,
+/// picks] in and out (unweighted). Weights: `sig` (the FFN group's
+/// signature, or only its expert tensors), then the two inputs, rows F32
 /// [n_embd, 1, picks] and expert ids I32 [1, picks].
 pub fn build_host_experts<'c>(
     ctx: &'c Context,
@@ -428,7 +429,12 @@ pub fn build_host_experts<'c>(
 ) -> Built<'c> {
     let ext = Externals::new(ctx, d, lim, false);
     let mut w = weights(ctx, d, sig);
-    let ex = experts_of(sig, &w).expect("host experts need a mixture's FFN group");
+    let mats = |r| find(sig, &w, r).expect("expert rows need a mixture's expert tensors");
+    let ex = super::moe::ExpertMats {
+        gate: mats(Role::GateExps),
+        up: mats(Role::UpExps),
+        down: mats(Role::DownExps),
+    };
     let e = d.hp.n_embd as i64;
     let x = ctx
         .new_tensor(GgmlType::F32, &[e, 1, picks as i64])

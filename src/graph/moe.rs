@@ -31,6 +31,24 @@ pub struct Experts<'c> {
     pub down: Tensor<'c>,
 }
 
+/// The three expert tensors, all a product of picked rows reads.
+#[derive(Clone, Copy)]
+pub struct ExpertMats<'c> {
+    pub gate: Tensor<'c>,
+    pub up: Tensor<'c>,
+    pub down: Tensor<'c>,
+}
+
+impl<'c> From<&Experts<'c>> for ExpertMats<'c> {
+    fn from(w: &Experts<'c>) -> ExpertMats<'c> {
+        ExpertMats {
+            gate: w.gate,
+            up: w.up,
+            down: w.down,
+        }
+    }
+}
+
 /// The name of the router's picks, I32 [n_used, n_tokens].
 pub const ROUTED: &str = "ffn_moe_topk";
 
@@ -111,7 +129,7 @@ pub fn moe_ffn<'c>(
 
     // F32 [n_embd, 1, n_tokens]
     let cur = ctx.reshape_3d(cur, e, 1, n).named("ffn_moe_in");
-    let experts = expert_products(ctx, w, cur, selected);
+    let experts = expert_products(ctx, &w.into(), cur, selected);
     let experts = ctx.mul(experts, weights).named("ffn_moe_weighted");
     g.expand(experts);
 
@@ -143,7 +161,7 @@ pub fn moe_ffn<'c>(
 /// [n_embd, n_used, rows], unweighted.
 pub fn expert_products<'c>(
     ctx: &'c Context,
-    w: &Experts<'c>,
+    w: &ExpertMats<'c>,
     x: Tensor<'c>,
     ids: Tensor<'c>,
 ) -> Tensor<'c> {

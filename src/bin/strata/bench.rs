@@ -202,6 +202,10 @@ struct StepFigures {
     /// bus rate the load-time probe read beside the CPU (GB/s; 0: none).
     rates_predicted_ms: f64,
     bus_probe_gbs: f64,
+    /// Hot experts: routed picks per step of the layers with hot experts
+    /// on the GPU, and the share of them the GPU computed (its hit rate).
+    expert_picks: f64,
+    hot_hit: f64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -246,6 +250,8 @@ fn time_strata(
         host.bytes += h.bytes;
         host.compute += h.compute;
         host.hops += h.hops;
+        host.picks += h.picks;
+        host.hot_picks += h.hot_picks;
         for c in b.chunks(e.n_batch() as usize) {
             // the parts of a model split across devices run in turn
             let p = e
@@ -305,6 +311,8 @@ fn time_strata(
         cpu_factor: e.cpu_calibration(1).map_or(1.0, |c| c.0),
         rates_predicted_ms: rates_predicted * 1e3 / steps as f64,
         bus_probe_gbs: bus_probe / 1e9,
+        expert_picks: host.picks as f64 / steps as f64,
+        hot_hit: host.hot_picks as f64 / host.picks.max(1) as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -433,6 +441,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         if let Some(r) = e.router_counts() {
             println!("{r}");
+            super::save_router_counts(&a.model.counts_path(), r)?;
         }
         if let Some((n, moves, trials)) = e.thread_tuning().filter(|_| json.is_none()) {
             println!(
@@ -803,6 +812,12 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                 println!(
                     "{:<47} the bus ran at {:.1} GB/s (probed beside the CPU: {:.1}); at both rates the plan predicts {:.2} ms (measured/predicted {:.2})",
                     "", f.copy_gbs, f.bus_probe_gbs, f.rates_predicted_ms, f.step_ms / f.rates_predicted_ms.max(1e-9)
+                );
+            }
+            if f.expert_picks > 0.0 {
+                println!(
+                    "{:<47} hot experts: {:.1} routed picks/step in their layers, {:.1}% of them on the GPU (its hit rate)",
+                    "", f.expert_picks, 100.0 * f.hot_hit
                 );
             }
             if f.relayed_mib > 0.0 {

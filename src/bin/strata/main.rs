@@ -127,6 +127,11 @@ pub struct ModelArgs {
     /// mixture layer before the next is queued.
     #[arg(long = "expert-stats")]
     expert_stats: bool,
+    /// Router counts of this model (JSON): read to choose the hot experts
+    /// (--hot-experts), and where --expert-stats adds what it counted when
+    /// strata exits. Default: MODEL.experts.json beside the model.
+    #[arg(long = "expert-counts")]
+    expert_counts: Option<PathBuf>,
     /// GPU memory strata may use on each device (e.g. 12G), or per device
     /// in --devices order (12G,20G); layer groups beyond it stream from
     /// pinned host memory. Default: what each device has free, less a
@@ -205,6 +210,16 @@ pub struct ModelArgs {
     /// prediction). Needs hybrid decode's host copies.
     #[arg(long = "expert-split", default_value = "off", value_parser = parse_split)]
     pub expert_split: strata::paging::ExpertSplit,
+    /// A mixture of experts: keep the most picked experts of each streamed
+    /// layer on the GPU, which computes their picks while the host CPU
+    /// computes the others' (hybrid decode and expert splits). off (the
+    /// default); auto: the layers whose router counts (--expert-counts)
+    /// show skew, the fewest experts that caught half their picks, in at
+    /// most half the GPU memory resident groups would hold; or a number of
+    /// experts per layer (the most picked, or the first where nothing was
+    /// counted), in place of resident groups.
+    #[arg(long = "hot-experts", default_value = "off", value_parser = parse_hot)]
+    pub hot_experts: strata::paging::HotExperts,
     /// The fewest tokens a step splits its experts at (at least 2).
     #[arg(long = "split-min-tokens", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(2..))]
@@ -237,6 +252,57 @@ fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
             .parse::<usize>()
             .map(Hybrid::Force)
             .map_err(|_| format!("'{s}': use auto, off or a number of groups")),
+    }
+}
+
+/// Adds `r` to the router counts kept at `path` (a file that is not
+/// there starts from zero; one for another model is refused), written
+/// whole to a temporary file first and then renamed over it.
+pub fn save_router_counts(
+    path: &std::path::Path,
+    r: &strata::paging::routing::RouterCounts,
+) -> Result<()> {
+    use strata::paging::routing::RouterCounts;
+    let mut all = r.clone();
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let old = RouterCounts::from_json(&text)
+                .with_context(|| format!("router counts {}", path.display()))?;
+            all.merge(&old).with_context(|| {
+                format!(
+                    "router counts {} are another model's (remove the file or pass --expert-counts)",
+                    path.display()
+                )
+            })?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, all.to_json())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("writing router counts {}", path.display()))?;
+    eprintln!(
+        "router counts saved to {} ({} picks in all)",
+        path.display(),
+        all.picks()
+    );
+    Ok(())
+}
+
+fn parse_hot(s: &str) -> Result<strata::paging::HotExperts, String> {
+    use strata::paging::HotExperts;
+    match s {
+        "auto" => Ok(HotExperts::Auto),
+        "off" => Ok(HotExperts::Off),
+        n => match n.parse::<u32>() {
+            Ok(k) if k > 0 => Ok(HotExperts::Force(k)),
+            _ => Err(format!(
+                "'{s}': use auto, off or a number of experts per layer (at least 1)"
+            )),
+        },
     }
 }
 
@@ -485,6 +551,14 @@ impl ModelArgs {
     pub fn step_size(&self) -> u32 {
         self.ubatch_size.min(self.batch_size)
     }
+    /// Where this model's router counts are kept (--expert-counts).
+    pub fn counts_path(&self) -> PathBuf {
+        self.expert_counts.clone().unwrap_or_else(|| {
+            let mut p = self.model.clone().into_os_string();
+            p.push(".experts.json");
+            PathBuf::from(p)
+        })
+    }
     /// The logical batch (-b).
     pub fn logical_batch(&self) -> u32 {
         self.batch_size
@@ -499,6 +573,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         // a count the user chose is kept; the default one adapts
         tune_threads: m.threads.is_none(),
         expert_stats: m.expert_stats,
+        expert_counts: Some(m.counts_path()),
         poll: m.poll,
         device: match m.device {
             DeviceArg::Auto => DeviceChoice::Auto,
@@ -536,6 +611,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
                 min_tokens: m.split_min_tokens,
             },
             relay: m.relay,
+            hot: m.hot_experts,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,
@@ -745,6 +821,7 @@ fn run(mut a: RunArgs) -> Result<()> {
         }
         if let Some(r) = session.engine.router_counts() {
             eprintln!("{r}");
+            save_router_counts(&a.model.counts_path(), r)?;
         }
         if let Some(p) = &a.save_session {
             let n = session

@@ -1,0 +1,212 @@
+//! Hot experts, the execution side (`paging::experts` says which and why):
+//! the most picked experts of a streamed mixture layer kept on the device,
+//! which computes their picks while the host CPU computes the others'.
+//!
+//! Where the host computes a layer (hybrid decode) or splits its experts
+//! with the device (`engine::split`), once the router's picks are known:
+//! 1. the picks of hot experts go up as rows (the normed input of their
+//!    token) and compact expert ids, and a graph over the pool's experts
+//!    is queued on the compute stream (`TemplateKey::HotExperts`, one
+//!    (token, expert) row each, as the host's own rows);
+//! 2. the host computes the other picks meanwhile;
+//! 3. the device's rows come back, weighted and summed per token into the
+//!    host's sums, which go to the residual as before.
+
+use super::error::EngineError;
+use super::host::Pick;
+use super::hotpool::expert_sig;
+use super::state::Engine;
+use super::timeline;
+use crate::graph::{BindId, TemplateKey, ROUTED, ROUTER_IN, WEIGHTS};
+use crate::model::{GroupId, GroupKind};
+use std::time::Instant;
+
+impl Engine {
+    /// Whether group `gi` has hot experts on the device.
+    pub(super) fn has_hot(&self, gi: GroupId) -> bool {
+        self.hot
+            .as_ref()
+            .is_some_and(|h| h.first.contains_key(&gi.index()))
+    }
+
+    /// Splits `picks` of group `gi` into the hot ones, queued on the device
+    /// now (their compact ids in `expert`), and the others, returned for
+    /// the host. `cur`: the router's normed rows F32 [n_embd, n_tokens].
+    pub(super) fn queue_hot(
+        &mut self,
+        gi: GroupId,
+        cur: &[f32],
+        picks: Vec<Pick>,
+    ) -> Result<(Vec<Pick>, Vec<Pick>), EngineError> {
+        let Some(pool) = self
+            .hot
+            .as_mut()
+            .filter(|h| h.first.contains_key(&gi.index()))
+        else {
+            return Ok((picks, Vec::new()));
+        };
+        let (mut hot, mut cold) = (Vec::new(), Vec::new());
+        for p in picks {
+            match pool.plan.slot_of(gi.index(), p.expert as u32) {
+                Some(k) => hot.push(Pick {
+                    expert: k as i32,
+                    ..p
+                }),
+                None => cold.push(p),
+            }
+        }
+        if let Some(h) = self.host.as_mut() {
+            h.stats.picks += (hot.len() + cold.len()) as u64;
+            h.stats.hot_picks += hot.len() as u64;
+        }
+        if hot.is_empty() {
+            return Ok((cold, hot));
+        }
+        // padded to 8 rows (a few templates serve every step): the padding
+        // repeats the first pick's expert on zero rows, read by nobody
+        let n = (hot.len() as u32).next_multiple_of(8);
+        if n > pool.most {
+            return Err(EngineError::Unsupported(
+                "more hot expert picks than the device's rows hold",
+            ));
+        }
+        let e = self.spec.hp.n_embd as usize;
+        pool.rows.clear();
+        pool.rows.resize(n as usize * e, 0.0);
+        pool.ids.clear();
+        pool.ids.resize(n as usize, hot[0].expert);
+        for (i, p) in hot.iter().enumerate() {
+            let t = p.token as usize;
+            pool.rows[i * e..(i + 1) * e].copy_from_slice(&cur[t * e..(t + 1) * e]);
+            pool.ids[i] = p.expert;
+        }
+        // nothing queued reads them: the device's last hot graph was waited
+        // for (`finish_hot`) before these are written
+        pool.io
+            .tensor(0)
+            .set_bytes(bytemuck::cast_slice(&pool.rows), 0)?;
+        pool.io.tensor(1).set_i32(&pool.ids)?;
+        let arena = pool.weights.as_ref().expect("a hot group has tensors");
+        let i0 = pool.first[&gi.index()];
+        let binds = vec![
+            arena.binding(i0),
+            arena.binding(i0 + 1),
+            arena.binding(i0 + 2),
+            pool.io.binding(0),
+            pool.io.binding(1),
+        ];
+        let key = TemplateKey::HotExperts {
+            sig: expert_sig(&self.spec, gi.index()),
+            picks: n,
+            n_hot: pool.plan.sets[gi.index()].len() as u32,
+        };
+        self.templates
+            .get(&key)?
+            .bind(BindId::resident(gi), &binds, None)?;
+        let t = self.templates.allocated(&key, &self.backend)?;
+        let layer = gi.layer() + self.spec.hp.layer0;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("ffn {layer} (hot experts)"),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        Ok((cold, hot))
+    }
+
+    /// Waits for the device's hot picks (`queue_hot`) and adds them,
+    /// weighted, to `sums` (F32 [n_embd, n_tokens]).
+    pub(super) fn finish_hot(
+        &mut self,
+        gi: GroupId,
+        hot: &[Pick],
+        sums: &mut [f32],
+    ) -> Result<(), EngineError> {
+        if hot.is_empty() {
+            return Ok(());
+        }
+        let pool = self.hot.as_mut().expect("queue_hot found the pool");
+        let n = (hot.len() as u32).next_multiple_of(8);
+        let key = TemplateKey::HotExperts {
+            sig: expert_sig(&self.spec, gi.index()),
+            picks: n,
+            n_hot: pool.plan.sets[gi.index()].len() as u32,
+        };
+        self.backend.synchronize();
+        let e = self.spec.hp.n_embd as usize;
+        pool.out.resize(n as usize * e, 0.0);
+        self.templates.get(&key)?.out().get_f32(&mut pool.out)?;
+        for (i, p) in hot.iter().enumerate() {
+            let t = p.token as usize;
+            let dst = &mut sums[t * e..(t + 1) * e];
+            for (d, s) in dst.iter_mut().zip(&pool.out[i * e..(i + 1) * e]) {
+                *d += p.weight * s;
+            }
+        }
+        Ok(())
+    }
+
+    /// A mixture FFN group the host computes (hybrid decode) whose hot
+    /// experts are on the device: the router on the host, then both sides
+    /// at once (see the module notes). The residual rows are on the host.
+    pub(super) fn run_host_ffn_hot(&mut self, layer: u32, n: u32) -> Result<(), EngineError> {
+        let gi = GroupId::new(layer, GroupKind::Ffn);
+        let sig = self.spec.groups[gi.index()].signature();
+        let rkey = TemplateKey::Router {
+            sig: sig.clone(),
+            n_tokens: n,
+            instance: gi.index() as u32,
+        };
+        let shared_cores = self.device.is_cpu();
+        let host = self.host.as_mut().expect("hybrid plan has a host");
+        let t0 = Instant::now();
+        host.route(gi, &rkey)?;
+        let cur: Vec<f32> = host.read_node(&rkey, ROUTER_IN)?;
+        let ids: Vec<i32> = host.read_node(&rkey, ROUTED)?;
+        let wts: Vec<f32> = host.read_node(&rkey, WEIGHTS)?;
+        let k = self.spec.hp.n_expert_used as usize;
+        if ids.len() != n as usize * k || wts.len() != ids.len() {
+            return Err(EngineError::Unsupported("a router graph without its picks"));
+        }
+        self.count_routed(layer, &ids)?;
+        let picks: Vec<Pick> = ids
+            .iter()
+            .zip(&wts)
+            .enumerate()
+            .map(|(i, (&e, &w))| Pick {
+                token: (i / k) as u32,
+                expert: e,
+                weight: w,
+            })
+            .collect();
+        if shared_cores {
+            // a CPU standing in for the device: its pool and the host's
+            // take turns on the cores
+            self.host.as_ref().expect("checked").park_threads();
+        }
+        let (cold, hot) = self.queue_hot(gi, &cur, picks)?;
+        if shared_cores && !hot.is_empty() {
+            self.backend.synchronize();
+            self.backend.park_threads();
+        }
+        let host = self.host.as_mut().expect("checked");
+        let mut sums = Vec::new();
+        host.split_experts(gi, &sig, &cur, &cold, &mut sums)?;
+        self.finish_hot(gi, &hot, &mut sums)?;
+        let host = self.host.as_mut().expect("checked");
+        host.add_rows(&sums)?;
+        if shared_cores {
+            host.park_threads();
+        }
+        let l = layer + self.spec.hp.layer0;
+        self.rec.host_span(
+            timeline::Stream::Cpu,
+            || format!("ffn {l} (cold experts)"),
+            t0,
+            Instant::now(),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,118 @@
+//! The hot experts' device memory (`paging::experts` says which, and
+//! `engine::hot` computes with them): each hot layer's expert tensors,
+//! compact, copied from the model file at load, and the rows and ids their
+//! graphs read.
+
+use super::error::EngineError;
+use super::model_file::ModelFile;
+use crate::dtype::GgmlType;
+use crate::ggml::{BufferUsage, Device, TensorArena, TensorSpec};
+use crate::model::{ModelSpec, Role};
+use crate::paging::HotPlan;
+use std::collections::HashMap;
+
+/// The hot experts on the device, and the inputs and outputs of their
+/// graphs.
+pub struct HotPool {
+    pub plan: HotPlan,
+    /// The expert tensors of every hot group, compact (its hot experts
+    /// only, in ascending order), three per group in the group's order.
+    pub(super) weights: Option<TensorArena>,
+    /// Group index -> index of its first tensor in `weights`.
+    pub(super) first: HashMap<usize, usize>,
+    /// Rows F32 [n_embd, 1, most] and compact ids I32 [1, most].
+    pub(super) io: TensorArena,
+    pub(super) most: u32,
+    pub(super) rows: Vec<f32>,
+    pub(super) ids: Vec<i32>,
+    pub(super) out: Vec<f32>,
+}
+
+/// The roles and types of a group's expert tensors, in its order.
+pub(super) fn expert_sig(spec: &ModelSpec, gi: usize) -> Vec<(Role, GgmlType)> {
+    spec.groups[gi]
+        .signature()
+        .into_iter()
+        .filter(|(r, _)| r.is_expert())
+        .collect()
+}
+
+impl HotPool {
+    /// Device bytes: the experts and the rows.
+    pub fn bytes(&self) -> u64 {
+        (self.weights.as_ref().map_or(0, |w| w.bytes()) + self.io.bytes()) as u64
+    }
+
+    /// Copies the hot experts `plan` names from the model file to `dev`.
+    /// `most_tokens`: the largest step whose picks may go to the device.
+    pub fn load(
+        spec: &ModelSpec,
+        file: &ModelFile,
+        dev: Device,
+        plan: HotPlan,
+        most_tokens: u32,
+    ) -> Result<HotPool, EngineError> {
+        let mut specs = Vec::new();
+        let mut first = HashMap::new();
+        for (gi, set) in plan.sets.iter().enumerate() {
+            if set.is_empty() {
+                continue;
+            }
+            first.insert(gi, specs.len());
+            for w in spec.groups[gi]
+                .weights
+                .iter()
+                .filter(|w| w.role.is_some_and(|r| r.is_expert()))
+            {
+                specs.push(TensorSpec::new(w.ty, &[w.ne[0], w.ne[1], set.len() as i64]));
+            }
+        }
+        let weights = if specs.is_empty() {
+            None
+        } else {
+            Some(TensorArena::new(
+                dev.buffer_type(),
+                BufferUsage::Weights,
+                &specs,
+            )?)
+        };
+        if let Some(arena) = &weights {
+            for (&gi, &i0) in &first {
+                let set = &plan.sets[gi];
+                let ws = spec.groups[gi]
+                    .weights
+                    .iter()
+                    .filter(|w| w.role.is_some_and(|r| r.is_expert()));
+                for (j, w) in ws.enumerate() {
+                    let bytes = file.bytes(w);
+                    let per = bytes.len() / w.ne[2].max(1) as usize;
+                    let t = arena.tensor(i0 + j);
+                    for (k, &e) in set.iter().enumerate() {
+                        let e = e as usize;
+                        t.set_bytes(&bytes[e * per..(e + 1) * per], k * per)?;
+                    }
+                }
+            }
+        }
+        let e = spec.hp.n_embd as i64;
+        let most = (most_tokens * spec.hp.n_expert_used).next_multiple_of(8);
+        let io = TensorArena::new(
+            dev.buffer_type(),
+            BufferUsage::Compute,
+            &[
+                TensorSpec::new(GgmlType::F32, &[e, 1, most as i64]).named("hot_rows"),
+                TensorSpec::new(GgmlType::I32, &[1, most as i64]).named("hot_ids"),
+            ],
+        )?;
+        Ok(HotPool {
+            plan,
+            weights,
+            first,
+            io,
+            most,
+            rows: Vec::new(),
+            ids: Vec::new(),
+            out: Vec::new(),
+        })
+    }
+}
