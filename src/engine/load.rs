@@ -360,14 +360,14 @@ impl Engine {
             input.cpu = Some(c.clone());
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
-            if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch)? {
+            if let Some(mut h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch)? {
+                // the CPU's share of those groups falls by the hot sets'
+                set_hot_shares(&mut input.groups, &h);
                 input.fixed_bytes += h.bytes + hot_io_bytes(&spec, n_batch);
                 plan = crate::paging::memory_plan(&input)?;
-                let mut h = h;
-                crate::paging::experts::retain_eligible(
-                    &mut h,
-                    &hot_eligible(&input.groups, &plan),
-                );
+                let eligible = hot_eligible(&input.groups, &plan);
+                crate::paging::experts::retain_eligible(&mut h, &eligible);
+                set_hot_shares(&mut input.groups, &h);
                 hot = Some(h);
             }
             cpu_cal = plan.placement.hybrid.is_some().then(|| {
@@ -667,7 +667,17 @@ fn group_info(g: &crate::model::GroupSpec, bytes: u64, hp: &crate::model::Hparam
             bytes: experts.min(bytes),
             n_expert: hp.n_expert,
             n_used: hp.n_expert_used,
+            hot: 0.0,
         }),
+    }
+}
+
+/// Each group's share of picks its hot experts take, for the plan.
+fn set_hot_shares(groups: &mut [GroupInfo], h: &crate::paging::HotPlan) {
+    for (g, &x) in groups.iter_mut().zip(&h.hit) {
+        if let Some(e) = g.experts.as_mut() {
+            e.hot = x;
+        }
     }
 }
 

@@ -41,6 +41,9 @@ pub enum HotExperts {
 pub struct HotPlan {
     /// Per group index: its hot experts, ascending.
     pub sets: Vec<Vec<u32>>,
+    /// Per group index: the share of its picks its hot set should take
+    /// (from the counts; without them, the set's share of the experts).
+    pub hit: Vec<f64>,
     /// Device bytes of every hot expert's weights.
     pub bytes: u64,
     /// The share of the counted picks of the layers with a hot set that
@@ -98,6 +101,7 @@ pub fn plan_hot(
 ) -> HotPlan {
     let mut plan = HotPlan {
         sets: vec![Vec::new(); groups.len()],
+        hit: vec![0.0; groups.len()],
         ..HotPlan::default()
     };
     if mode == HotExperts::Off {
@@ -168,6 +172,11 @@ pub fn plan_hot(
         plan.bytes += b;
         caught += c;
         total += t;
+        plan.hit[gi] = if t > 0 {
+            c as f64 / t as f64
+        } else {
+            set.len() as f64 / groups[gi].experts.map_or(1, |x| x.n_expert) as f64
+        };
         plan.sets[gi] = set;
     }
     plan.expected_hit = (total > 0).then(|| caught as f64 / total as f64);
@@ -180,6 +189,7 @@ pub fn retain_eligible(plan: &mut HotPlan, eligible: &[bool]) {
     for (gi, s) in plan.sets.iter_mut().enumerate() {
         if !eligible.get(gi).copied().unwrap_or(false) {
             s.clear();
+            plan.hit[gi] = 0.0;
         }
     }
 }
@@ -203,6 +213,7 @@ mod tests {
                             bytes: 1000 * n_expert as u64,
                             n_expert,
                             n_used,
+                            hot: 0.0,
                         }),
                     },
                 ]
@@ -285,6 +296,7 @@ mod tests {
         assert_eq!(plan_hot(&g, &el, Some(&c), HotExperts::Off, u64::MAX), {
             HotPlan {
                 sets: vec![Vec::new(); 4],
+                hit: vec![0.0; 4],
                 ..HotPlan::default()
             }
         });
@@ -343,6 +355,10 @@ mod tests {
                 bytes += s.len() as u64 * expert_bytes(&g[gi]) + GROUP_SLACK;
             }
             prop_assert_eq!(bytes, p.bytes);
+            for (gi, &h) in p.hit.iter().enumerate() {
+                prop_assert!((0.0..=1.0).contains(&h));
+                prop_assert_eq!(h > 0.0 || p.sets[gi].is_empty() || c.layer_picks(gi / 2) > 0, true);
+            }
             if let Some(h) = p.expected_hit {
                 prop_assert!((0.0..=1.0).contains(&h));
             }

@@ -35,6 +35,10 @@ pub struct Experts {
     pub n_expert: u32,
     /// Experts each token is routed to.
     pub n_used: u32,
+    /// The share of the picks the device's hot experts take where the host
+    /// computes this group (`paging::experts`; 0: none): the CPU computes
+    /// only the rest.
+    pub hot: f64,
 }
 
 impl GroupInfo {
@@ -75,6 +79,11 @@ impl GroupInfo {
                 self.shared_bytes() + (x.bytes as f64 * share).round() as u64
             }
         }
+    }
+
+    /// The share of the picks hot experts on the device take (0: none).
+    pub fn hot_share(&self) -> f64 {
+        self.experts.map_or(0.0, |x| x.hot.clamp(0.0, 1.0))
     }
 
     /// The share of the routed experts' bytes the device holds when it
@@ -138,6 +147,7 @@ mod tests {
                 bytes: experts,
                 n_expert,
                 n_used,
+                hot: 0.0,
             }),
         }
     }

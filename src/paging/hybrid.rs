@@ -74,7 +74,8 @@ impl CpuInput {
     /// CPU seconds a step of `n` tokens computes group `g` (a mixture's
     /// experts only where its tokens were routed), hops excluded.
     pub fn group_s(&self, g: &GroupInfo, n: u32) -> f64 {
-        g.compute_s(n, |t| self.s_per_byte(t))
+        // hot experts' picks go to the device (`paging::experts`)
+        g.compute_s(n, |t| self.s_per_byte(t)) * (1.0 - g.hot_share())
     }
 
     /// GPU seconds a step of `n` tokens (a few: decode) computes `g`.
@@ -250,7 +251,9 @@ pub fn simulate(
                 t += d;
             }
             Where::Cpu => {
-                let d = c.group_s(g, n) + c.hop_s;
+                // with hot experts, their rows' round trip to the device
+                let hot_trip = if g.hot_share() > 0.0 { c.hop_s } else { 0.0 };
+                let d = c.group_s(g, n) + c.hop_s + hot_trip;
                 p.cpu_s += d;
                 t += d;
                 host = t;
@@ -721,6 +724,7 @@ mod tests {
                     bytes: mib(340.0),
                     n_expert: 128,
                     n_used: 8,
+                    hot: 0.0,
                 }),
                 ..g
             })

@@ -120,6 +120,7 @@ mod tests {
                             bytes: 370_000_000,
                             n_expert: 128,
                             n_used: 8,
+                            hot: 0.0,
                         }),
                     },
                 ]
