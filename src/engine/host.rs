@@ -283,9 +283,10 @@ impl HostCompute {
             });
         }
         let io = self.split.as_mut().expect("made above");
-        // padded to 32 picks (a few templates serve every step): the
-        // padding repeats the first pick's expert on zero rows
-        let n = (picks.len() as u32).next_multiple_of(32).min(io.most);
+        // padded (a few templates serve every step) to a power of two up
+        // to 32, then to a multiple of 32: each padding row is a product
+        // of the first pick's expert, so a one-token step pads little
+        let n = pad_picks(picks.len() as u32).min(io.most);
         if picks.len() > n as usize {
             return Err(EngineError::Unsupported(
                 "an expert split of more picks than a host step holds",
@@ -359,6 +360,16 @@ impl HostCompute {
             Some(t) => Ok(t.read_routed()?),
             None => Ok(Vec::new()),
         }
+    }
+}
+
+/// The rows a graph over `n` (token, expert) picks computes: a power of
+/// two up to 32, then a multiple of 32.
+pub fn pad_picks(n: u32) -> u32 {
+    if n <= 32 {
+        n.max(1).next_power_of_two()
+    } else {
+        n.next_multiple_of(32)
     }
 }
 

@@ -13,7 +13,7 @@
 //!    host's sums, which go to the residual as before.
 
 use super::error::EngineError;
-use super::host::Pick;
+use super::host::{pad_picks, Pick};
 use super::hotpool::expert_sig;
 use super::state::Engine;
 use super::timeline;
@@ -62,9 +62,10 @@ impl Engine {
         if hot.is_empty() {
             return Ok((cold, hot));
         }
-        // padded to 8 rows (a few templates serve every step): the padding
-        // repeats the first pick's expert on zero rows, read by nobody
-        let n = (hot.len() as u32).next_multiple_of(8);
+        // padded as the host's rows are (a few templates serve every
+        // step): the padding repeats the first pick's expert on zero rows,
+        // read by nobody
+        let n = pad_picks(hot.len() as u32);
         if n > pool.most {
             return Err(EngineError::Unsupported(
                 "more hot expert picks than the device's rows hold",
@@ -128,7 +129,7 @@ impl Engine {
             return Ok(());
         }
         let pool = self.hot.as_mut().expect("queue_hot found the pool");
-        let n = (hot.len() as u32).next_multiple_of(8);
+        let n = pad_picks(hot.len() as u32);
         let key = TemplateKey::HotExperts {
             sig: expert_sig(&self.spec, gi.index()),
             picks: n,

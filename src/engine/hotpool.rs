@@ -95,7 +95,7 @@ impl HotPool {
             }
         }
         let e = spec.hp.n_embd as i64;
-        let most = (most_tokens * spec.hp.n_expert_used).next_multiple_of(8);
+        let most = super::host::pad_picks(most_tokens * spec.hp.n_expert_used);
         let io = TensorArena::new(
             dev.buffer_type(),
             BufferUsage::Compute,

@@ -694,8 +694,9 @@ fn hot_eligible(groups: &[GroupInfo], plan: &crate::paging::MemoryPlan) -> Vec<b
 
 /// Device bytes of the hot experts' rows and ids (`HotPool::load`).
 fn hot_io_bytes(spec: &ModelSpec, n_batch: u32) -> u64 {
-    let most = (crate::paging::HYBRID_MAX_TOKENS.min(n_batch) * spec.hp.n_expert_used)
-        .next_multiple_of(8) as u64;
+    let most = super::host::pad_picks(
+        crate::paging::HYBRID_MAX_TOKENS.min(n_batch) * spec.hp.n_expert_used,
+    ) as u64;
     most * (4 * spec.hp.n_embd as u64 + 4) + 1024
 }
 
