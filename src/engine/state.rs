@@ -173,7 +173,21 @@ impl Engine {
 
     fn part_summary(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-        let kv = match self.kv.tier() {
+        let hot = match &self.hot {
+            None => String::new(),
+            Some(h) => format!(
+                "; hot experts: {} in {} layers on the device ({:.1} MiB{})",
+                h.plan.n_experts(),
+                h.plan.n_groups(),
+                mib(h.bytes()),
+                h.plan.expected_hit.map_or(String::new(), |x| format!(
+                    ", {:.1}% of their layers' counted picks",
+                    100.0 * x
+                ))
+            ),
+        };
+        let kv = hot
+            + &match self.kv.tier() {
             None => String::new(),
             Some(t) => format!(
                 "; KV of {} layers on the device, {} windowed ({} windows, {} frames of {} cells in {:.1} MiB of {} host memory)",

@@ -21,6 +21,11 @@
 #   TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-split  # the 30B shape at 8G, 64 sequences: --expert-split
 #                                       # off, auto and forced (SPLITS="..."), then auto beside
 #                                       # llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults, best)
+#   [SKEW=1] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-hot  # the 30B shape at 8G: router counts
+#                                       # from a 2048-token prompt (--expert-stats), then tg16 and 64
+#                                       # sequences with --hot-experts off, auto and HOTS="..."; LLAMA=1:
+#                                       # auto beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults,
+#                                       # best) with pp2048 too
 #   [PP=512 SKIP_CHECK=1] bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
@@ -51,7 +56,7 @@ routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew
 [ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
-  qwen3moe|qwen3moe-batch|qwen3moe-split) first=qwen3-30b-a3b ;;
+  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3|gemma3-swa) first=gemma3-27b ;;
   qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
@@ -124,6 +129,27 @@ case $what in
     echo "== --expert-split auto beside llama.cpp" | tee -a "$f"
     timeout ${BENCH_TIMEOUT:-300} $bin/strata bench $common -p 0 -n 16 -B 64 -r 2 --llama-ngl ${NGL:-18} --llama-best \
       --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+    ;;
+  qwen3moe-hot)
+    # hot experts at 8G: the router counts a 2048-token prompt of random
+    # tokens gives (saved beside the model), then decode and 64 sequences
+    # with the pool off, auto and forced
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_hot$sk.txt
+    echo "$routing" | tee -a "$f"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+    if [ ! -f "$s.experts.json" ]; then
+      echo "== router counts: strata bench $common -p 2048 -n 0 -B 0 -r 1 --expert-stats" | tee -a "$f"
+      timeout 200 $bin/strata bench $common -p 2048 -n 0 -B 0 -r 1 --expert-stats 2>&1 | quiet | tee -a "$f"
+    fi
+    for x in ${HOTS-off auto 24}; do
+      echo "== --hot-experts $x: strata bench $common -p 0 -n 16 -B 64 -r 2 --hot-experts $x" | tee -a "$f"
+      timeout 200 $bin/strata bench $common -p 0 -n 16 -B 64 -r 2 --hot-experts $x 2>&1 | quiet | tee -a "$f"
+    done
+    if [ -n "${LLAMA:-}" ]; then
+      echo "== --hot-experts auto beside llama.cpp" | tee -a "$f"
+      timeout ${BENCH_TIMEOUT:-360} $bin/strata bench $common -p 2048 -n 16 -B 64 -r 2 --hot-experts auto \
+        --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+    fi
     ;;
   gemma3)
     s=$(SKEW= dev_synth gemma3-27b)
