@@ -630,7 +630,10 @@ impl Engine {
             host.download(self.persistent.tensor(buffers::X), shape.n_tokens)?;
         }
         *x_host = Some(shape.n_tokens);
-        if kind == GroupKind::Ffn && self.has_hot(gi) {
+        if kind == GroupKind::Ffn
+            && shape.n_tokens <= crate::paging::experts::HOT_MAX_TOKENS
+            && self.has_hot(gi)
+        {
             return self.run_host_ffn_hot(layer, shape.n_tokens);
         }
         let host = self.host.as_mut().expect("hybrid plan has a host");

@@ -2,9 +2,10 @@
 //! resident on the GPU (issue 31). Plain Rust.
 //!
 //! A step of a few tokens reads only the experts its tokens were routed
-//! to. Where the host CPU computes a streamed mixture layer (hybrid
-//! decode) or the layer's experts are split between the two (see
-//! `paging::split`), the picks of a hot expert go to the GPU instead,
+//! to. Where the host CPU computes a streamed mixture layer in a step of
+//! at most [`HOT_MAX_TOKENS`] (hybrid decode) or the layer's experts are
+//! split between the two (see `paging::split`), the picks of a hot expert
+//! go to the GPU instead,
 //! which computes them from its resident copy while the CPU computes the
 //! others' picks; the results are summed with the router's weights. Real
 //! routers are skewed, so a few experts per layer catch a large share of
@@ -23,6 +24,14 @@
 
 use super::groups::GroupInfo;
 use super::routing::RouterCounts;
+
+/// The largest step whose host-computed layers send their hot picks to
+/// the device. Above it the host computes whole groups as without hot
+/// experts: its per-pick rows are slower than the whole group's product
+/// once a step has many tokens (measured on an H100, run 50: at 64
+/// sequences the per-pick rows made the step 1.6x slower), and a step
+/// of many tokens picks nearly every expert anyway.
+pub const HOT_MAX_TOKENS: u32 = 16;
 
 /// How many experts per streamed mixture layer stay on the GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

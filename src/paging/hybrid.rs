@@ -74,8 +74,14 @@ impl CpuInput {
     /// CPU seconds a step of `n` tokens computes group `g` (a mixture's
     /// experts only where its tokens were routed), hops excluded.
     pub fn group_s(&self, g: &GroupInfo, n: u32) -> f64 {
-        // hot experts' picks go to the device (`paging::experts`)
-        g.compute_s(n, |t| self.s_per_byte(t)) * (1.0 - g.hot_share())
+        // hot experts' picks go to the device at small steps
+        // (`paging::experts`)
+        let hot = if n <= super::experts::HOT_MAX_TOKENS {
+            g.hot_share()
+        } else {
+            0.0
+        };
+        g.compute_s(n, |t| self.s_per_byte(t)) * (1.0 - hot)
     }
 
     /// GPU seconds a step of `n` tokens (a few: decode) computes `g`.
@@ -252,7 +258,11 @@ pub fn simulate(
             }
             Where::Cpu => {
                 // with hot experts, their rows' round trip to the device
-                let hot_trip = if g.hot_share() > 0.0 { c.hop_s } else { 0.0 };
+                let hot_trip = if g.hot_share() > 0.0 && n <= super::experts::HOT_MAX_TOKENS {
+                    c.hop_s
+                } else {
+                    0.0
+                };
                 let d = c.group_s(g, n) + c.hop_s + hot_trip;
                 p.cpu_s += d;
                 t += d;
