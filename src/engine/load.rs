@@ -360,13 +360,16 @@ impl Engine {
             input.cpu = Some(c.clone());
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
-            if let Some(mut h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch)? {
+            if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, None)? {
                 // the CPU's share of those groups falls by the hot sets'
                 set_hot_shares(&mut input.groups, &h);
                 input.fixed_bytes += h.bytes + hot_io_bytes(&spec, n_batch);
                 plan = crate::paging::memory_plan(&input)?;
-                let eligible = hot_eligible(&input.groups, &plan);
-                crate::paging::experts::retain_eligible(&mut h, &eligible);
+                // the plan moved groups (spread residency shifts them all):
+                // the sets again for the groups streamed now, in the bytes
+                // reserved
+                let h = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, Some(h.bytes))?
+                    .unwrap_or_default();
                 set_hot_shares(&mut input.groups, &h);
                 hot = Some(h);
             }
@@ -701,14 +704,16 @@ fn hot_io_bytes(spec: &ModelSpec, n_batch: u32) -> u64 {
 }
 
 /// The hot experts `cfg` asks for, from the router counts persisted beside
-/// the model, within what the plan's resident groups hold (all of it for
-/// a number asked, half for auto): None where there are none.
+/// the model, within `cap` bytes, else what the plan's resident groups
+/// hold (all of it for a number asked, half for auto): None where there
+/// are none.
 fn hot_plan(
     spec: &ModelSpec,
     groups: &[GroupInfo],
     plan: &crate::paging::MemoryPlan,
     cfg: &EngineConfig,
     n_batch: u32,
+    cap: Option<u64>,
 ) -> Result<Option<crate::paging::HotPlan>, EngineError> {
     use crate::paging::HotExperts;
     let mode = cfg.paging.hot;
@@ -752,9 +757,10 @@ fn hot_plan(
     } else {
         resident.saturating_sub(hot_io_bytes(spec, n_batch))
     };
-    let budget = match mode {
-        HotExperts::Auto => room / 2,
-        _ => room,
+    let budget = match (cap, mode) {
+        (Some(c), _) => c,
+        (None, HotExperts::Auto) => room / 2,
+        (None, _) => room,
     };
     let h = crate::paging::plan_hot(
         groups,

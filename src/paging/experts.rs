@@ -192,17 +192,6 @@ pub fn plan_hot(
     plan
 }
 
-/// Keeps only the hot sets of groups still `eligible` (a later plan may
-/// have placed a group differently); the bytes stay what was reserved.
-pub fn retain_eligible(plan: &mut HotPlan, eligible: &[bool]) {
-    for (gi, s) in plan.sets.iter_mut().enumerate() {
-        if !eligible.get(gi).copied().unwrap_or(false) {
-            s.clear();
-            plan.hit[gi] = 0.0;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::groups::Experts;
@@ -320,10 +309,9 @@ mod tests {
         assert_eq!(p.n_groups(), 2);
         assert_eq!(p.bytes, 2 * one);
         assert!(plan_hot(&g, &el, None, HotExperts::Force(4), one - 1).is_empty());
-        let mut p = plan_hot(&g, &el, None, HotExperts::Force(4), u64::MAX);
         let mut only_first = vec![false; 8];
         only_first[1] = true;
-        retain_eligible(&mut p, &only_first);
+        let p = plan_hot(&g, &only_first, None, HotExperts::Force(4), u64::MAX);
         assert_eq!(p.n_groups(), 1);
     }
 
