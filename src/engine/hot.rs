@@ -100,6 +100,7 @@ impl Engine {
             sig: expert_sig(&self.spec, gi.index()),
             picks: n,
             n_hot: pool.plan.sets[gi.index()].len() as u32,
+            instance: gi.index() as u32,
         };
         self.templates
             .get(&key)?
@@ -134,6 +135,7 @@ impl Engine {
             sig: expert_sig(&self.spec, gi.index()),
             picks: n,
             n_hot: pool.plan.sets[gi.index()].len() as u32,
+            instance: gi.index() as u32,
         };
         self.backend.synchronize();
         let e = self.spec.hp.n_embd as usize;

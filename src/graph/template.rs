@@ -47,11 +47,13 @@ pub enum TemplateKey {
     },
     /// A mixture layer's hot experts on the device (`paging::experts`) over
     /// `picks` (token, expert) rows: `sig` the expert tensors' roles and
-    /// types, `n_hot` the experts they hold.
+    /// types, `n_hot` the experts they hold; one per layer group
+    /// (`instance`), so its pointers stay put and graph capture replays.
     HotExperts {
         sig: Vec<(Role, GgmlType)>,
         picks: u32,
         n_hot: u32,
+        instance: u32,
     },
     /// The host's expert rows added to the residual stream's first `n_rows`.
     AddRows { n_rows: u32 },
@@ -153,7 +155,9 @@ impl Template {
                 TemplateKey::Router { sig, n_tokens, .. } => {
                     build_router(&ctx, d, sig, *n_tokens, lim)
                 }
-                TemplateKey::HotExperts { sig, picks, n_hot } => {
+                TemplateKey::HotExperts {
+                    sig, picks, n_hot, ..
+                } => {
                     let mut d = d.clone();
                     d.hp.n_expert = *n_hot;
                     build_host_experts(&ctx, &d, sig, *picks, lim)

@@ -25,7 +25,8 @@
 #                                       # from a 2048-token prompt (--expert-stats), then tg16 and 64
 #                                       # sequences with --hot-experts off, auto and HOTS="..."; LLAMA=1:
 #                                       # auto beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults,
-#                                       # best) with pp2048 too
+#                                       # best) with pp2048 too; TRACE=1: a trace of each
+#                                       # configuration's tg16; B=0: no 64-sequence test
 #   [PP=512 SKIP_CHECK=1] bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
@@ -143,7 +144,8 @@ case $what in
     fi
     for x in ${HOTS-off auto 24}; do
       echo "== --hot-experts $x: strata bench $common -p 0 -n 16 -B 64 -r 2 --hot-experts $x" | tee -a "$f"
-      timeout 200 $bin/strata bench $common -p 0 -n 16 -B 64 -r 2 --hot-experts $x 2>&1 | quiet | tee -a "$f"
+      timeout 200 $bin/strata bench $common -p 0 -n 16 -B ${B:-64} -r 2 --hot-experts $x \
+        ${TRACE:+--trace $out/trace_hot$sk-$x.json} 2>&1 | quiet | tee -a "$f"
     done
     if [ -n "${LLAMA:-}" ]; then
       echo "== --hot-experts auto beside llama.cpp" | tee -a "$f"
