@@ -15,15 +15,23 @@
 //! Which experts: the most picked of each layer in the router counts
 //! persisted beside the model (`routing::RouterCounts`, written by
 //! `--expert-stats`). `Auto` keeps a layer's hot set only where the counts
-//! are skewed (the smallest set of at least `n_used` experts that caught
-//! half the layer's picks is at most a quarter of its experts; uniform
-//! routing needs half of them), `Force(k)` keeps `k` in every eligible
+//! are skewed: the smallest set of at least `n_used` experts that caught
+//! [`AUTO_SHARE`] of the layer's picks, where that is at most a quarter of
+//! its experts (uniform routing needs two thirds of them). The share is
+//! high because a hot layer costs a fixed 0.15-0.2 ms more than a whole
+//! CPU group (a second host graph, the device's round trip): on an H100,
+//! Qwen3-30B-A3B shape, sets catching 41% of the decode picks made decode
+//! 0.85x, sets catching 65% 1.16x (docs/device-runs.md, runs 50-52).
+//! `Force(k)` keeps `k` in every eligible
 //! layer (the lowest-numbered where nothing was counted). Either way the
 //! pool stays within the budget given, layers with the most picks per byte
 //! first.
 
 use super::groups::GroupInfo;
 use super::routing::RouterCounts;
+
+/// The share of a layer's counted picks `Auto`'s hot set must catch.
+pub const AUTO_SHARE: f64 = 2.0 / 3.0;
 
 /// The largest step whose host-computed layers send their hot picks to
 /// the device. Above it the host computes whole groups as without hot
@@ -142,7 +150,7 @@ pub fn plan_hot(
                 let mut caught = 0u64;
                 let mut k = 0usize;
                 for &e in &order {
-                    if k >= used as usize && 2 * caught >= total {
+                    if k >= used as usize && caught as f64 >= AUTO_SHARE * total as f64 {
                         break;
                     }
                     caught += c.count(layer, e as usize);

@@ -143,7 +143,7 @@ case $what in
       timeout 200 $bin/strata bench $common -p 2048 -n 0 -B 0 -r 1 --expert-stats 2>&1 | quiet | tee -a "$f"
     fi
     for x in ${HOTS-off auto 24}; do
-      echo "== --hot-experts $x: strata bench $common -p 0 -n 16 -B 64 -r 2 --hot-experts $x" | tee -a "$f"
+      echo "== --hot-experts $x: strata bench $common -p 0 -n 16 -B ${B:-64} -r 2 --hot-experts $x" | tee -a "$f"
       timeout 200 $bin/strata bench $common -p 0 -n 16 -B ${B:-64} -r 2 --hot-experts $x \
         ${TRACE:+--trace $out/trace_hot$sk-$x.json} 2>&1 | quiet | tee -a "$f"
     done

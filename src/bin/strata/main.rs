@@ -214,7 +214,8 @@ pub struct ModelArgs {
     /// layer on the GPU, which computes their picks while the host CPU
     /// computes the others' (hybrid decode and expert splits). off (the
     /// default); auto: the layers whose router counts (--expert-counts)
-    /// show skew, the fewest experts that caught half their picks, in at
+    /// show skew, the fewest experts that caught two thirds of their picks
+    /// (where that is at most a quarter of them), in at
     /// most half the GPU memory resident groups would hold; or a number of
     /// experts per layer (the most picked, or the first where nothing was
     /// counted), in place of resident groups.
