@@ -113,13 +113,15 @@ pub struct PagingOptions {
     /// layer's experts between the device and the host CPU (with hybrid
     /// decode's host copies; see `paging::split`).
     pub split: crate::paging::SplitInput,
-    /// A model split across local GPUs: each part's every other streamed
-    /// FFN group goes up over the next GPU's bus and across by a peer copy
+    /// A model split across local GPUs: in steps of at least
+    /// `RELAY_MIN_TOKENS`, each part's every other streamed FFN group goes
+    /// up over the next GPU's bus and across by a peer copy
     /// (`Pager::lend_link`), so both links carry one part's groups. Off by
-    /// default: measured slower (docs/device-runs.md, runs 48-49), with
-    /// peer access off. ggml's CUDA module turns peer access on at its
-    /// start only where GGML_CUDA_P2P is set in the environment, which
-    /// `strata --relay` does; a library user sets it before loading.
+    /// default. It needs peer access (slower than without the relay where
+    /// it was off: runs 48-49; 64-token steps 1.94x with it on: run 55):
+    /// ggml's CUDA module turns peer access on at its start only where
+    /// GGML_CUDA_P2P is set in the environment, which `strata --relay`
+    /// does; a library user sets it before loading.
     pub relay: bool,
     /// A mixture's most picked experts of each streamed layer kept on the
     /// device, computed there while the host CPU computes the others'

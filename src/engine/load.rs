@@ -310,10 +310,10 @@ impl Engine {
             copy_bw: if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
                 10e9
             } else {
-                // with another GPU's bus lent for every other FFN group,
-                // a streamed layer takes (attention + half its FFN) of the
-                // time on this bus (`Pager::lend_link`)
-                probe::measure_h2d(device, 64 << 20, 4)? * relay.map_or(1.0, |_| relay_gain(&spec))
+                // this bus alone: another GPU's lent bus (`Pager::lend_link`)
+                // carries only steps of many tokens (`RELAY_MIN_TOKENS`),
+                // which the plan then predicts slower than they run
+                probe::measure_h2d(device, 64 << 20, 4)?
             },
             cpu: None,
             gemm,
@@ -571,20 +571,6 @@ impl Engine {
             }),
         })
     }
-}
-
-/// How much faster streamed layers go up where every other FFN group
-/// takes another GPU's bus: 1 / (attention's share + half the FFN's).
-fn relay_gain(spec: &ModelSpec) -> f64 {
-    let (mut a, mut f) = (0u64, 0u64);
-    for g in &spec.groups {
-        match g.kind {
-            crate::model::GroupKind::Attn => a += g.bytes(),
-            crate::model::GroupKind::Ffn => f += g.bytes(),
-        }
-    }
-    let t = (a + f).max(1) as f64;
-    1.0 / (a as f64 / t + f as f64 / t / 2.0)
 }
 
 /// The devices of the kind `cfg.device` chooses, those `cfg.devices`

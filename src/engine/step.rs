@@ -317,6 +317,7 @@ impl Engine {
             .map(|(l, k, s)| (GroupId::new(*l, *k), s.dev_experts))
             .collect();
         self.plan_partial_uploads(&split);
+        self.pager.relay_step = n >= super::pager::RELAY_MIN_TOKENS;
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;

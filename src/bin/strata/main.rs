@@ -144,11 +144,11 @@ pub struct ModelArgs {
     /// Default: every GPU the model needs (the first alone where it fits).
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<usize>>,
-    /// Across several local GPUs, every other streamed FFN group of a part
-    /// also goes up over the next GPU's bus and across by a peer copy (with
-    /// peer access on: GGML_CUDA_P2P=1 is set for ggml unless given).
-    /// Measured slower so far (without peer access): off by default; see
-    /// BENCHMARKS.md.
+    /// Across several local GPUs, in steps of at least 64 tokens (prompts,
+    /// batches), every other streamed FFN group of a part also goes up
+    /// over the next GPU's bus and across by a peer copy (with peer access
+    /// on: GGML_CUDA_P2P=1 is set for ggml unless given). Off by default;
+    /// see BENCHMARKS.md, "Two GPUs".
     #[arg(long)]
     relay: bool,
     /// Device slots per group kind for streamed groups.
