@@ -24,10 +24,10 @@ use crate::model::GroupKind;
 
 /// The most tokens a step may have for the CPU to take part (the host's
 /// step buffers are sized for it); larger steps stream everything. 64
-/// covers a mixture of experts' batched decode (64 sequences), where the
-/// CPU reads each routed expert once for all the tokens routed to it and
-/// pays beside the bus; for dense groups the plan gives the CPU fewer
-/// groups as steps grow, none where it is slower than the bus.
+/// covers a mixture of experts' batched decode (64 sequences) for the
+/// expert split (`paging::split`); whole CPU groups go only up to the
+/// CPU probe's step (`CpuInput::probe_tokens`) unless forced (see
+/// `sizes`).
 pub const MAX_TOKENS: u32 = 64;
 
 /// What the planner knows about the host CPU as a compute tier.
@@ -446,8 +446,19 @@ pub fn sizes(
     let hosts: Vec<usize> = (0..groups.len()).filter(|&i| host[i]).collect();
     (1..=MAX_TOKENS)
         .map(|n| {
+            // beyond the probe's step the CPU's speed is extrapolated, and
+            // the extrapolation was 1.6-2x too fast: on two H200s (70B
+            // Q4_0, 12G, run 57) 64-token steps ran 1.43x faster on one
+            // GPU and 2.0x on two without the CPU's groups; on a mixture
+            // whole CPU groups gave 64 sequences 2% at best (runs 33-34).
+            // So whole groups only up to the probed size, unless forced.
+            let most = if c.force.is_none() && n > c.probe_tokens {
+                0
+            } else {
+                hosts.len()
+            };
             let (cpu_groups, cpu_bytes, predicted) =
-                best_split(groups, streamed, slots, copy_bw, c, n, &hosts, hosts.len());
+                best_split(groups, streamed, slots, copy_bw, c, n, &hosts, most);
             SizePlan {
                 cpu_groups,
                 cpu_bytes,
