@@ -668,6 +668,31 @@ mod tests {
     }
 
     #[test]
+    fn whole_cpu_groups_stop_at_the_probe_size_unless_forced() {
+        // a CPU as fast as the bus even at 64 tokens (by its
+        // extrapolation): still no whole group beyond the probe's 16
+        let g = layers(60, 85, 396);
+        let streamed = vec![true; g.len()];
+        let c = CpuInput {
+            s_per_byte_n: 1.0,
+            ..cpu(1.0)
+        };
+        let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &c).expect("hybrid pays");
+        assert!(p.per_size[15].cpu_groups > 0);
+        for n in 17..=MAX_TOKENS {
+            assert_eq!(p.per_size[n as usize - 1].cpu_groups, 0, "n = {n}");
+            assert!(p.cpu_groups(n).iter().all(|c| !c));
+        }
+        // forced (tests, benchmarks): every size up to the limit
+        let f = CpuInput {
+            force: Some(3),
+            ..c
+        };
+        let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &f).expect("forced");
+        assert_eq!(p.cpu_groups(64).iter().filter(|c| **c).count(), 3);
+    }
+
+    #[test]
     fn slow_cpu_gets_nothing() {
         let g = layers(8, 10, 40);
         let streamed = vec![true; g.len()];
