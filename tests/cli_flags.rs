@@ -40,6 +40,16 @@ fn out_of_range_flags_are_refused_naming_them() {
             "use auto, off or a number of experts",
         ),
         ("--split-min-tokens", "1", "--split-min-tokens"),
+        (
+            "--hot-experts",
+            "0",
+            "a number of experts per layer (at least 1)",
+        ),
+        (
+            "--hot-experts",
+            "most",
+            "use auto, off or a number of experts per layer",
+        ),
     ] {
         let (ok, _, err) = strata(&[
             "run", "-m", m, "--device", "cpu", "-p", "hi", "-n", "1", flag, value,
@@ -651,4 +661,75 @@ fn device_lists_and_budgets_that_do_not_match_are_refused() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+/// `--expert-stats` adds the router's picks to the counts file beside the
+/// model (a second run adds to the first's); a damaged counts file, or one
+/// of another model, is refused naming the file, and left as it was.
+#[test]
+fn router_counts_are_saved_added_to_and_bad_files_refused() {
+    let Some(smol) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let moe = tiny_moe(dir.path(), &smol);
+    let m = moe.to_str().unwrap();
+    let counts = dir.path().join("tiny-moe.gguf.experts.json");
+    let stats = [
+        "bench",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "-p",
+        "8",
+        "-n",
+        "0",
+        "-B",
+        "0",
+        "-r",
+        "1",
+        "--expert-stats",
+    ];
+    let picks = |path: &std::path::Path| {
+        let text = std::fs::read_to_string(path).expect("counts file");
+        strata::paging::routing::RouterCounts::from_json(&text)
+            .expect("counts parse")
+            .picks()
+    };
+    let (ok, out, err) = strata(&stats);
+    assert!(ok, "{out}{err}");
+    assert!(err.contains("router counts saved to"), "{err}");
+    // 8 prompt tokens through the first layer, the last one's through the
+    // second (only it wants logits), 2 experts each
+    let first = picks(&counts);
+    assert_eq!(first, 2 * (8 + 1), "{out}");
+    let (ok, _, err) = strata(&stats);
+    assert!(ok, "{err}");
+    assert_eq!(picks(&counts), 2 * first);
+
+    // damaged: refused, named, untouched
+    std::fs::write(&counts, "{\"format\": \"strata-router-counts-1\"").unwrap();
+    let (ok, _, err) = strata(&stats);
+    assert!(!ok);
+    assert!(
+        err.contains("router counts") && err.contains("experts.json"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&counts).unwrap(),
+        "{\"format\": \"strata-router-counts-1\""
+    );
+
+    // another model's (3 layers): refused with the way out
+    let other = dir.path().join("other.json");
+    let mut c = strata::paging::routing::RouterCounts::new(3, 4, 2);
+    c.add(0, &[0, 1]).unwrap();
+    std::fs::write(&other, c.to_json()).unwrap();
+    let o = other.to_str().unwrap();
+    let mut args = stats.to_vec();
+    args.extend(["--expert-counts", o]);
+    let (ok, _, err) = strata(&args);
+    assert!(!ok);
+    assert!(err.contains("another model's"), "{err}");
+    assert_eq!(picks(&other), 2);
 }
