@@ -720,6 +720,17 @@ fn router_counts_are_saved_added_to_and_bad_files_refused() {
         "{\"format\": \"strata-router-counts-1\""
     );
 
+    // larger than any counts file (sparse): refused before it is read
+    let f = std::fs::File::create(&counts).unwrap();
+    f.set_len(strata::engine::COUNTS_MAX_BYTES + 1).unwrap();
+    drop(f);
+    let (ok, _, err) = strata(&stats);
+    assert!(!ok);
+    assert!(
+        err.contains("experts.json") && err.contains("more than"),
+        "{err}"
+    );
+
     // another model's (3 layers): refused with the way out
     let other = dir.path().join("other.json");
     let mut c = strata::paging::routing::RouterCounts::new(3, 4, 2);

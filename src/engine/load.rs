@@ -707,18 +707,16 @@ fn hot_plan(
         return Ok(None);
     }
     let counts = match &cfg.expert_counts {
-        Some(p) if p.exists() => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| EngineError::Io(p.display().to_string(), e))?;
-            let c = crate::paging::routing::RouterCounts::from_json(&text)
-                .map_err(|e| EngineError::BadCounts(p.display().to_string(), e))?;
+        Some(p) => match super::model_file::read_router_counts(p)? {
             // counts are the whole model's, by layer
-            if spec.hp.layer0 == 0
-                && c.n_layer() == spec.hp.n_layer as usize
-                && c.n_expert() == spec.hp.n_expert as usize
+            Some(c)
+                if spec.hp.layer0 == 0
+                    && c.n_layer() == spec.hp.n_layer as usize
+                    && c.n_expert() == spec.hp.n_expert as usize =>
             {
                 Some(c)
-            } else {
+            }
+            Some(c) => {
                 tracing::warn!(
                     "router counts {}: {} layers of {} experts, not this model's; ignored",
                     p.display(),
@@ -727,8 +725,9 @@ fn hot_plan(
                 );
                 None
             }
-        }
-        _ => None,
+            None => None,
+        },
+        None => None,
     };
     let resident: u64 = groups
         .iter()

@@ -57,7 +57,7 @@ pub use config::{
 };
 pub use error::EngineError;
 pub use kvcache::KvCache;
-pub use model_file::ModelFile;
+pub use model_file::{read_router_counts, ModelFile, COUNTS_MAX_BYTES};
 pub use pager::PagerStats;
 pub use probe::{measure_h2d, reset_matmul_path};
 pub use state::Engine;

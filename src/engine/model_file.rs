@@ -26,3 +26,33 @@ impl ModelFile {
         &self.map[w.offset as usize..(w.offset + w.size) as usize]
     }
 }
+
+/// The largest router counts file read (a real one is well under a
+/// megabyte: layers x experts numbers).
+pub const COUNTS_MAX_BYTES: u64 = 64 << 20;
+
+/// The router counts at `path` (`RouterCounts::to_json`'s form, kept beside
+/// a model); None where there is no such file. A file over
+/// [`COUNTS_MAX_BYTES`], unreadable or damaged is an error naming it.
+pub fn read_router_counts(
+    path: &Path,
+) -> Result<Option<crate::paging::routing::RouterCounts>, EngineError> {
+    let io = |e| EngineError::Io(path.display().to_string(), e);
+    let size = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    if size > COUNTS_MAX_BYTES {
+        return Err(EngineError::BadCounts(
+            path.display().to_string(),
+            crate::paging::routing::RoutingError::Shape(format!(
+                "{size} bytes, more than the {COUNTS_MAX_BYTES} a counts file may have"
+            )),
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(io)?;
+    crate::paging::routing::RouterCounts::from_json(&text)
+        .map(Some)
+        .map_err(|e| EngineError::BadCounts(path.display().to_string(), e))
+}

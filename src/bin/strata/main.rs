@@ -263,21 +263,14 @@ pub fn save_router_counts(
     path: &std::path::Path,
     r: &strata::paging::routing::RouterCounts,
 ) -> Result<()> {
-    use strata::paging::routing::RouterCounts;
     let mut all = r.clone();
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let old = RouterCounts::from_json(&text)
-                .with_context(|| format!("router counts {}", path.display()))?;
-            all.merge(&old).with_context(|| {
-                format!(
-                    "router counts {} are another model's (remove the file or pass --expert-counts)",
-                    path.display()
-                )
-            })?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    if let Some(old) = strata::engine::read_router_counts(path)? {
+        all.merge(&old).with_context(|| {
+            format!(
+                "router counts {} are another model's (remove the file or pass --expert-counts)",
+                path.display()
+            )
+        })?;
     }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
