@@ -398,19 +398,26 @@ fn moe_expert_split_equals_resident() {
                 assert_eq!(st.host.groups, n_layer as u64, "{preset} dev={dev}");
             }
             assert_eq!(st.pager.uploads, 2 * n_layer as u64);
-            let whole: u64 = split.spec.groups.iter().map(|g| g.bytes()).sum();
-            let expert_bytes: u64 = split
-                .spec
-                .groups
-                .iter()
-                .flat_map(|g| &g.weights)
-                .filter(|w| w.role.is_some_and(|r| r.is_expert()))
-                .map(|w| w.size)
-                .sum();
-            let carried = whole - expert_bytes + expert_bytes * dev as u64 / hp.n_expert as u64;
+            let carried = split_upload_bytes(&split, dev);
             assert_eq!(st.pager.bytes, carried, "{preset} dev={dev}: bytes up");
         }
     }
+}
+
+/// The bytes a step of an engine streaming every group carries when each
+/// mixture layer is split with `dev` experts on the device: every weight
+/// but the expert tensors whole, and `dev` of each expert tensor's experts.
+fn split_upload_bytes(e: &Engine, dev: u32) -> u64 {
+    let whole: u64 = e.spec.groups.iter().map(|g| g.bytes()).sum();
+    let expert_bytes: u64 = e
+        .spec
+        .groups
+        .iter()
+        .flat_map(|g| &g.weights)
+        .filter(|w| w.role.is_some_and(|r| r.is_expert()))
+        .map(|w| w.size)
+        .sum();
+    whole - expert_bytes + expert_bytes * dev as u64 / e.spec.hp.n_expert as u64
 }
 
 /// Hot experts (`--hot-experts`): each mixture layer's first three experts
@@ -483,16 +490,7 @@ fn moe_hot_experts_equal_resident() {
         assert!(st.host.hot_picks > 0, "{preset}: no pick of experts 1-2");
         assert!(st.host.hot_picks < st.host.picks);
         // the bus carried the split's first expert only, as without the pool
-        let whole: u64 = hot.spec.groups.iter().map(|g| g.bytes()).sum();
-        let expert_bytes: u64 = hot
-            .spec
-            .groups
-            .iter()
-            .flat_map(|g| &g.weights)
-            .filter(|w| w.role.is_some_and(|r| r.is_expert()))
-            .map(|w| w.size)
-            .sum();
-        let carried = whole - expert_bytes + expert_bytes / hp.n_expert as u64;
+        let carried = split_upload_bytes(&hot, 1);
         assert_eq!(st.pager.bytes, carried, "{preset}: bytes up");
     }
 }

@@ -292,15 +292,7 @@ impl HostCompute {
                 "an expert split of more picks than a host step holds",
             ));
         }
-        io.rows.clear();
-        io.rows.resize(n as usize * e, 0.0);
-        io.ids.clear();
-        io.ids.resize(n as usize, picks[0].expert);
-        for (i, p) in picks.iter().enumerate() {
-            let t = p.token as usize;
-            io.rows[i * e..(i + 1) * e].copy_from_slice(&cur[t * e..(t + 1) * e]);
-            io.ids[i] = p.expert;
-        }
+        gather_rows(picks, cur, e, n as usize, &mut io.rows, &mut io.ids);
         io.arena
             .tensor(0)
             .set_bytes(bytemuck::cast_slice(&io.rows), 0)?;
@@ -333,13 +325,7 @@ impl HostCompute {
         self.backend.compute(&t.graph())?;
         io.out.resize(n as usize * e, 0.0);
         t.out().get_f32(&mut io.out)?;
-        for (i, p) in picks.iter().enumerate() {
-            let t = p.token as usize;
-            let dst = &mut out[t * e..(t + 1) * e];
-            for (d, s) in dst.iter_mut().zip(&io.out[i * e..(i + 1) * e]) {
-                *d += p.weight * s;
-            }
-        }
+        add_weighted(picks, &io.out, e, out);
         self.stats.compute += t0.elapsed();
         self.stats.groups += 1;
         // the weights read: each expert picked once (the group's bytes
@@ -359,6 +345,63 @@ impl HostCompute {
         match self.templates.get(key) {
             Some(t) => Ok(t.read_routed()?),
             None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// The picks of a router's `ids` (`n_used` per token, token-major) and
+/// their weights `wts`, for `n_tokens` tokens.
+pub fn picks_of(
+    ids: &[i32],
+    wts: &[f32],
+    n_used: usize,
+    n_tokens: usize,
+) -> Result<Vec<Pick>, EngineError> {
+    if ids.len() != n_tokens * n_used || wts.len() != ids.len() {
+        return Err(EngineError::Unsupported("a router graph without its picks"));
+    }
+    Ok(ids
+        .iter()
+        .zip(wts)
+        .enumerate()
+        .map(|(i, (&e, &w))| Pick {
+            token: (i / n_used) as u32,
+            expert: e,
+            weight: w,
+        })
+        .collect())
+}
+
+/// The input rows of `picks` (each its token's row of `cur`, F32
+/// [e, n_tokens]) and their expert ids, padded to `n` rows: the padding
+/// repeats the first pick's expert on zero rows, read by nobody.
+pub fn gather_rows(
+    picks: &[Pick],
+    cur: &[f32],
+    e: usize,
+    n: usize,
+    rows: &mut Vec<f32>,
+    ids: &mut Vec<i32>,
+) {
+    rows.clear();
+    rows.resize(n * e, 0.0);
+    ids.clear();
+    ids.resize(n, picks.first().map_or(0, |p| p.expert));
+    for (i, p) in picks.iter().enumerate() {
+        let t = p.token as usize;
+        rows[i * e..(i + 1) * e].copy_from_slice(&cur[t * e..(t + 1) * e]);
+        ids[i] = p.expert;
+    }
+}
+
+/// Adds each pick's output row (row i of `out`, `e` wide), weighted, to its
+/// token's row of `sums`.
+pub fn add_weighted(picks: &[Pick], out: &[f32], e: usize, sums: &mut [f32]) {
+    for (i, p) in picks.iter().enumerate() {
+        let t = p.token as usize;
+        let dst = &mut sums[t * e..(t + 1) * e];
+        for (d, s) in dst.iter_mut().zip(&out[i * e..(i + 1) * e]) {
+            *d += p.weight * s;
         }
     }
 }

@@ -13,13 +13,24 @@
 //!    host's sums, which go to the residual as before.
 
 use super::error::EngineError;
-use super::host::{pad_picks, Pick};
+use super::host::{add_weighted, gather_rows, pad_picks, picks_of, Pick};
 use super::hotpool::expert_sig;
 use super::state::Engine;
 use super::timeline;
 use crate::graph::{BindId, TemplateKey, ROUTED, ROUTER_IN, WEIGHTS};
-use crate::model::{GroupId, GroupKind};
+use crate::model::{GroupId, GroupKind, ModelSpec};
+use crate::paging::HotPlan;
 use std::time::Instant;
+
+/// The device graph of group `gi`'s hot experts over `n` (padded) picks.
+fn hot_key(spec: &ModelSpec, plan: &HotPlan, gi: GroupId, n: u32) -> TemplateKey {
+    TemplateKey::HotExperts {
+        sig: expert_sig(spec, gi.index()),
+        picks: n,
+        n_hot: plan.sets[gi.index()].len() as u32,
+        instance: gi.index() as u32,
+    }
+}
 
 impl Engine {
     /// Whether group `gi` has hot experts on the device.
@@ -62,9 +73,7 @@ impl Engine {
         if hot.is_empty() {
             return Ok((cold, hot));
         }
-        // padded as the host's rows are (a few templates serve every
-        // step): the padding repeats the first pick's expert on zero rows,
-        // read by nobody
+        // padded as the host's rows are (a few templates serve every step)
         let n = pad_picks(hot.len() as u32);
         if n > pool.most {
             return Err(EngineError::Unsupported(
@@ -72,15 +81,7 @@ impl Engine {
             ));
         }
         let e = self.spec.hp.n_embd as usize;
-        pool.rows.clear();
-        pool.rows.resize(n as usize * e, 0.0);
-        pool.ids.clear();
-        pool.ids.resize(n as usize, hot[0].expert);
-        for (i, p) in hot.iter().enumerate() {
-            let t = p.token as usize;
-            pool.rows[i * e..(i + 1) * e].copy_from_slice(&cur[t * e..(t + 1) * e]);
-            pool.ids[i] = p.expert;
-        }
+        gather_rows(&hot, cur, e, n as usize, &mut pool.rows, &mut pool.ids);
         // nothing queued reads them: the device's last hot graph was waited
         // for (`finish_hot`) before these are written
         pool.io
@@ -96,12 +97,7 @@ impl Engine {
             pool.io.binding(0),
             pool.io.binding(1),
         ];
-        let key = TemplateKey::HotExperts {
-            sig: expert_sig(&self.spec, gi.index()),
-            picks: n,
-            n_hot: pool.plan.sets[gi.index()].len() as u32,
-            instance: gi.index() as u32,
-        };
+        let key = hot_key(&self.spec, &pool.plan, gi, n);
         self.templates
             .get(&key)?
             .bind(BindId::resident(gi), &binds, None)?;
@@ -131,23 +127,12 @@ impl Engine {
         }
         let pool = self.hot.as_mut().expect("queue_hot found the pool");
         let n = pad_picks(hot.len() as u32);
-        let key = TemplateKey::HotExperts {
-            sig: expert_sig(&self.spec, gi.index()),
-            picks: n,
-            n_hot: pool.plan.sets[gi.index()].len() as u32,
-            instance: gi.index() as u32,
-        };
+        let key = hot_key(&self.spec, &pool.plan, gi, n);
         self.backend.synchronize();
         let e = self.spec.hp.n_embd as usize;
         pool.out.resize(n as usize * e, 0.0);
         self.templates.get(&key)?.out().get_f32(&mut pool.out)?;
-        for (i, p) in hot.iter().enumerate() {
-            let t = p.token as usize;
-            let dst = &mut sums[t * e..(t + 1) * e];
-            for (d, s) in dst.iter_mut().zip(&pool.out[i * e..(i + 1) * e]) {
-                *d += p.weight * s;
-            }
-        }
+        add_weighted(hot, &pool.out, e, sums);
         Ok(())
     }
 
@@ -169,21 +154,8 @@ impl Engine {
         let cur: Vec<f32> = host.read_node(&rkey, ROUTER_IN)?;
         let ids: Vec<i32> = host.read_node(&rkey, ROUTED)?;
         let wts: Vec<f32> = host.read_node(&rkey, WEIGHTS)?;
-        let k = self.spec.hp.n_expert_used as usize;
-        if ids.len() != n as usize * k || wts.len() != ids.len() {
-            return Err(EngineError::Unsupported("a router graph without its picks"));
-        }
+        let picks = picks_of(&ids, &wts, self.spec.hp.n_expert_used as usize, n as usize)?;
         self.count_routed(layer, &ids)?;
-        let picks: Vec<Pick> = ids
-            .iter()
-            .zip(&wts)
-            .enumerate()
-            .map(|(i, (&e, &w))| Pick {
-                token: (i / k) as u32,
-                expert: e,
-                weight: w,
-            })
-            .collect();
         if shared_cores {
             // a CPU standing in for the device: its pool and the host's
             // take turns on the cores

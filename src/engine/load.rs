@@ -360,7 +360,9 @@ impl Engine {
             input.cpu = Some(c.clone());
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
-            if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, None)? {
+            let counts = hot_counts(&spec, cfg)?;
+            let counts = counts.as_ref();
+            if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, counts, None) {
                 // the CPU's share of those groups falls by the hot sets'
                 set_hot_shares(&mut input.groups, &h);
                 input.fixed_bytes += h.bytes + hot_io_bytes(&spec, n_batch);
@@ -368,8 +370,16 @@ impl Engine {
                 // the plan moved groups (spread residency shifts them all):
                 // the sets again for the groups streamed now, in the bytes
                 // reserved
-                let h = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, Some(h.bytes))?
-                    .unwrap_or_default();
+                let h = hot_plan(
+                    &spec,
+                    &input.groups,
+                    &plan,
+                    cfg,
+                    n_batch,
+                    counts,
+                    Some(h.bytes),
+                )
+                .unwrap_or_default();
                 set_hot_shares(&mut input.groups, &h);
                 hot = Some(h);
             }
@@ -689,8 +699,8 @@ fn hot_io_bytes(spec: &ModelSpec, n_batch: u32) -> u64 {
     most * (4 * spec.hp.n_embd as u64 + 4) + 1024
 }
 
-/// The hot experts `cfg` asks for, from the router counts persisted beside
-/// the model, within `cap` bytes, else what the plan's resident groups
+/// The hot experts `cfg` asks for, from `counts` (persisted beside the
+/// model), within `cap` bytes, else what the plan's resident groups
 /// hold (all of it for a number asked, half for auto): None where there
 /// are none.
 fn hot_plan(
@@ -699,11 +709,44 @@ fn hot_plan(
     plan: &crate::paging::MemoryPlan,
     cfg: &EngineConfig,
     n_batch: u32,
+    counts: Option<&crate::paging::routing::RouterCounts>,
     cap: Option<u64>,
-) -> Result<Option<crate::paging::HotPlan>, EngineError> {
+) -> Option<crate::paging::HotPlan> {
     use crate::paging::HotExperts;
     let mode = cfg.paging.hot;
     if mode == HotExperts::Off || !spec.hp.is_moe() {
+        return None;
+    }
+    let resident: u64 = groups
+        .iter()
+        .zip(&plan.placement.resident)
+        .filter(|(_, r)| **r)
+        .map(|(g, _)| g.bytes)
+        .sum();
+    // streaming everything whatever the budget (tests, benchmarks): the
+    // pool too
+    let room = if cfg.paging.stream_all {
+        u64::MAX
+    } else {
+        resident.saturating_sub(hot_io_bytes(spec, n_batch))
+    };
+    let budget = match (cap, mode) {
+        (Some(c), _) => c,
+        (None, HotExperts::Auto) => room / 2,
+        (None, _) => room,
+    };
+    let h = crate::paging::plan_hot(groups, &hot_eligible(groups, plan), counts, mode, budget);
+    (!h.is_empty()).then_some(h)
+}
+
+/// The router counts kept beside the model where hot experts are asked
+/// for (read once per load), None where there are none or they are
+/// another model's.
+fn hot_counts(
+    spec: &ModelSpec,
+    cfg: &EngineConfig,
+) -> Result<Option<crate::paging::routing::RouterCounts>, EngineError> {
+    if cfg.paging.hot == crate::paging::HotExperts::Off || !spec.hp.is_moe() {
         return Ok(None);
     }
     let counts = match &cfg.expert_counts {
@@ -729,30 +772,5 @@ fn hot_plan(
         },
         None => None,
     };
-    let resident: u64 = groups
-        .iter()
-        .zip(&plan.placement.resident)
-        .filter(|(_, r)| **r)
-        .map(|(g, _)| g.bytes)
-        .sum();
-    // streaming everything whatever the budget (tests, benchmarks): the
-    // pool too
-    let room = if cfg.paging.stream_all {
-        u64::MAX
-    } else {
-        resident.saturating_sub(hot_io_bytes(spec, n_batch))
-    };
-    let budget = match (cap, mode) {
-        (Some(c), _) => c,
-        (None, HotExperts::Auto) => room / 2,
-        (None, _) => room,
-    };
-    let h = crate::paging::plan_hot(
-        groups,
-        &hot_eligible(groups, plan),
-        counts.as_ref(),
-        mode,
-        budget,
-    );
-    Ok((!h.is_empty()).then_some(h))
+    Ok(counts)
 }

@@ -18,7 +18,7 @@
 //!    after the device's FFN.
 
 use super::error::EngineError;
-use super::host::Pick;
+use super::host::picks_of;
 use super::pager::Partial;
 use super::state::Engine;
 use super::store::Location;
@@ -114,22 +114,10 @@ impl Engine {
         let cur: Vec<f32> = t.read_node(ROUTER_IN)?;
         let ids: Vec<i32> = t.read_node(ROUTED)?;
         let wts: Vec<f32> = t.read_node(WEIGHTS)?;
-        let k = self.spec.hp.n_expert_used as usize;
-        if ids.len() != n as usize * k || wts.len() != ids.len() {
-            return Err(EngineError::Unsupported("a router graph without its picks"));
-        }
+        let mut picks = picks_of(&ids, &wts, self.spec.hp.n_expert_used as usize, n as usize)?;
         self.count_routed(layer, &ids)?;
-        let picks: Vec<Pick> = ids
-            .iter()
-            .zip(&wts)
-            .enumerate()
-            .filter(|(_, (&e, _))| e >= dev)
-            .map(|(i, (&e, &w))| Pick {
-                token: (i / k) as u32,
-                expert: e,
-                weight: w,
-            })
-            .collect();
+        // the host's side: the experts the slot holds zeros for
+        picks.retain(|p| p.expert >= dev);
 
         // 3. the device's experts, queued
         let (_, key) = self.group_key(layer, GroupKind::Ffn, shape);
