@@ -102,6 +102,11 @@ impl KvCache {
         self.cells.truncate_seq(seq, from);
         self.release_empty();
     }
+    /// Frees `seq`'s hold on `cells`, in every tier.
+    pub(super) fn drop_cells(&mut self, seq: u32, cells: &[u32]) {
+        self.cells.drop_cells(seq, cells);
+        self.release_empty();
+    }
     /// Forgets sequence `seq`, in every tier.
     pub(super) fn remove_seq(&mut self, seq: u32) {
         self.cells.remove_seq(seq);

@@ -292,6 +292,15 @@ impl Engine {
             n.truncate_seq(seq, from);
         }
     }
+    /// Frees sequence `seq`'s hold on `cells`: the rejected nodes of a
+    /// token tree ([`Engine::decode_tree`]), in every tier and part.
+    pub fn drop_cells(&mut self, seq: u32, cells: &[u32]) {
+        self.pager_sync();
+        self.kv.drop_cells(seq, cells);
+        if let Some(n) = self.next.as_deref_mut() {
+            n.drop_cells(seq, cells);
+        }
+    }
     /// Shares the cells of `src` at positions `[p0, p1)` with `dst`, which
     /// must hold no cells yet: a cached prefix, reused without recomputing
     /// or copying it.

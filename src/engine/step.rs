@@ -23,6 +23,7 @@ use crate::graph::StepShape;
 use crate::graph::TemplateKey;
 use crate::graph::HEAD_ROWS;
 use crate::kv::KvCells;
+use crate::kv::StepTree;
 use crate::model::GroupId;
 use crate::model::GroupKind;
 use crate::paging::Ring;
@@ -40,7 +41,7 @@ impl Engine {
         let before = (tokens.len() > self.lim.n_batch as usize)
             .then(|| self.parts().map(|e| e.kv.snapshot()).collect::<Vec<_>>());
         for chunk in tokens.chunks(self.lim.n_batch as usize) {
-            if let Err(e) = self.step(chunk, &mut out) {
+            if let Err(e) = self.step(chunk, None, &mut out) {
                 // all or nothing: earlier steps' cells are given back too
                 if let Some(b) = before {
                     self.restore_chain(b.into_iter());
@@ -49,6 +50,35 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// Runs `tokens` in one step whose tokens form a tree (`tree`: which
+    /// cells each token sees, see [`crate::kv::tree`]): the verifying step
+    /// of a token tree, or a level of a draft model's tree. Returns the
+    /// logits of each token with `logits == true`, in order, and the cell
+    /// each token was placed in. The tokens must fit one step (n_batch). On
+    /// error the KV cache holds what it held before the call.
+    pub fn decode_tree(
+        &mut self,
+        tokens: &[BatchToken],
+        tree: &StepTree,
+    ) -> Result<(Vec<f32>, Vec<u32>), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyBatch);
+        }
+        if tokens.len() > self.lim.n_batch as usize {
+            return Err(crate::kv::KvError::BadTree(format!(
+                "{} tokens do not fit one step of {} (raise --batch-size)",
+                tokens.len(),
+                self.lim.n_batch
+            ))
+            .into());
+        }
+        let sp: Vec<(u32, i32)> = tokens.iter().map(|t| (t.seq, t.pos)).collect();
+        tree.validate(&sp, self.kv.cells().size())?;
+        let mut out = Vec::new();
+        let cells = self.step(tokens, Some(tree), &mut out)?;
+        Ok((out, cells))
     }
 
     /// Gives every part back the cells of `snaps` (one per part, in order).
@@ -88,13 +118,19 @@ impl Engine {
     /// places its cells and starts its uploads first (so a later device's
     /// link fills its slots while the earlier ones compute), then each
     /// computes its layers and hands the residual stream to the next.
-    fn step(&mut self, toks: &[BatchToken], out: &mut Vec<f32>) -> Result<(), EngineError> {
+    /// Returns the cells the step's tokens were placed in.
+    fn step(
+        &mut self,
+        toks: &[BatchToken],
+        tree: Option<&StepTree>,
+        out: &mut Vec<f32>,
+    ) -> Result<Vec<u32>, EngineError> {
         self.validate(toks)?;
         let start = Instant::now();
         let out_len = out.len();
         let r = self
-            .begin_chain(toks, None)
-            .and_then(|()| self.run_chain(out));
+            .begin_chain(toks, tree, None)
+            .and_then(|cells| self.run_chain(out).map(|()| cells));
         if r.is_err() {
             self.abort_chain();
             out.truncate(out_len);
@@ -113,13 +149,15 @@ impl Engine {
         r
     }
 
-    /// Begins the step on this part and the parts after it.
+    /// Begins the step on this part and the parts after it; returns the
+    /// step's cells.
     fn begin_chain(
         &mut self,
         toks: &[BatchToken],
+        tree: Option<&StepTree>,
         first: Option<&[u32]>,
-    ) -> Result<(), EngineError> {
-        let cells = self.begin_part(toks)?;
+    ) -> Result<Vec<u32>, EngineError> {
+        let cells = self.begin_part(toks, tree)?;
         // every part's cells mirror the first's: the same operations in
         // the same order on the same cell table
         if first.is_some_and(|f| f != cells.as_slice()) {
@@ -129,9 +167,9 @@ impl Engine {
             )));
         }
         if let Some(n) = self.next.as_deref_mut() {
-            n.begin_chain(toks, Some(first.unwrap_or(&cells)))?;
+            n.begin_chain(toks, tree, Some(first.unwrap_or(&cells)))?;
         }
-        Ok(())
+        Ok(cells)
     }
 
     /// Runs the begun step on this part and the parts after it.
@@ -169,7 +207,11 @@ impl Engine {
     /// Places the step's cells, writes its inputs and starts the pager's
     /// uploads; returns the cells. `pending` holds the rest for
     /// [`Engine::run_part`].
-    fn begin_part(&mut self, toks: &[BatchToken]) -> Result<Vec<u32>, EngineError> {
+    fn begin_part(
+        &mut self,
+        toks: &[BatchToken],
+        tree: Option<&StepTree>,
+    ) -> Result<Vec<u32>, EngineError> {
         // inputs and the KV tier's host frames are written below: nothing
         // may be in flight
         self.pager_sync();
@@ -186,11 +228,16 @@ impl Engine {
             on_cpu: Vec::new(),
             last_cpu: None,
         });
-        self.prepare_part(toks, &cells)?;
+        self.prepare_part(toks, tree, &cells)?;
         Ok(cells)
     }
 
-    fn prepare_part(&mut self, toks: &[BatchToken], cells: &[u32]) -> Result<(), EngineError> {
+    fn prepare_part(
+        &mut self,
+        toks: &[BatchToken],
+        tree: Option<&StepTree>,
+        cells: &[u32],
+    ) -> Result<(), EngineError> {
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
@@ -221,6 +268,12 @@ impl Engine {
         if n_swa > 0 {
             self.kv
                 .fill_mask(&sp, n_kv as usize, Some(n_swa), &mut self.mask);
+        }
+        if let Some(t) = tree {
+            // each token sees, of the tree's cells, only its ancestors
+            for m in self.mask.chunks_mut(n_kv as usize * toks.len()) {
+                t.hide(cells, n_kv as usize, m);
+            }
         }
         self.persistent
             .tensor(buffers::MASK)

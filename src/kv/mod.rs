@@ -15,6 +15,9 @@
 
 pub mod spill;
 pub mod tier;
+pub mod tree;
+
+pub use tree::StepTree;
 
 /// Errors from cell placement.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -27,6 +30,8 @@ pub enum KvError {
     },
     #[error("sequence id {0} is out of range (at most {max} sequences)", max = MAX_SEQ)]
     BadSeq(u32),
+    #[error("bad token tree: {0}")]
+    BadTree(String),
 }
 
 /// Most sequences the bitmask per cell can hold.
@@ -141,6 +146,25 @@ impl KvCells {
         }
         for c in 0..self.size() {
             if self.seqs[c] & (1 << s) != 0 && self.pos[c] >= from {
+                self.seqs[c] &= !(1 << s);
+                if self.seqs[c] == 0 {
+                    self.pos[c] = -1;
+                    self.used -= 1;
+                }
+            }
+        }
+    }
+
+    /// Frees sequence `s`'s hold on `cells` (the rejected nodes of a token
+    /// tree, which share positions with the accepted ones, so
+    /// [`KvCells::truncate_seq`] cannot single them out).
+    pub fn drop_cells(&mut self, s: u32, cells: &[u32]) {
+        if s >= MAX_SEQ {
+            return;
+        }
+        for &c in cells {
+            let c = c as usize;
+            if c < self.size() && self.seqs[c] & (1 << s) != 0 {
                 self.seqs[c] &= !(1 << s);
                 if self.seqs[c] == 0 {
                     self.pos[c] = -1;

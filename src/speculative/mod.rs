@@ -33,10 +33,12 @@
 mod draft_model;
 mod length;
 mod lookup;
+mod tree;
 
 pub use draft_model::{check_vocab, top_token, DraftModel, DraftRequest, VocabMismatch};
 pub use length::DraftLength;
 pub use lookup::NgramLookup;
+pub use tree::{grow, top_logprobs, verify_tree, DraftTree, TreeNode, TreeShape};
 
 use crate::engine::EngineError;
 use std::time::{Duration, Instant};
@@ -281,16 +283,15 @@ pub fn verify_with(
     drafts: &[u32],
     mut emit: impl FnMut(u32, bool, &mut crate::sample::Sampler) -> bool,
 ) -> Result<usize, crate::sample::SampleError> {
-    let mut i = 0;
-    loop {
-        let tok = sampler.sample(&rows[i * n_vocab..(i + 1) * n_vocab])?;
-        sampler.accept(tok);
-        let verified = drafts.get(i) == Some(&tok);
-        if !emit(tok, verified, sampler) || !verified {
-            return Ok(i);
-        }
-        i += 1;
-    }
+    // a chain is a tree whose nodes have one child each
+    let path = verify_tree(
+        sampler,
+        rows,
+        n_vocab,
+        &DraftTree::chain(drafts),
+        |t, n, s| emit(t, n.is_some(), s),
+    )?;
+    Ok(path.len())
 }
 
 #[cfg(test)]
