@@ -8,7 +8,7 @@ use crate::engine::{Engine, EngineError};
 use crate::llama::{LlamaError, LlamaModel};
 use crate::round::{self, Feed};
 use crate::sample::{SampleError, Sampler};
-use crate::speculative::Speculator;
+use crate::speculative::{DraftTree, Speculator};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +247,7 @@ impl<'a> Session<'a> {
                 tokens: &feed,
                 drafts: 0,
                 sample: true,
+                tree: None,
             }],
         )?;
         for &p in prompt {
@@ -260,20 +261,23 @@ impl<'a> Session<'a> {
         let mut out = Vec::new();
         let mut text = Utf8Stream::default();
         let n_vocab = self.engine.n_vocab() as usize;
-        // rows.of(0)[i]: logits after the cache's last token and drafts[..i]
-        let mut drafts: Vec<u32> = Vec::new();
-        // tokens the KV cache holds: self.tokens plus unverified drafts
+        // rows.of(0)[0]: logits after the cache's last token; [1 + i]:
+        // after the tree's node i and its ancestors
+        let mut tree = DraftTree::default();
+        // accepted nodes of the last round, root to leaf
+        let mut path: Vec<usize> = Vec::new();
+        // positions the KV cache holds: self.tokens plus unverified drafts
         let mut cached = self.tokens.len();
         // the last round's target step; None: the rows come from the prompt
         let mut last_round: Option<Duration> = None;
         'rounds: while out.len() < n_predict {
             let mut stop = false;
             let first = out.len();
-            let drawn = round::draw(
+            let drawn = round::draw_tree(
                 &mut self.sampler,
                 rows.of(0),
                 n_vocab,
-                &drafts,
+                &tree,
                 None,
                 |tok, verified| {
                     out.push(tok);
@@ -300,14 +304,17 @@ impl<'a> Session<'a> {
             );
             // drafts accepted
             let i = match drawn {
-                Ok(d) => d.tokens.len() - 1,
+                Ok(d) => {
+                    path = d.path;
+                    d.tokens.len() - 1
+                }
                 Err(e) => {
-                    self.drop_unverified(&mut cached);
+                    self.drop_unverified(&tree, rows.cells_of(0), &[], &mut cached);
                     return Err(e.into());
                 }
             };
             if let (Some(s), Some(step)) = (spec.as_deref_mut(), last_round) {
-                s.round_done(drafts.len(), i, out[first], step);
+                s.round_done(tree.len(), i, out[first], step);
             }
             if stop {
                 break 'rounds;
@@ -321,14 +328,14 @@ impl<'a> Session<'a> {
                 break 'rounds;
             }
             // rejected drafts leave the cache
-            self.drop_unverified(&mut cached);
+            self.drop_unverified(&tree, rows.cells_of(0), &path, &mut cached);
             // the next round: the pending token plus new drafts
             let tok = self
                 .pending
                 .take()
                 .expect("a round ends with a pending token");
             self.tokens.push(tok);
-            drafts = match spec.as_deref_mut() {
+            tree = match spec.as_deref_mut() {
                 Some(s) => {
                     if s.uses_model() {
                         // the draft model computes on the same cores
@@ -337,8 +344,12 @@ impl<'a> Session<'a> {
                     // each round emits at most 1 + drafts tokens; drafts
                     // and the pending token must fit in the context
                     let room = n_ctx.saturating_sub(self.tokens.len());
-                    match s.draft(&self.tokens, (n_predict - out.len() - 1).min(room)) {
-                        Ok(d) => d,
+                    match s.draft_round(&self.tokens, (n_predict - out.len() - 1).min(room)) {
+                        Ok(mut d) => {
+                            // the pending token and the tree in one step
+                            d.truncate(self.engine.n_batch() as usize - 1);
+                            d
+                        }
                         Err(e) => {
                             self.tokens.pop();
                             self.pending = Some(tok);
@@ -346,22 +357,23 @@ impl<'a> Session<'a> {
                         }
                     }
                 }
-                None => Vec::new(),
+                None => DraftTree::default(),
             };
-            let step: Vec<u32> = std::iter::once(tok).chain(drafts.iter().copied()).collect();
+            let step = tree.step_tokens(tok);
             let base = self.tokens.len() - 1;
             let round = Instant::now();
             let f = Feed {
                 seq: 0,
                 pos: base,
                 tokens: &step,
-                drafts: drafts.len(),
+                drafts: tree.len(),
                 sample: true,
+                tree: Some(&tree),
             };
             match round::step(self.engine, &[f]) {
                 Ok(r) => {
                     rows = r;
-                    cached = base + step.len();
+                    cached = base + 1 + tree.depth();
                 }
                 Err(e) => {
                     self.tokens.pop();
@@ -371,7 +383,7 @@ impl<'a> Session<'a> {
             }
             last_round = Some(round.elapsed());
         }
-        self.drop_unverified(&mut cached);
+        self.drop_unverified(&tree, rows.cells_of(0), &path, &mut cached);
         // tokens sampled; all but an end-of-generation token and the last
         // one (pending, fed first by the next call) are in the KV cache
         t.gen_tokens = out.len();
@@ -379,9 +391,27 @@ impl<'a> Session<'a> {
         Ok((out, t))
     }
 
-    /// Truncates drafts that were not accepted out of the KV cache.
-    fn drop_unverified(&mut self, cached: &mut usize) {
-        round::rollback(self.engine, 0, *cached, self.tokens.len());
+    /// Takes the drafts that were not accepted (the nodes of `tree` off
+    /// `path`, and any position past the session's tokens) out of the KV
+    /// cache. `cells`: the last step's cells (empty for a chain).
+    fn drop_unverified(
+        &mut self,
+        tree: &DraftTree,
+        cells: &[u32],
+        path: &[usize],
+        cached: &mut usize,
+    ) {
+        if *cached > self.tokens.len() || !path.is_empty() {
+            round::rollback_tree(
+                self.engine,
+                0,
+                tree,
+                cells,
+                path,
+                *cached,
+                self.tokens.len(),
+            );
+        }
         *cached = (*cached).min(self.tokens.len());
     }
 }

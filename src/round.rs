@@ -10,12 +10,19 @@
 //!    logprobs of each token's distribution when asked;
 //! 3. [`rollback`]: the drafts that were not accepted leave the KV cache.
 //!
+//! A feed's drafts may be a token tree ([`crate::speculative::DraftTree`]):
+//! the step then carries the tree's structure ([`crate::kv::StepTree`]),
+//! [`draw_tree`] walks down the tree, and [`rollback_tree`] drops the nodes
+//! off the accepted path.
+//!
 //! What each caller does between those (streaming text, stop strings,
 //! drafting the next round, scheduling) stays its own.
 
 use crate::engine::{BatchToken, Engine, EngineError};
+use crate::kv::StepTree;
 use crate::sample::logprobs::TokenLogprob;
 use crate::sample::{SampleError, Sampler};
+use crate::speculative::DraftTree;
 
 /// One sequence's tokens in a round.
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +37,10 @@ pub struct Feed<'a> {
     /// Whether the sequence samples after this step (the end of a prompt,
     /// or a decode feed).
     pub sample: bool,
+    /// The drafts as a tree: `tokens` is then the pending token followed by
+    /// the tree's nodes in order ([`DraftTree::step_tokens`]), and
+    /// `drafts` the tree's size. None: the drafts are a chain.
+    pub tree: Option<&'a DraftTree>,
 }
 
 impl Feed<'_> {
@@ -41,6 +52,37 @@ impl Feed<'_> {
     /// The unverified drafts at the end of the feed.
     pub fn drafted(&self) -> &[u32] {
         &self.tokens[self.tokens.len() - self.drafts..]
+    }
+    /// Per token: its position and its parent's index in the feed (None:
+    /// the feed's first token).
+    fn layout(&self) -> Vec<(i32, Option<u32>)> {
+        let first = (self.tokens.len() - self.drafts - 1) as u32;
+        let chain = (0..self.tokens.len()).map(|i| {
+            (
+                self.pos as i32 + i as i32,
+                i.checked_sub(1).map(|p| p as u32),
+            )
+        });
+        match self.tree {
+            None => chain.collect(),
+            Some(t) => {
+                let at = (self.pos + first as usize) as i32;
+                chain
+                    .take(first as usize)
+                    .chain(t.step_layout().into_iter().map(|(d, p)| {
+                        let parent = match p {
+                            Some(p) => Some(first + p),
+                            None => first.checked_sub(1),
+                        };
+                        (at + d as i32, parent)
+                    }))
+                    .collect()
+            }
+        }
+    }
+    /// Whether the feed's drafts branch.
+    fn branches(&self) -> bool {
+        self.tree.is_some_and(|t| !t.is_chain())
     }
     /// Rows of logits the feed gets: its last token's and its drafts'.
     pub fn rows(&self) -> usize {
@@ -60,15 +102,33 @@ pub fn batch(feeds: &[Feed]) -> Vec<BatchToken> {
             let first_row = f.tokens.len() - f.rows();
             f.tokens
                 .iter()
+                .zip(f.layout())
                 .enumerate()
-                .map(move |(i, &token)| BatchToken {
+                .map(move |(i, (&token, (pos, _)))| BatchToken {
                     token,
-                    pos: (f.pos + i) as i32,
+                    pos,
                     seq: f.seq,
                     logits: i >= first_row,
                 })
         })
         .collect()
+}
+
+/// The tree structure of the batch of `feeds` (each token's parent in the
+/// batch); None when no feed's drafts branch.
+pub fn step_tree(feeds: &[Feed]) -> Option<StepTree> {
+    if !feeds.iter().any(Feed::branches) {
+        return None;
+    }
+    let mut t = StepTree::new();
+    let mut at = 0u32;
+    for f in feeds {
+        for (_, p) in f.layout() {
+            t.push(p.map(|p| at + p), Vec::new());
+        }
+        at += f.tokens.len() as u32;
+    }
+    Some(t)
 }
 
 /// The logits of one round, per feed.
@@ -77,6 +137,11 @@ pub struct Rows {
     /// Per feed: (first value, values); empty for a feed that does not
     /// sample.
     spans: Vec<(usize, usize)>,
+    /// The cell of each token of the batch, in a step with a tree (empty
+    /// otherwise).
+    cells: Vec<u32>,
+    /// Per feed: its first token in the batch.
+    starts: Vec<usize>,
     pub n_vocab: usize,
 }
 
@@ -86,13 +151,35 @@ impl Rows {
         let (at, n) = self.spans[i];
         &self.logits[at..at + n]
     }
+    /// The cells of feed `i`'s tokens, in a step with a tree (empty
+    /// otherwise).
+    pub fn cells_of(&self, i: usize) -> &[u32] {
+        if self.cells.is_empty() {
+            return &[];
+        }
+        let end = self.starts.get(i + 1).copied().unwrap_or(self.cells.len());
+        &self.cells[self.starts[i]..end]
+    }
 }
 
-/// Runs `feeds` in one engine step. On error the KV cache holds what it
+/// Runs `feeds` in one engine step (a tree step where a feed's drafts
+/// branch: it must fit one step). On error the KV cache holds what it
 /// held before.
 pub fn step(engine: &mut Engine, feeds: &[Feed]) -> Result<Rows, EngineError> {
     let n_vocab = engine.n_vocab() as usize;
-    let logits = engine.decode(&batch(feeds))?;
+    let toks = batch(feeds);
+    let (logits, cells) = match step_tree(feeds) {
+        Some(t) => engine.decode_tree(&toks, &t)?,
+        None => (engine.decode(&toks)?, Vec::new()),
+    };
+    let mut n = 0;
+    let starts = feeds
+        .iter()
+        .map(|f| {
+            n += f.tokens.len();
+            n - f.tokens.len()
+        })
+        .collect();
     let mut at = 0;
     let spans = feeds
         .iter()
@@ -106,6 +193,8 @@ pub fn step(engine: &mut Engine, feeds: &[Feed]) -> Result<Rows, EngineError> {
     Ok(Rows {
         logits,
         spans,
+        cells,
+        starts,
         n_vocab,
     })
 }
@@ -115,6 +204,8 @@ pub fn step(engine: &mut Engine, feeds: &[Feed]) -> Result<Rows, EngineError> {
 pub struct Drawn {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
+    /// The accepted drafts' nodes, root to leaf.
+    pub path: Vec<usize>,
 }
 
 /// Draws a feed's tokens from its `rows` with `sampler` (each accepted into
@@ -129,11 +220,26 @@ pub fn draw(
     n_vocab: usize,
     drafts: &[u32],
     top_logprobs: Option<usize>,
+    on_token: impl FnMut(u32, bool) -> bool,
+) -> Result<Drawn, SampleError> {
+    let chain = DraftTree::chain(drafts);
+    draw_tree(sampler, rows, n_vocab, &chain, top_logprobs, on_token)
+}
+
+/// [`draw`] for drafts as a tree: from row 0 down the tree while the token
+/// drawn is a child's (row 1 + i: after node i).
+pub fn draw_tree(
+    sampler: &mut Sampler,
+    rows: &[f32],
+    n_vocab: usize,
+    tree: &DraftTree,
+    top_logprobs: Option<usize>,
     mut on_token: impl FnMut(u32, bool) -> bool,
 ) -> Result<Drawn, SampleError> {
     let mut d = Drawn::default();
     let mut failed = None;
-    crate::speculative::verify_with(sampler, rows, n_vocab, drafts, |tok, verified, s| {
+    let path = crate::speculative::verify_tree(sampler, rows, n_vocab, tree, |tok, node, s| {
+        let verified = node.is_some();
         if let Some(top) = top_logprobs {
             match s.sampled_logprob(tok, top) {
                 Ok(lp) => d.logprobs.push(lp),
@@ -146,6 +252,7 @@ pub fn draw(
         d.tokens.push(tok);
         on_token(tok, verified)
     })?;
+    d.path = path;
     match failed {
         Some(e) => Err(e),
         None => Ok(d),
@@ -164,6 +271,28 @@ pub fn rollback(engine: &mut Engine, seq: u32, held: usize, keep: usize) -> bool
     }
 }
 
+/// After a tree step: the nodes of `tree` off the accepted `path` leave the
+/// cache (`cells`: the feed's cells, the pending token's first), then
+/// [`rollback`] keeps the first `keep` tokens of the `held`.
+pub fn rollback_tree(
+    engine: &mut Engine,
+    seq: u32,
+    tree: &DraftTree,
+    cells: &[u32],
+    path: &[usize],
+    held: usize,
+    keep: usize,
+) -> bool {
+    let off: Vec<u32> = (0..tree.len())
+        .filter(|i| !path.contains(i))
+        .filter_map(|i| cells.get(1 + i).copied())
+        .collect();
+    if !off.is_empty() {
+        engine.drop_cells(seq, &off);
+    }
+    rollback(engine, seq, held, keep) || !off.is_empty()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +308,7 @@ mod tests {
                 tokens: &a,
                 drafts: 0,
                 sample: false,
+                tree: None,
             },
             // a pending token and two drafts
             Feed {
@@ -187,6 +317,7 @@ mod tests {
                 tokens: &b,
                 drafts: 2,
                 sample: true,
+                tree: None,
             },
             Feed {
                 seq: 2,
@@ -194,6 +325,7 @@ mod tests {
                 tokens: &c,
                 drafts: 0,
                 sample: true,
+                tree: None,
             },
         ];
         let want: Vec<(u32, i32, u32, bool)> = vec![
@@ -212,6 +344,69 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(feeds.map(|f| f.rows()), [0, 3, 1]);
         assert_eq!((feeds[1].base(), feeds[1].drafted()), (11, &[8, 9][..]));
+    }
+
+    /// A tree feed's tokens sit at their depth's position with their
+    /// parents' indices; a prompt chunk before it chains.
+    #[test]
+    fn a_tree_feed_carries_its_structure() {
+        let mut t = DraftTree::default();
+        let a = t.add(None, 5, 0.0);
+        t.add(None, 6, 0.0);
+        t.add(a, 7, 0.0);
+        let toks = t.step_tokens(9);
+        let chunk = [1, 2];
+        let feeds = [
+            Feed {
+                seq: 1,
+                pos: 0,
+                tokens: &chunk,
+                drafts: 0,
+                sample: false,
+                tree: None,
+            },
+            Feed {
+                seq: 0,
+                pos: 20,
+                tokens: &toks,
+                drafts: t.len(),
+                sample: true,
+                tree: Some(&t),
+            },
+        ];
+        let got: Vec<_> = batch(&feeds)
+            .iter()
+            .map(|b| (b.token, b.pos, b.logits))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, 0, false),
+                (2, 1, false),
+                (9, 20, true),
+                (5, 21, true),
+                (6, 21, true),
+                (7, 22, true)
+            ]
+        );
+        let st = step_tree(&feeds).expect("a tree");
+        assert_eq!(
+            st.parent,
+            vec![None, Some(0), None, Some(2), Some(2), Some(3)]
+        );
+        // chains need no tree
+        let c = DraftTree::chain(&[5, 7]);
+        let ct = c.step_tokens(9);
+        let chain = [Feed {
+            seq: 0,
+            pos: 3,
+            tokens: &ct,
+            drafts: 2,
+            sample: true,
+            tree: Some(&c),
+        }];
+        assert!(step_tree(&chain).is_none());
+        assert_eq!(batch(&chain)[2].pos, 5);
     }
 
     #[test]

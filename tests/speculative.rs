@@ -49,6 +49,7 @@ fn lookup() -> Speculator {
             draft_min: 0,
             // every round drafts: the most verification and rollback
             adaptive: false,
+            tree: 0,
         },
     )
 }
@@ -153,6 +154,7 @@ fn draft_model_greedy_equals_plain_qwen15() {
             draft_min: 0,
             // every round drafts: the most verification and rollback
             adaptive: false,
+            tree: 0,
         },
     );
     for p in PROMPTS {

@@ -750,5 +750,6 @@ fn view(f: &Feed) -> round::Feed<'_> {
         tokens: &f.tokens,
         drafts: f.drafts,
         sample: f.logits,
+        tree: None,
     }
 }

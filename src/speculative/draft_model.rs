@@ -10,7 +10,9 @@
 //! computes it) and it wants more. Drafts are point masses: see the module
 //! docs of `speculative` for why verification stays lossless.
 
+use super::tree::{grow, top_logprobs, DraftTree, TreeShape};
 use crate::engine::{BatchToken, Engine, EngineError};
+use crate::kv::StepTree;
 use crate::llama::LlamaModel;
 use std::collections::HashMap;
 
@@ -136,34 +138,16 @@ impl DraftModel {
         let mut live: Vec<(usize, u32, usize)> = Vec::new();
         let mut feed: Vec<BatchToken> = Vec::new();
         for (i, r) in reqs.iter().enumerate() {
-            let Some(last) = r.context.len().checked_sub(1) else {
+            if r.context.is_empty() {
                 continue;
-            };
+            }
             // drafted token j is decoded at position context.len() + j (all
             // but the last): stay inside the draft's context
             let max = r.max.min(n_ctx.saturating_sub(r.context.len()));
             if max == 0 || live.iter().any(|&(_, s, _)| s == r.seq) {
                 continue;
             }
-            // keep what the cache shares with the context, feed the rest (at
-            // least the last token, whose logits start the draft)
-            let cached = self.cached.entry(r.seq).or_default();
-            let keep = cached
-                .iter()
-                .zip(r.context)
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(last);
-            if keep < cached.len() {
-                self.engine.truncate_seq(r.seq, keep as i32);
-                cached.truncate(keep);
-            }
-            feed.extend((keep..r.context.len()).map(|p| BatchToken {
-                token: r.context[p],
-                pos: p as i32,
-                seq: r.seq,
-                logits: p == last,
-            }));
+            feed.extend(self.catch_up(r.seq, r.context));
             live.push((i, r.seq, max));
         }
         if live.is_empty() {
@@ -172,10 +156,7 @@ impl DraftModel {
         // on error the cache holds what it held before this feed
         let mut logits = self.engine.decode(&feed)?;
         for &(i, seq, _) in &live {
-            let r = &reqs[i];
-            let cached = self.cached.entry(seq).or_default();
-            let keep = cached.len();
-            cached.extend_from_slice(&r.context[keep..]);
+            self.fed(seq, reqs[i].context);
         }
         let n_vocab = self.engine.n_vocab() as usize;
         loop {
@@ -208,6 +189,130 @@ impl DraftModel {
             }
             live = still;
         }
+    }
+}
+
+impl DraftModel {
+    /// What sequence `seq` must feed for its cache to hold `context`
+    /// (nonempty): the cache keeps the prefix it shares with it, the rest
+    /// is fed, at least the last token, whose logits start the draft. Once
+    /// the feed ran, [`DraftModel::fed`] records it.
+    fn catch_up(&mut self, seq: u32, context: &[u32]) -> Vec<BatchToken> {
+        let last = context.len() - 1;
+        let cached = self.cached.entry(seq).or_default();
+        let keep = cached
+            .iter()
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(last);
+        if keep < cached.len() {
+            self.engine.truncate_seq(seq, keep as i32);
+            cached.truncate(keep);
+        }
+        (keep..context.len())
+            .map(|p| BatchToken {
+                token: context[p],
+                pos: p as i32,
+                seq,
+                logits: p == last,
+            })
+            .collect()
+    }
+
+    /// The cache of `seq` holds `context` now.
+    fn fed(&mut self, seq: u32, context: &[u32]) {
+        let cached = self.cached.entry(seq).or_default();
+        let keep = cached.len();
+        cached.extend_from_slice(&context[keep..]);
+    }
+
+    /// A tree of drafts to follow `context` (all tokens so far, the last
+    /// one included) for sequence `seq`, grown best-first by path
+    /// probability ([`super::tree::grow`]), no deeper than `max_depth`.
+    /// Each drafting step evaluates the tree's newest nodes in one batch,
+    /// each seeing only its ancestors; the nodes leave the draft's cache
+    /// afterwards (its context stays). The draft's CPU threads sleep
+    /// afterwards.
+    pub fn draft_tree(
+        &mut self,
+        seq: u32,
+        context: &[u32],
+        shape: TreeShape,
+        max_depth: usize,
+    ) -> Result<DraftTree, EngineError> {
+        let mut cells = Vec::new();
+        let r = self.tree_inner(seq, context, shape, max_depth, &mut cells);
+        if !cells.is_empty() {
+            self.engine.drop_cells(seq, &cells);
+        }
+        self.engine.park_threads();
+        r
+    }
+
+    fn tree_inner(
+        &mut self,
+        seq: u32,
+        context: &[u32],
+        shape: TreeShape,
+        max_depth: usize,
+        cells: &mut Vec<u32>,
+    ) -> Result<DraftTree, EngineError> {
+        // a node at depth d is decoded at context.len() - 1 + d: stay
+        // inside the draft's context
+        let n_ctx = self.engine.n_ctx() as usize;
+        let max_depth = max_depth.min(n_ctx.saturating_sub(context.len()));
+        if context.is_empty() || max_depth == 0 || shape.nodes == 0 {
+            return Ok(DraftTree::default());
+        }
+        let feed = self.catch_up(seq, context);
+        let logits = self.engine.decode(&feed)?;
+        self.fed(seq, context);
+        let base = context.len() as i32 - 1;
+        let engine = &mut self.engine;
+        grow(shape, &top_logprobs(&logits, shape.width), |tree, new| {
+            // nodes at the deepest allowed level get no children
+            let open: Vec<usize> = new
+                .iter()
+                .copied()
+                .filter(|&i| tree.nodes[i].depth < max_depth)
+                .collect();
+            let mut kids = vec![Vec::new(); new.len()];
+            if open.is_empty() {
+                return Ok(kids);
+            }
+            let mut step = StepTree::new();
+            step.placed = cells.iter().copied().filter(|&c| c != u32::MAX).collect();
+            let toks: Vec<BatchToken> = open
+                .iter()
+                .map(|&i| {
+                    let n = tree.nodes[i];
+                    // its ancestors, placed by earlier steps
+                    let path = tree.path(i);
+                    step.push(
+                        None,
+                        path[..path.len() - 1].iter().map(|&a| cells[a]).collect(),
+                    );
+                    BatchToken {
+                        token: n.token,
+                        pos: base + n.depth as i32,
+                        seq,
+                        logits: true,
+                    }
+                })
+                .collect();
+            // node i's cell at cells[i]: nodes are expanded in order, and
+            // only the last step's (never expanded) may lack one
+            let (l, placed) = engine.decode_tree(&toks, &step)?;
+            let n_vocab = l.len() / toks.len();
+            for (k, &i) in open.iter().enumerate() {
+                cells.resize(i, u32::MAX);
+                cells.push(placed[k]);
+                let at = new.iter().position(|&j| j == i).expect("open is in new");
+                kids[at] = top_logprobs(&l[k * n_vocab..(k + 1) * n_vocab], shape.width);
+            }
+            Ok(kids)
+        })
     }
 }
 

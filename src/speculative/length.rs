@@ -19,6 +19,15 @@
 //!
 //! When the best length is 0, every 16th round still drafts one token, so a
 //! change (a repetitive passage, a warmed-up draft) is noticed.
+//!
+//! Trees ([`super::tree`]) use the same step-cost line, over the nodes a
+//! step verifies, and the drafter's own probabilities: a grown tree's
+//! first n nodes are expected to add c (p_1 + ... + p_n) accepted tokens,
+//! p_i the drafter's probability of node i's path, and c the measured
+//! share of what it predicted that the target accepted (a drafter that is
+//! right as often as it thinks has c = 1). [`DraftLength::choose_nodes`]
+//! keeps the n that maximizes (1 + c (p_1 + ... + p_n)) / (t0 + t1 n + d),
+//! d the drafting seconds per round.
 
 /// Decay per round of the running sums (about the last 30 rounds count).
 const DECAY: f64 = 0.97;
@@ -40,6 +49,11 @@ pub struct DraftLength {
     draft_s: f64,
     drafted: f64,
     idle: u32,
+    // trees: decayed sums of the drafter's predicted and the accepted
+    // tokens, and of rounds for the drafting time per round
+    predicted: f64,
+    got: f64,
+    tree_rounds: f64,
 }
 
 impl Default for DraftLength {
@@ -56,6 +70,9 @@ impl Default for DraftLength {
             draft_s: 0.0,
             drafted: 0.0,
             idle: 0,
+            predicted: 0.0,
+            got: 0.0,
+            tree_rounds: 0.0,
         }
     }
 }
@@ -74,6 +91,61 @@ impl DraftLength {
         self.skt = self.skt * DECAY + k * step_s;
         self.draft_s = self.draft_s * DECAY + draft_s;
         self.drafted = self.drafted * DECAY + k;
+    }
+
+    /// A tree round verified `nodes` nodes whose paths the drafter gave
+    /// `predicted` expected accepted tokens (the sum of their
+    /// probabilities) and accepted `accepted`; the target step took
+    /// `step_s`, drafting `draft_s`.
+    pub fn record_tree(
+        &mut self,
+        nodes: usize,
+        predicted: f64,
+        accepted: usize,
+        step_s: f64,
+        draft_s: f64,
+    ) {
+        self.record(nodes, accepted, step_s, draft_s);
+        self.predicted = self.predicted * DECAY + predicted;
+        self.got = self.got * DECAY + accepted as f64;
+        self.tree_rounds = self.tree_rounds * DECAY + 1.0;
+    }
+
+    /// The share of the drafter's predicted accepted tokens the target
+    /// accepted (prior: 1).
+    pub fn calibration(&self) -> f64 {
+        (self.got + 1.0) / (self.predicted + 1.0)
+    }
+
+    /// How many of a grown tree's first nodes to verify, given each node's
+    /// path probability by the drafter (`probs`, in node order): all of
+    /// them before a cost was measured but [`FIRST`] in the first round,
+    /// then the count that maximizes expected tokens per second.
+    pub fn choose_nodes(&mut self, probs: &[f64]) -> usize {
+        if self.n == 0.0 {
+            return probs.len().min(FIRST);
+        }
+        let Some((t0, t1)) = self.step_cost() else {
+            return probs.len();
+        };
+        let c = self.calibration();
+        let d = self.draft_s / self.tree_rounds.max(1.0);
+        let mut best = (0, 1.0 / (t0 + d));
+        let mut e = 1.0;
+        for (n, p) in probs.iter().enumerate() {
+            e += c * p;
+            let rate = e / (t0 + t1 * (n + 1) as f64 + d);
+            if rate >= best.1 {
+                best = (n + 1, rate);
+            }
+        }
+        if best.0 == 0 && !probs.is_empty() {
+            self.idle += 1;
+            if self.idle.is_multiple_of(EXPLORE_EVERY) {
+                return 1;
+            }
+        }
+        best.0
     }
 
     /// A proposal that was not verified turned out right (`hit`) or wrong
@@ -209,6 +281,38 @@ mod tests {
         let picks: Vec<usize> = (0..32).map(|_| l.choose(8)).collect();
         assert_eq!(picks.iter().filter(|&&k| k == 1).count(), 2, "{picks:?}");
         assert!(picks.iter().all(|&k| k <= 1));
+    }
+
+    /// Trees: where steps are flat (streamed weights) every node the
+    /// drafter offers is verified; where each node costs nearly a plain
+    /// step (a CPU), only the likeliest few, and none when the drafter is
+    /// over-confident.
+    #[test]
+    fn tree_size_follows_step_costs_and_calibration() {
+        // paths' probabilities, falling
+        let probs: Vec<f64> = (0..64).map(|i| 0.9 / (1.0 + i as f64)).collect();
+        let mut flat = DraftLength::default();
+        assert_eq!(flat.choose_nodes(&probs), FIRST);
+        for n in [4usize, 64, 32, 64, 16] {
+            flat.record_tree(n, 2.0, 2, 0.58 + 1e-5 * n as f64, 0.01);
+        }
+        assert_eq!(flat.choose_nodes(&probs), 64);
+        let mut cpu = DraftLength::default();
+        for n in [4usize, 16, 8, 4, 16] {
+            cpu.record_tree(n, 2.0, 2, 0.08 + 0.03 * n as f64, 0.01);
+        }
+        let n = cpu.choose_nodes(&probs);
+        assert!((1..=4).contains(&n), "{n}");
+        // a drafter that promises 3 tokens a round and delivers none
+        let mut wrong = DraftLength::default();
+        for n in [4usize, 16, 8, 4, 16] {
+            wrong.record_tree(n, 3.0, 0, 0.08 + 0.03 * n as f64, 0.01);
+        }
+        for _ in 0..20 {
+            wrong.record_tree(4, 3.0, 0, 0.2, 0.01);
+        }
+        assert!(wrong.calibration() < 0.1);
+        assert_eq!(wrong.choose_nodes(&probs), 0);
     }
 
     #[test]

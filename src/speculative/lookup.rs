@@ -10,7 +10,10 @@
 //! Matching: n-grams of `max_ngram` down to `min_ngram` tokens are tried,
 //! longest first; for one size the most recent earlier occurrence wins, and
 //! the draft is the tokens after it (at most `max` of them, never running
-//! into the n-gram being matched).
+//! into the n-gram being matched). As a tree ([`NgramLookup::draft_tree`]),
+//! every earlier occurrence proposes its continuation.
+
+use super::tree::DraftTree;
 
 /// Proposes continuations from earlier text.
 #[derive(Clone, Debug)]
@@ -51,6 +54,55 @@ impl NgramLookup {
         }
         Vec::new()
     }
+
+    /// Several proposals as a tree of at most `max_nodes` nodes and
+    /// `max_depth` levels: what followed each earlier occurrence of the
+    /// context's last n-gram (the longest size that recurs), most recent
+    /// first, merged where they agree. A node's probability is the share of
+    /// occurrences whose continuation passes through it; the first path is
+    /// [`NgramLookup::draft`]'s proposal.
+    pub fn draft_tree(&self, context: &[u32], max_depth: usize, max_nodes: usize) -> DraftTree {
+        let n = context.len();
+        let mut tree = DraftTree::default();
+        if max_depth == 0 || max_nodes == 0 || self.min_ngram == 0 {
+            return tree;
+        }
+        let mut conts: Vec<&[u32]> = Vec::new();
+        for size in (self.min_ngram..=self.max_ngram.min(n.saturating_sub(1))).rev() {
+            let tail = &context[n - size..];
+            for i in (0..n - size).rev() {
+                let from = i + size;
+                let to = (from + max_depth).min(n);
+                if &context[i..from] == tail && from < to {
+                    conts.push(&context[from..to]);
+                }
+            }
+            if !conts.is_empty() {
+                break;
+            }
+        }
+        let mut count: Vec<u32> = Vec::new();
+        'conts: for c in &conts {
+            let mut at = None;
+            for &t in *c {
+                let j = match tree.child(at, t) {
+                    Some(j) => j,
+                    None if tree.len() == max_nodes => continue 'conts,
+                    None => {
+                        count.push(0);
+                        tree.add(at, t, 0.0).expect("no such child yet")
+                    }
+                };
+                count[j] += 1;
+                at = Some(j);
+            }
+        }
+        let total = conts.len() as f32;
+        for (node, &c) in tree.nodes.iter_mut().zip(&count) {
+            node.logp = (c as f32 / total).ln();
+        }
+        tree
+    }
 }
 
 #[cfg(test)]
@@ -88,6 +140,38 @@ mod tests {
             max_ngram: 3,
         };
         assert!(two.draft(&[1, 5, 2, 1], 4).is_empty());
+    }
+
+    #[test]
+    fn every_occurrence_proposes_a_branch() {
+        let l = NgramLookup::default();
+        // "0 7 8" was followed by 1 2, by 3 0 and (latest) by 1 4
+        let ctx = [0, 7, 8, 1, 2, 0, 7, 8, 3, 0, 7, 8, 1, 4, 0, 7, 8];
+        let t = l.draft_tree(&ctx, 2, 16);
+        let paths: Vec<(Vec<u32>, f32)> = (0..t.len())
+            .map(|i| {
+                let p = t.path(i).iter().map(|&j| t.nodes[j].token).collect();
+                (p, t.nodes[i].logp.exp())
+            })
+            .collect();
+        let third = 1.0 / 3.0;
+        let want = vec![
+            (vec![1], 2.0 * third),
+            (vec![1, 4], third),
+            (vec![3], third),
+            (vec![3, 0], third),
+            (vec![1, 2], third),
+        ];
+        assert_eq!(paths.len(), want.len());
+        for ((p, q), (wp, wq)) in paths.iter().zip(&want) {
+            assert_eq!(p, wp);
+            assert!((q - wq).abs() < 1e-6, "{p:?} {q}");
+        }
+        // the first path is the chain's proposal; sizes are kept
+        assert_eq!(l.draft(&ctx, 2), vec![1, 4]);
+        assert_eq!(l.draft_tree(&ctx, 2, 3).len(), 3);
+        assert_eq!(l.draft_tree(&ctx, 1, 16).depth(), 1);
+        assert!(l.draft_tree(&[1, 2, 3], 4, 4).is_empty());
     }
 
     proptest! {

@@ -65,6 +65,9 @@ pub struct SpecConfig {
     /// Choose each round's length from measured costs and acceptance
     /// ([`DraftLength`]); false: always up to `draft_max`.
     pub adaptive: bool,
+    /// Draft token trees of up to this many nodes (`--draft-tree N`, at
+    /// most `draft_max` deep); 0: chains.
+    pub tree: usize,
 }
 
 impl Default for SpecConfig {
@@ -73,6 +76,7 @@ impl Default for SpecConfig {
             draft_max: 16,
             draft_min: 0,
             adaptive: true,
+            tree: 0,
         }
     }
 }
@@ -165,6 +169,9 @@ pub struct Speculator {
     last_draft: Duration,
     /// A free proposal's first token that the last round did not verify.
     shadow: Option<u32>,
+    /// The last tree's expected accepted tokens by the drafter (None: the
+    /// last round drafted a chain).
+    predicted: Option<f64>,
 }
 
 impl Speculator {
@@ -176,7 +183,48 @@ impl Speculator {
             length: DraftLength::default(),
             last_draft: Duration::ZERO,
             shadow: None,
+            predicted: None,
         }
+    }
+
+    /// This round's drafts to follow `context`, at most `max_depth` deep:
+    /// a tree of up to `cfg.tree` nodes (with `adaptive`, the first nodes
+    /// that pay best, [`DraftLength::choose_nodes`]), or a chain
+    /// ([`Speculator::draft`]) without `cfg.tree`. Empty when fewer than
+    /// `draft_min` nodes came.
+    pub fn draft_round(
+        &mut self,
+        context: &[u32],
+        max_depth: usize,
+    ) -> Result<DraftTree, EngineError> {
+        self.predicted = None;
+        if self.cfg.tree == 0 {
+            return Ok(DraftTree::chain(&self.draft(context, max_depth)?));
+        }
+        self.last_draft = Duration::ZERO;
+        self.shadow = None;
+        let depth = max_depth.min(self.cfg.draft_max);
+        if depth == 0 {
+            return Ok(DraftTree::default());
+        }
+        let t = Instant::now();
+        let mut tree = match &mut self.drafter {
+            Drafter::Lookup(l) => l.draft_tree(context, depth, self.cfg.tree),
+            Drafter::Model(m) => m.draft_tree(0, context, TreeShape::of(self.cfg.tree), depth)?,
+            Drafter::Shared => DraftTree::default(),
+        };
+        let spent = t.elapsed();
+        self.last_draft = spent;
+        self.stats.draft_time += spent;
+        let probs: Vec<f64> = tree.nodes.iter().map(|n| f64::from(n.logp).exp()).collect();
+        if self.cfg.adaptive {
+            tree.truncate(self.length.choose_nodes(&probs));
+        }
+        if tree.len() < self.cfg.draft_min {
+            tree = DraftTree::default();
+        }
+        self.predicted = Some(probs[..tree.len()].iter().sum());
+        Ok(tree)
     }
 
     /// Up to `max` (and at most `draft_max`; with `adaptive`, the length
@@ -232,12 +280,11 @@ impl Speculator {
     /// emitted token was `first`; the target step took `step`.
     pub fn round_done(&mut self, drafted: usize, accepted: usize, first: u32, step: Duration) {
         self.stats.record(drafted, accepted, step);
-        self.length.record(
-            drafted,
-            accepted,
-            step.as_secs_f64(),
-            self.last_draft.as_secs_f64(),
-        );
+        let (step, draft) = (step.as_secs_f64(), self.last_draft.as_secs_f64());
+        match self.predicted.take() {
+            Some(p) => self.length.record_tree(drafted, p, accepted, step, draft),
+            None => self.length.record(drafted, accepted, step, draft),
+        }
         if let Some(s) = self.shadow.take() {
             self.length.shadow(s == first);
         }

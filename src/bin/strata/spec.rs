@@ -35,6 +35,14 @@ pub struct SpecArgs {
     /// n-grams (3 and 2 tokens) of the prompt and the generated text.
     #[arg(long = "lookup", value_name = "N")]
     pub lookup: Option<usize>,
+    /// Draft token trees of up to N nodes instead of chains, at most
+    /// --draft-max deep: the draft model's best few tokens after each node,
+    /// grown best-first by path probability (prompt lookup: every earlier
+    /// occurrence's continuation); the target verifies all nodes in one
+    /// step. Default: the first nodes that the measured step cost and the
+    /// drafter's measured calibration say pay best (--draft-fixed: all).
+    #[arg(long = "draft-tree", value_name = "N")]
+    pub draft_tree: Option<usize>,
 }
 
 impl SpecArgs {
@@ -48,6 +56,14 @@ impl SpecArgs {
         }
         if !(0.0..=1.0).contains(&self.draft_p_min) {
             bail!("--draft-p-min {} is outside [0, 1]", self.draft_p_min);
+        }
+        if let Some(n) = self.draft_tree {
+            if !(1..=MAX_TREE).contains(&n) {
+                bail!("--draft-tree {n} is outside 1..={MAX_TREE}");
+            }
+            if !self.enabled() {
+                bail!("--draft-tree needs drafts: pass --model-draft FILE or --lookup N");
+            }
         }
         if self.draft_min > self.draft_max {
             bail!(
@@ -167,12 +183,19 @@ fn spec_config(s: &SpecArgs) -> SpecConfig {
         draft_max: s.lookup.unwrap_or(s.draft_max),
         draft_min: s.draft_min,
         adaptive: !s.draft_fixed,
+        tree: s.draft_tree.unwrap_or(0),
     }
 }
+
+/// Most nodes of a token tree: they are verified in one step.
+const MAX_TREE: usize = 1024;
 
 /// The server's drafting parameters, when `-md FILE` or `--lookup N` asks
 /// for drafting.
 pub fn serve_config(s: &SpecArgs) -> Result<Option<SpecConfig>> {
     s.validate()?;
+    if s.draft_tree.is_some() {
+        bail!("--draft-tree is for `run` and `bench`: the server drafts chains");
+    }
     Ok(s.enabled().then(|| spec_config(s)))
 }
