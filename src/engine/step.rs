@@ -75,7 +75,8 @@ impl Engine {
             .into());
         }
         let sp: Vec<(u32, i32)> = tokens.iter().map(|t| (t.seq, t.pos)).collect();
-        tree.validate(&sp, self.kv.cells().size())?;
+        tree.validate(&sp, self.kv.cells().size())
+            .map_err(crate::kv::KvError::BadTree)?;
         let mut out = Vec::new();
         let cells = self.step(tokens, Some(tree), &mut out)?;
         Ok((out, cells))

@@ -15,8 +15,6 @@
 //! the position it would have in a chain, so rotary embeddings see what a
 //! plain decode of that path would see.
 
-use super::KvError;
-
 /// The tree structure of one step's tokens (see the module docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepTree {
@@ -49,9 +47,9 @@ impl StepTree {
     /// Checks the tree against the step's `(seq, pos)` tokens and a cache
     /// of `size` cells: one entry per token, parents before their children,
     /// in the same sequence, one position before; seen cells among the
-    /// placed ones, placed cells in the cache.
-    pub fn validate(&self, tokens: &[(u32, i32)], size: usize) -> Result<(), KvError> {
-        let bad = |what: String| Err(KvError::BadTree(what));
+    /// placed ones, placed cells in the cache. Err: what is wrong.
+    pub fn validate(&self, tokens: &[(u32, i32)], size: usize) -> Result<(), String> {
+        let bad = |what: String| Err(what);
         if self.parent.len() != tokens.len() || self.sees.len() != tokens.len() {
             return bad(format!(
                 "{} parents and {} seen lists for {} tokens",
