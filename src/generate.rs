@@ -273,35 +273,46 @@ impl<'a> Session<'a> {
         'rounds: while out.len() < n_predict {
             let mut stop = false;
             let first = out.len();
-            let drawn = round::draw_tree(
-                &mut self.sampler,
-                rows.of(0),
-                n_vocab,
-                &tree,
-                None,
-                |tok, verified| {
-                    out.push(tok);
-                    if self.vocab.is_eog(tok) {
-                        stop = true;
-                        return false;
-                    }
-                    self.pending = Some(tok);
-                    let s = text.push(&self.vocab.token_bytes(tok, false));
-                    if !s.is_empty() {
-                        on_text(&s);
-                    }
-                    if out.len() == n_predict || self.tokens.len() + 1 >= n_ctx {
-                        stop = true;
-                        return false;
-                    }
-                    if verified {
-                        // its KV row is in the cache already
-                        self.tokens.push(tok);
-                        self.pending = None;
-                    }
-                    true
-                },
-            );
+            // a replayed round's accepted nodes (not the prompt's rows)
+            let forced: Option<Vec<usize>> = spec
+                .as_deref()
+                .filter(|_| last_round.is_some())
+                .and_then(|s| s.replayed_path().map(<[usize]>::to_vec));
+            let on_token = |tok, verified| {
+                out.push(tok);
+                if self.vocab.is_eog(tok) {
+                    stop = true;
+                    return false;
+                }
+                self.pending = Some(tok);
+                let s = text.push(&self.vocab.token_bytes(tok, false));
+                if !s.is_empty() {
+                    on_text(&s);
+                }
+                if out.len() == n_predict || self.tokens.len() + 1 >= n_ctx {
+                    stop = true;
+                    return false;
+                }
+                if verified {
+                    // its KV row is in the cache already
+                    self.tokens.push(tok);
+                    self.pending = None;
+                }
+                true
+            };
+            let drawn = match &forced {
+                Some(p) => {
+                    round::draw_replayed(&mut self.sampler, rows.of(0), n_vocab, &tree, p, on_token)
+                }
+                None => round::draw_tree(
+                    &mut self.sampler,
+                    rows.of(0),
+                    n_vocab,
+                    &tree,
+                    None,
+                    on_token,
+                ),
+            };
             // drafts accepted
             let i = match drawn {
                 Ok(d) => {
@@ -315,6 +326,7 @@ impl<'a> Session<'a> {
             };
             if let (Some(s), Some(step)) = (spec.as_deref_mut(), last_round) {
                 s.round_done(tree.len(), i, out[first], step);
+                s.record_round(&tree, &path);
             }
             if stop {
                 break 'rounds;

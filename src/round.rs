@@ -259,6 +259,43 @@ pub fn draw_tree(
     }
 }
 
+/// [`draw_tree`] with the accepted nodes dictated (a replayed acceptance
+/// trace, [`crate::speculative::Replay`]): the sampler draws from every row
+/// plain verification would, but the round accepts the nodes of `path`
+/// (root to leaf) and ends with the token drawn after the last of them.
+pub fn draw_replayed(
+    sampler: &mut Sampler,
+    rows: &[f32],
+    n_vocab: usize,
+    tree: &DraftTree,
+    path: &[usize],
+    mut on_token: impl FnMut(u32, bool) -> bool,
+) -> Result<Drawn, SampleError> {
+    let mut d = Drawn::default();
+    let row = |at: Option<usize>| {
+        let r = at.map_or(0, |i| i + 1);
+        &rows[r * n_vocab..(r + 1) * n_vocab]
+    };
+    let mut at = None;
+    for &node in path {
+        // drawn for real, overruled by the recording
+        sampler.sample(row(at))?;
+        let tok = tree.nodes[node].token;
+        sampler.accept(tok);
+        d.tokens.push(tok);
+        if !on_token(tok, true) {
+            return Ok(d);
+        }
+        d.path.push(node);
+        at = Some(node);
+    }
+    let tok = sampler.sample(row(at))?;
+    sampler.accept(tok);
+    d.tokens.push(tok);
+    on_token(tok, false);
+    Ok(d)
+}
+
 /// Keeps the first `keep` tokens of `seq` in the cache, which holds `held`
 /// of them after the step: the drafts after the accepted ones leave it.
 /// Returns whether anything left.

@@ -277,43 +277,147 @@ impl DraftModel {
                 .copied()
                 .filter(|&i| tree.nodes[i].depth < max_depth)
                 .collect();
-            let mut kids = vec![Vec::new(); new.len()];
-            if open.is_empty() {
-                return Ok(kids);
-            }
-            let mut step = StepTree::new();
-            step.placed = cells.iter().copied().filter(|&c| c != u32::MAX).collect();
-            let toks: Vec<BatchToken> = open
+            let rows = expand(engine, seq, base, tree, &open, cells, shape.width)?;
+            Ok(new
                 .iter()
-                .map(|&i| {
-                    let n = tree.nodes[i];
-                    // its ancestors, placed by earlier steps
-                    let path = tree.path(i);
-                    step.push(
-                        None,
-                        path[..path.len() - 1].iter().map(|&a| cells[a]).collect(),
-                    );
-                    BatchToken {
-                        token: n.token,
-                        pos: base + n.depth as i32,
-                        seq,
-                        logits: true,
-                    }
+                .map(|i| {
+                    open.iter()
+                        .position(|o| o == i)
+                        .map_or_else(Vec::new, |k| rows[k].clone())
                 })
-                .collect();
-            // node i's cell at cells[i]: nodes are expanded in order, and
-            // only the last step's (never expanded) may lack one
-            let (l, placed) = engine.decode_tree(&toks, &step)?;
-            let n_vocab = l.len() / toks.len();
-            for (k, &i) in open.iter().enumerate() {
-                cells.resize(i, u32::MAX);
-                cells.push(placed[k]);
-                let at = new.iter().position(|&j| j == i).expect("open is in new");
-                kids[at] = top_logprobs(&l[k * n_vocab..(k + 1) * n_vocab], shape.width);
-            }
-            Ok(kids)
+                .collect())
         })
     }
+
+    /// A tree of the shape `parents` (each node's parent, None for the
+    /// root's children, parents first: a recorded round's shape) to follow
+    /// `context`: each node's children carry the draft's likeliest tokens
+    /// after it, in order; nodes deeper than `max_depth` are left out.
+    /// Returns the tree (grown level by level) and, per node of `parents`,
+    /// its index in the tree (None: left out). The nodes leave the draft's
+    /// cache afterwards.
+    pub fn draft_shaped(
+        &mut self,
+        seq: u32,
+        context: &[u32],
+        parents: &[Option<usize>],
+        max_depth: usize,
+    ) -> Result<(DraftTree, Vec<Option<usize>>), EngineError> {
+        let mut cells = Vec::new();
+        let r = self.shaped_inner(seq, context, parents, max_depth, &mut cells);
+        if !cells.is_empty() {
+            self.engine.drop_cells(seq, &cells);
+        }
+        self.engine.park_threads();
+        r
+    }
+
+    fn shaped_inner(
+        &mut self,
+        seq: u32,
+        context: &[u32],
+        parents: &[Option<usize>],
+        max_depth: usize,
+        cells: &mut Vec<u32>,
+    ) -> Result<(DraftTree, Vec<Option<usize>>), EngineError> {
+        let n_ctx = self.engine.n_ctx() as usize;
+        let max_depth = max_depth.min(n_ctx.saturating_sub(context.len()));
+        let mut tree = DraftTree::default();
+        let mut map = vec![None; parents.len()];
+        if context.is_empty() || max_depth == 0 || parents.is_empty() {
+            return Ok((tree, map));
+        }
+        let feed = self.catch_up(seq, context);
+        let logits = self.engine.decode(&feed)?;
+        self.fed(seq, context);
+        let base = context.len() as i32 - 1;
+        let children = |p: Option<usize>| -> Vec<usize> {
+            (0..parents.len()).filter(|&i| parents[i] == p).collect()
+        };
+        // the root's children, then level by level: a level's nodes that
+        // have children are evaluated in one step
+        let mut level: Vec<usize> = Vec::new();
+        let roots = children(None);
+        for (&i, (tok, lp)) in roots.iter().zip(top_logprobs(&logits, roots.len())) {
+            map[i] = tree.add(None, tok, lp);
+            level.push(i);
+        }
+        for _ in 1..max_depth {
+            let open: Vec<usize> = level
+                .iter()
+                .copied()
+                .filter(|&i| map[i].is_some() && !children(Some(i)).is_empty())
+                .collect();
+            if open.is_empty() {
+                break;
+            }
+            let width = open
+                .iter()
+                .map(|&i| children(Some(i)).len())
+                .max()
+                .unwrap_or(0);
+            let at: Vec<usize> = open.iter().map(|&i| map[i].expect("placed")).collect();
+            let rows = expand(&mut self.engine, seq, base, &tree, &at, cells, width)?;
+            level.clear();
+            for (&i, row) in open.iter().zip(&rows) {
+                let p = map[i].expect("placed");
+                let lp0 = tree.nodes[p].logp;
+                for (&c, &(tok, lp)) in children(Some(i)).iter().zip(row) {
+                    map[c] = tree.add(Some(p), tok, lp0 + lp);
+                    level.push(c);
+                }
+            }
+        }
+        Ok((tree, map))
+    }
+}
+
+/// Evaluates the tree's nodes `open` in one draft step, each seeing only
+/// its ancestors (placed by earlier steps: `cells[i]` is node i's cell,
+/// u32::MAX where none), records their cells, and returns each one's
+/// `width` likeliest next tokens with their log probabilities.
+fn expand(
+    engine: &mut Engine,
+    seq: u32,
+    base: i32,
+    tree: &DraftTree,
+    open: &[usize],
+    cells: &mut Vec<u32>,
+    width: usize,
+) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {
+    if open.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut step = StepTree::new();
+    step.placed = cells.iter().copied().filter(|&c| c != u32::MAX).collect();
+    let toks: Vec<BatchToken> = open
+        .iter()
+        .map(|&i| {
+            let n = tree.nodes[i];
+            let path = tree.path(i);
+            step.push(
+                None,
+                path[..path.len() - 1].iter().map(|&a| cells[a]).collect(),
+            );
+            BatchToken {
+                token: n.token,
+                pos: base + n.depth as i32,
+                seq,
+                logits: true,
+            }
+        })
+        .collect();
+    let (l, placed) = engine.decode_tree(&toks, &step)?;
+    let n_vocab = l.len() / toks.len();
+    let mut out = Vec::with_capacity(open.len());
+    for (k, &i) in open.iter().enumerate() {
+        if cells.len() <= i {
+            cells.resize(i + 1, u32::MAX);
+        }
+        cells[i] = placed[k];
+        out.push(top_logprobs(&l[k * n_vocab..(k + 1) * n_vocab], width));
+    }
+    Ok(out)
 }
 
 /// The argmax (lowest id on ties) and its probability among the 10 best

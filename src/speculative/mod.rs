@@ -33,11 +33,13 @@
 mod draft_model;
 mod length;
 mod lookup;
+mod replay;
 mod tree;
 
 pub use draft_model::{check_vocab, top_token, DraftModel, DraftRequest, VocabMismatch};
 pub use length::DraftLength;
 pub use lookup::NgramLookup;
+pub use replay::{AcceptTrace, Replay, TraceRound, TRACE_FORMAT};
 pub use tree::{grow, top_logprobs, verify_tree, DraftTree, TreeNode, TreeShape};
 
 use crate::engine::EngineError;
@@ -172,6 +174,15 @@ pub struct Speculator {
     /// The last tree's expected accepted tokens by the drafter (None: the
     /// last round drafted a chain).
     predicted: Option<f64>,
+    /// Rounds are written here as they are verified (`bench
+    /// --spec-record`), under `category`.
+    pub record: Option<AcceptTrace>,
+    pub category: String,
+    /// Rounds take their drafts' shape and accepted nodes from here
+    /// (`bench --spec-replay`; the draft model drafts).
+    pub replay: Option<Replay>,
+    /// The accepted nodes the replayed round dictates.
+    replayed: Option<Vec<usize>>,
 }
 
 impl Speculator {
@@ -184,7 +195,51 @@ impl Speculator {
             last_draft: Duration::ZERO,
             shadow: None,
             predicted: None,
+            record: None,
+            category: String::new(),
+            replay: None,
+            replayed: None,
         }
+    }
+
+    /// The nodes the target accepts this round, where a replayed trace
+    /// dictates them.
+    pub fn replayed_path(&self) -> Option<&[usize]> {
+        self.replayed.as_deref()
+    }
+
+    /// Writes a verified round to the recording, if one is kept.
+    pub fn record_round(&mut self, tree: &DraftTree, path: &[usize]) {
+        if let Some(r) = self.record.as_mut() {
+            if !tree.is_empty() {
+                r.rounds.push(TraceRound::of(&self.category, tree, path));
+            }
+        }
+    }
+
+    /// A replayed round: the draft model drafts a tree of the recorded
+    /// shape (a chain is a tree), the accepted nodes are the recorded ones.
+    fn replay_round(
+        &mut self,
+        context: &[u32],
+        max_depth: usize,
+    ) -> Result<DraftTree, EngineError> {
+        let round = self.replay.as_mut().expect("replaying").next_round();
+        let Drafter::Model(m) = &mut self.drafter else {
+            return Ok(DraftTree::default());
+        };
+        let t = Instant::now();
+        let (tree, map) = m.draft_shaped(0, context, &round.parent_indices(), max_depth)?;
+        self.last_draft = t.elapsed();
+        self.stats.draft_time += self.last_draft;
+        self.replayed = Some(
+            round
+                .path
+                .iter()
+                .map_while(|&n| map.get(n as usize).copied().flatten())
+                .collect(),
+        );
+        Ok(tree)
     }
 
     /// This round's drafts to follow `context`, at most `max_depth` deep:
@@ -198,6 +253,11 @@ impl Speculator {
         max_depth: usize,
     ) -> Result<DraftTree, EngineError> {
         self.predicted = None;
+        self.replayed = None;
+        if self.replay.is_some() {
+            self.shadow = None;
+            return self.replay_round(context, max_depth);
+        }
         if self.cfg.tree == 0 {
             return Ok(DraftTree::chain(&self.draft(context, max_depth)?));
         }
@@ -298,6 +358,7 @@ impl Speculator {
 
     /// A new conversation: the draft model's cache no longer applies.
     pub fn reset(&mut self) {
+        self.replayed = None;
         if let Drafter::Model(m) = &mut self.drafter {
             m.clear();
         }

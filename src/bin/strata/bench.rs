@@ -116,6 +116,23 @@ pub struct BenchArgs {
     /// code and chat prompts, plain and with the drafter (-md or --lookup).
     #[arg(long = "spec-gen", value_name = "N", default_value_t = 0)]
     pub spec_gen: usize,
+    /// Speculative acceptance: N greedy tokens on each of 40 prompts (20
+    /// code, 20 chat) with the drafter; accepted tokens per target step for
+    /// each category.
+    #[arg(long = "spec-accept", value_name = "N", default_value_t = 0)]
+    pub spec_accept: usize,
+    /// With --spec-accept: write every round (the drafts' shape, the nodes
+    /// accepted) to FILE, an acceptance trace for --spec-replay.
+    #[arg(long = "spec-record", value_name = "FILE")]
+    pub spec_record: Option<PathBuf>,
+    /// Speculative decoding measured end to end at a recorded pair's
+    /// acceptance: with the draft model (-md), rounds take the shape and
+    /// accepted nodes of FILE's rounds (code and chat in turn), everything
+    /// else runs for real; N tokens per category (--spec-replay-n).
+    #[arg(long = "spec-replay", value_name = "FILE")]
+    pub spec_replay: Option<PathBuf>,
+    #[arg(long = "spec-replay-n", value_name = "N", default_value_t = 64)]
+    pub spec_replay_n: usize,
 }
 
 /// One measured test.
@@ -360,6 +377,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             512 + a.spec_gen as u32
         } else {
             0
+        })
+        .max(if a.spec_accept > 0 {
+            512 + a.spec_accept as u32
+        } else {
+            0
+        })
+        .max(if a.spec_replay.is_some() {
+            a.depth.max(64) + a.spec_replay_n as u32 + 64 + 2 * super::spec::MAX_TREE as u32
+        } else {
+            0
         });
     let mut tests: Vec<(String, Workload)> = Vec::new();
     let mut rows = Vec::new();
@@ -468,6 +495,27 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 anyhow::bail!("--spec-gen needs a drafter: -md FILE or --lookup N");
             };
             super::bench_spec::generation(&mut e, v, sp, a.spec_gen, a.json)?;
+        }
+        if a.spec_accept > 0 {
+            let (Some(sp), Some(v)) = (spec.as_mut(), vocab.as_ref()) else {
+                anyhow::bail!("--spec-accept needs a drafter: -md FILE or --lookup N");
+            };
+            let pair = super::bench_spec::pair_name(&a.model.model, a.spec.model_draft.as_deref());
+            super::bench_spec::acceptance(
+                &mut e,
+                v,
+                sp,
+                a.spec_accept,
+                &pair,
+                a.spec_record.as_deref(),
+                a.json,
+            )?;
+        }
+        if let Some(f) = &a.spec_replay {
+            let (Some(sp), Some(v)) = (spec.as_mut(), vocab.as_ref()) else {
+                anyhow::bail!("--spec-replay needs a draft model: -md FILE");
+            };
+            super::bench_spec::replay(&mut e, v, sp, f, a.spec_replay_n, a.depth.max(64), a.json)?;
         }
     }
     llama_rows(&a, &cfg, max_seqs, gpu, &mut tests, &mut rows, json)?;

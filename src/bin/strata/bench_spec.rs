@@ -4,14 +4,16 @@
 //! (`--spec-gen N`): accepted tokens per step, draft and target time,
 //! effective tokens/s.
 
+use super::spec_corpus::{CHAT as CORPUS_CHAT, CODE as CORPUS_CODE};
 use anyhow::{Context as _, Result};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use strata::engine::timeline::{Span, Stream};
 use strata::engine::{BatchToken, Engine};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
-use strata::speculative::{Drafter, SpecStats, Speculator};
+use strata::speculative::{AcceptTrace, Drafter, Replay, SpecStats, Speculator};
 
 /// Raw code prompts: the model continues them.
 const CODE: [&str; 3] = [
@@ -258,4 +260,181 @@ fn top2_gap(e: &mut Engine, prompt: &[u32], tokens: &[u32]) -> Result<f32> {
     let mut l = logits;
     l.sort_by(|a, b| b.total_cmp(a));
     Ok(l[0] - l.get(1).copied().unwrap_or(f32::NEG_INFINITY))
+}
+
+/// "TARGET + DRAFT" (file names), or the target's with prompt lookup.
+pub fn pair_name(target: &Path, draft: Option<&Path>) -> String {
+    let name = |p: &Path| {
+        p.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    };
+    match draft {
+        Some(d) => format!("{} + {}", name(target), name(d)),
+        None => format!("{} + prompt lookup", name(target)),
+    }
+}
+
+/// Accepted tokens per target step on the acceptance corpus (20 code and
+/// 20 chat prompts, `n` greedy tokens each), per category, with the
+/// drafter as configured (chains or trees, fixed or adaptive size). With
+/// `record`, every round goes to that file as an acceptance trace.
+pub fn acceptance(
+    e: &mut Engine,
+    vocab: &LlamaModel,
+    spec: &mut Speculator,
+    n: usize,
+    pair: &str,
+    record: Option<&Path>,
+    json: bool,
+) -> Result<()> {
+    spec.record = record.map(|_| AcceptTrace::new(pair));
+    let shape = match spec.cfg.tree {
+        0 => format!("chains of up to {}", spec.cfg.draft_max),
+        t => format!("trees of up to {t} nodes, {} deep", spec.cfg.draft_max),
+    };
+    let sizing = if spec.cfg.adaptive {
+        "adaptive"
+    } else {
+        "fixed"
+    };
+    for (cat, prompts) in [("code", &CORPUS_CODE[..]), ("chat", &CORPUS_CHAT[..])] {
+        spec.category = cat.to_string();
+        let mut total = SpecStats::default();
+        let mut tokens = 0;
+        let mut time = Duration::ZERO;
+        for p in prompts {
+            let toks = if cat == "chat" {
+                let text =
+                    vocab.apply_chat_template(&[("user".to_string(), p.to_string())], true)?;
+                vocab.tokenize(&text, true, false)?
+            } else {
+                vocab.tokenize(p, true, true)?
+            };
+            spec.reset();
+            spec.stats = SpecStats::default();
+            let mut s = Session::new(e, vocab, Sampler::new(SamplerConfig::greedy())?);
+            let (_, t) = s.generate_with(&toks, n, Some(&mut *spec), |_| {})?;
+            total.add(&spec.stats);
+            tokens += t.gen_tokens;
+            time += t.gen_time;
+        }
+        let tps = tokens as f64 / time.as_secs_f64().max(1e-9);
+        let nodes = total.drafted as f64 / total.rounds.max(1) as f64;
+        if json {
+            println!(
+                "{{\"test\":\"spec-accept\",\"category\":\"{cat}\",\"pair\":{},\"shape\":\"{shape}\",\"sizing\":\"{sizing}\",\"prompts\":{},\"n\":{n},\"rounds\":{},\"tokens_per_step\":{:.4},\"nodes_per_round\":{nodes:.2},\"tps\":{tps:.3},\"draft_ms_per_round\":{:.3},\"target_ms_per_round\":{:.3},\"histogram\":{:?}}}",
+                serde_json::to_string(pair)?,
+                prompts.len(),
+                total.rounds,
+                total.tokens_per_round(),
+                total.draft_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
+                total.target_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
+                total.histogram
+            );
+        } else {
+            println!(
+                "spec accept {cat}: {} prompts x {n} tokens, {shape} ({sizing}): {:.2} tokens per target step over {} rounds, {nodes:.1} nodes verified per round, {tps:.2} t/s; {}",
+                prompts.len(),
+                total.tokens_per_round(),
+                total.rounds,
+                total.summary()
+            );
+        }
+    }
+    if let (Some(path), Some(tr)) = (record, spec.record.take()) {
+        std::fs::write(path, tr.to_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "acceptance trace of {} rounds written to {}",
+            tr.rounds.len(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Speculative decoding measured end to end at the acceptance of the pair
+/// that recorded `file`: per category, `n` tokens after a `depth`-token
+/// prompt with the draft model drafting trees (or chains) of the recorded
+/// shapes and the recorded nodes accepted (see
+/// `strata::speculative::Replay`), beside plain decoding of the same
+/// tokens count on the same engine.
+pub fn replay(
+    e: &mut Engine,
+    vocab: &LlamaModel,
+    spec: &mut Speculator,
+    file: &Path,
+    n: usize,
+    depth: u32,
+    json: bool,
+) -> Result<()> {
+    anyhow::ensure!(
+        matches!(spec.drafter, Drafter::Model(_)),
+        "--spec-replay needs a draft model (-md FILE): prompt lookup has no shapes to replay"
+    );
+    let meta = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;
+    anyhow::ensure!(
+        meta.len() <= 64 << 20,
+        "{}: over 64 MiB, not an acceptance trace",
+        file.display()
+    );
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let trace = AcceptTrace::from_json(&text)
+        .map_err(|why| anyhow::anyhow!("{}: not an acceptance trace: {why}", file.display()))?;
+    let n_vocab = e.n_vocab();
+    let (_, prompt) = super::workloads::workloads("pp", depth, n_vocab, 0);
+    let prompt: Vec<u32> = prompt[0].iter().map(|t| t.token).collect();
+    // the bench's text has no end: its end-of-generation tokens are banned
+    let greedy = SamplerConfig {
+        logit_bias: (0..n_vocab)
+            .filter(|&t| vocab.is_eog(t))
+            .map(|t| (t, f32::NEG_INFINITY))
+            .collect(),
+        ..SamplerConfig::greedy()
+    };
+    let run = |e: &mut Engine, spec: Option<&mut Speculator>| -> Result<(usize, Duration)> {
+        let mut s = Session::new(e, vocab, Sampler::new(greedy.clone())?);
+        let (out, t) = s.generate_with(&prompt, n, spec, |_| {})?;
+        Ok((out.len(), t.gen_time))
+    };
+    // warm-up: graphs and templates of both paths
+    run(e, None)?;
+    let (pn, pt) = run(e, None)?;
+    let plain = pn as f64 / pt.as_secs_f64().max(1e-9);
+    for cat in ["code", "chat"] {
+        let Some(r) = Replay::new(&trace, Some(cat)) else {
+            continue;
+        };
+        spec.replay = Some(r);
+        spec.reset();
+        spec.stats = SpecStats::default();
+        let (tn, tt) = run(e, Some(&mut *spec))?;
+        spec.replay = None;
+        let tps = tn as f64 / tt.as_secs_f64().max(1e-9);
+        let st = &spec.stats;
+        let recorded = trace.tokens_per_step(Some(cat));
+        if json {
+            println!(
+                "{{\"test\":\"spec-replay\",\"category\":\"{cat}\",\"pair\":{},\"n\":{tn},\"tps\":{tps:.3},\"plain_tps\":{plain:.3},\"speedup\":{:.4},\"tokens_per_step\":{:.4},\"recorded_tokens_per_step\":{recorded:.4},\"nodes_per_round\":{:.2},\"draft_ms_per_round\":{:.3},\"target_ms_per_round\":{:.3}}}",
+                serde_json::to_string(&trace.pair)?,
+                tps / plain,
+                st.tokens_per_round(),
+                st.drafted as f64 / st.rounds.max(1) as f64,
+                st.draft_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
+                st.target_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
+            );
+        } else {
+            println!(
+                "spec replay {cat}: {tps:.2} t/s measured end to end, acceptance replayed from {} ({:.2} tokens per step here, {recorded:.2} recorded; {:.1} nodes per round); plain {plain:.2} t/s on this engine, {:.2}x; draft {:.1} ms, target step {:.1} ms per round",
+                trace.pair,
+                st.tokens_per_round(),
+                st.drafted as f64 / st.rounds.max(1) as f64,
+                tps / plain,
+                st.draft_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
+                st.target_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
+            );
+        }
+    }
+    Ok(())
 }

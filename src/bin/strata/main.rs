@@ -19,6 +19,7 @@ mod check;
 mod rpc;
 mod serve;
 mod spec;
+mod spec_corpus;
 mod workloads;
 
 #[derive(Parser)]

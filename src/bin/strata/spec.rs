@@ -188,7 +188,7 @@ fn spec_config(s: &SpecArgs) -> SpecConfig {
 }
 
 /// Most nodes of a token tree: they are verified in one step.
-const MAX_TREE: usize = 1024;
+pub const MAX_TREE: usize = 1024;
 
 /// The server's drafting parameters, when `-md FILE` or `--lookup N` asks
 /// for drafting.

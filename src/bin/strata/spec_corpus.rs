@@ -1,0 +1,50 @@
+//! The acceptance corpus of `strata bench --spec-accept`: 20 code prompts
+//! (raw code the model continues) and 20 chat prompts (user messages,
+//! rendered with the model's chat template). None is a prompt of the tests
+//! or of `--spec-gen`.
+
+pub const CODE: [&str; 20] = [
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
+    "def is_prime(n):\n    if n < 2:\n        return False\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "import os\n\ndef list_python_files(root):\n    \"\"\"Yield the paths of all .py files under root.\"\"\"\n",
+    "def binary_search(xs, target):\n    lo, hi = 0, len(xs) - 1\n",
+    "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    x: float\n    y: float\n\n    def distance(self, other):\n",
+    "def word_count(text):\n    counts = {}\n    for word in text.split():\n",
+    "#include <stdio.h>\n\n/* Print the first n rows of Pascal's triangle. */\nvoid pascal(int n) {\n",
+    "#include <string.h>\n\nsize_t count_char(const char *s, char c) {\n",
+    "fn gcd(a: u64, b: u64) -> u64 {\n",
+    "use std::collections::HashMap;\n\nfn char_frequencies(s: &str) -> HashMap<char, usize> {\n",
+    "pub struct Matrix {\n    rows: usize,\n    cols: usize,\n    data: Vec<f64>,\n}\n\nimpl Matrix {\n    pub fn new(rows: usize, cols: usize) -> Self {\n",
+    "function debounce(fn, wait) {\n",
+    "// Return the n-th triangular number.\nfunction triangular(n) {\n",
+    "const express = require('express');\nconst app = express();\n\napp.get('/health', (req, res) => {\n",
+    "package main\n\nimport \"fmt\"\n\nfunc reverse(s string) string {\n",
+    "SELECT customers.name, COUNT(orders.id) AS order_count\nFROM customers\n",
+    "public class Counter {\n    private int count = 0;\n\n    public void increment() {\n",
+    "#!/bin/bash\n# Back up every .conf file in /etc to /tmp/backup\n",
+    "def flatten(nested):\n    \"\"\"Flatten a list of lists of any depth.\"\"\"\n",
+];
+
+pub const CHAT: [&str; 20] = [
+    "Explain what a closure is in JavaScript, with a short example.",
+    "Write a Python function that returns the second largest number in a list.",
+    "What is the difference between a process and a thread?",
+    "Give me a regular expression that matches an email address, and explain it.",
+    "How do I read a CSV file with pandas and print the first five rows?",
+    "Explain the difference between `git merge` and `git rebase`.",
+    "Write a SQL query that finds the top three salaries in an employees table.",
+    "What does the `async` keyword do in Rust?",
+    "Convert this loop to a list comprehension: result = []\nfor x in range(10):\n    if x % 2 == 0:\n        result.append(x * x)",
+    "What is Big O notation? Give two examples.",
+    "Write a bash one-liner that counts the lines of all .py files in a directory.",
+    "Explain what a race condition is and how a mutex prevents it.",
+    "How do I make an HTTP GET request in Python?",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a function in C that swaps two integers using pointers.",
+    "Explain recursion to a beginner, with an example.",
+    "What are the main differences between TCP and UDP?",
+    "How do I center a div horizontally and vertically with CSS?",
+    "Write a Java method that checks whether a string is a palindrome.",
+    "What is a hash table and why are lookups fast?",
+];
