@@ -273,6 +273,7 @@ impl<'a> Session<'a> {
         'rounds: while out.len() < n_predict {
             let mut stop = false;
             let first = out.len();
+            let round_start = self.tokens.len();
             // a replayed round's accepted nodes (not the prompt's rows)
             let forced: Option<Vec<usize>> = spec
                 .as_deref()
@@ -320,6 +321,9 @@ impl<'a> Session<'a> {
                     d.tokens.len() - 1
                 }
                 Err(e) => {
+                    // the round's tokens are forgotten, the cache with them
+                    self.tokens.truncate(round_start);
+                    self.pending = None;
                     self.drop_unverified(&tree, rows.cells_of(0), &[], &mut cached);
                     return Err(e.into());
                 }
@@ -339,8 +343,9 @@ impl<'a> Session<'a> {
                 self.interrupted = true;
                 break 'rounds;
             }
-            // rejected drafts leave the cache
-            self.drop_unverified(&tree, rows.cells_of(0), &path, &mut cached);
+            // rejected drafts leave the cache; accepted nodes out of a
+            // chain's cells are fed again with the next step
+            let refeed = self.drop_unverified(&tree, rows.cells_of(0), &path, &mut cached);
             // the next round: the pending token plus new drafts
             let tok = self
                 .pending
@@ -371,12 +376,20 @@ impl<'a> Session<'a> {
                 }
                 None => DraftTree::default(),
             };
-            let step = tree.step_tokens(tok);
             let base = self.tokens.len() - 1;
+            let from = base - refeed;
+            let step: Vec<u32> = self.tokens[from..base]
+                .iter()
+                .copied()
+                .chain(tree.step_tokens(tok))
+                .collect();
+            if refeed > 0 {
+                self.engine.truncate_seq(0, from as i32);
+            }
             let round = Instant::now();
             let f = Feed {
                 seq: 0,
-                pos: base,
+                pos: from,
                 tokens: &step,
                 drafts: tree.len(),
                 sample: true,
@@ -388,14 +401,33 @@ impl<'a> Session<'a> {
                     cached = base + 1 + tree.depth();
                 }
                 Err(e) => {
-                    self.tokens.pop();
+                    // the cache holds the tokens before `from`: so does
+                    // the session (re-fed tokens are lost from its context)
+                    self.tokens.truncate(from);
                     self.pending = Some(tok);
                     return Err(e.into());
                 }
             }
             last_round = Some(round.elapsed());
         }
-        self.drop_unverified(&tree, rows.cells_of(0), &path, &mut cached);
+        let refeed = self.drop_unverified(&tree, rows.cells_of(0), &path, &mut cached);
+        if refeed > 0 {
+            // the cache in position order for the next call
+            let from = self.tokens.len() - refeed;
+            self.engine.truncate_seq(0, from as i32);
+            let f = Feed {
+                seq: 0,
+                pos: from,
+                tokens: &self.tokens[from..],
+                drafts: 0,
+                sample: false,
+                tree: None,
+            };
+            if let Err(e) = round::step(self.engine, &[f]) {
+                self.tokens.truncate(from);
+                return Err(e.into());
+            }
+        }
         // tokens sampled; all but an end-of-generation token and the last
         // one (pending, fed first by the next call) are in the KV cache
         t.gen_tokens = out.len();
@@ -405,14 +437,19 @@ impl<'a> Session<'a> {
 
     /// Takes the drafts that were not accepted (the nodes of `tree` off
     /// `path`, and any position past the session's tokens) out of the KV
-    /// cache. `cells`: the last step's cells (empty for a chain).
+    /// cache. `cells`: the last step's cells (empty for a chain). Returns
+    /// how many accepted tokens sit outside the cells a chain would have
+    /// given them (a side branch of the tree was accepted): they must be
+    /// fed again, or the attention would read the cache out of position
+    /// order and round differently from a cache that never saw the
+    /// rejected nodes.
     fn drop_unverified(
         &mut self,
         tree: &DraftTree,
         cells: &[u32],
         path: &[usize],
         cached: &mut usize,
-    ) {
+    ) -> usize {
         if *cached > self.tokens.len() || !path.is_empty() {
             round::rollback_tree(
                 self.engine,
@@ -425,5 +462,11 @@ impl<'a> Session<'a> {
             );
         }
         *cached = (*cached).min(self.tokens.len());
+        // only a step that placed the tree has cells to be out of order
+        if cells.is_empty() || DraftTree::in_chain_cells(path) {
+            0
+        } else {
+            path.len()
+        }
     }
 }

@@ -309,7 +309,7 @@ pub fn rollback(engine: &mut Engine, seq: u32, held: usize, keep: usize) -> bool
 }
 
 /// After a tree step: the nodes of `tree` off the accepted `path` leave the
-/// cache (`cells`: the feed's cells, the pending token's first), then
+/// cache (`cells`: the feed's cells, the tree's nodes last), then
 /// [`rollback`] keeps the first `keep` tokens of the `held`.
 pub fn rollback_tree(
     engine: &mut Engine,
@@ -320,9 +320,10 @@ pub fn rollback_tree(
     held: usize,
     keep: usize,
 ) -> bool {
+    let first = cells.len().saturating_sub(tree.len());
     let off: Vec<u32> = (0..tree.len())
         .filter(|i| !path.contains(i))
-        .filter_map(|i| cells.get(1 + i).copied())
+        .filter_map(|i| cells.get(first + i).copied())
         .collect();
     if !off.is_empty() {
         engine.drop_cells(seq, &off);

@@ -744,3 +744,102 @@ fn router_counts_are_saved_added_to_and_bad_files_refused() {
     assert!(err.contains("another model's"), "{err}");
     assert_eq!(picks(&other), 2);
 }
+
+/// `--draft-tree` prints what plain `run` prints; bad values, a tree
+/// without a drafter and a tree for `serve` are refused naming the flag; a
+/// damaged acceptance trace is refused naming the file.
+#[test]
+fn draft_trees_on_the_command_line() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let m = path.to_str().unwrap();
+    let p =
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n";
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run", "-m", m, "--device", "cpu", "-p", p, "-n", "40", "--temp", "0",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = strata(&args);
+        assert!(ok, "{extra:?}: {err}");
+        (out, err)
+    };
+    let (plain, _) = run(&[]);
+    let (tree, err) = run(&["--lookup", "8", "--draft-tree", "12", "--draft-fixed"]);
+    assert_eq!(tree, plain);
+    assert!(err.contains("speculative:"), "{err}");
+    for (extra, says) in [
+        (
+            &["--lookup", "8", "--draft-tree", "0"][..],
+            "--draft-tree 0 is outside 1..=1024",
+        ),
+        (
+            &["--lookup", "8", "--draft-tree", "5000"][..],
+            "--draft-tree 5000 is outside",
+        ),
+        (&["--draft-tree", "8"][..], "--draft-tree needs drafts"),
+    ] {
+        let mut args = vec!["run", "-m", m, "--device", "cpu", "-p", "hi", "-n", "1"];
+        args.extend_from_slice(extra);
+        let (ok, _, err) = strata(&args);
+        assert!(!ok && err.contains(says), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let (ok, _, err) = strata(&[
+        "serve",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "--lookup",
+        "8",
+        "--draft-tree",
+        "8",
+    ]);
+    assert!(
+        !ok && err.contains("--draft-tree is for `run` and `bench`"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("trace.json");
+    std::fs::write(&bad, r#"{"format":"strata-spec-trace-1","pair":"x","rounds":[{"cat":"code","parents":[0],"path":[]}]}"#).unwrap();
+    let b = bad.to_str().unwrap();
+    let (ok, _, err) = strata(&[
+        "bench",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "-md",
+        m,
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "-B",
+        "0",
+        "--spec-replay",
+        b,
+    ]);
+    assert!(
+        !ok && err.contains(b) && err.contains("round 0: node 0 has parent 0"),
+        "{err}"
+    );
+    let (ok, _, err) = strata(&[
+        "bench",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "--lookup",
+        "8",
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "-B",
+        "0",
+        "--spec-replay",
+        b,
+    ]);
+    assert!(!ok && err.contains("needs a draft model"), "{err}");
+}

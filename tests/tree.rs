@@ -340,3 +340,74 @@ fn draft_model_tree_leaves_its_cache_clean() {
     assert_eq!(after, fresh.draft(&ctx, 6).expect("chain"));
     assert_eq!(after[0], t.nodes[0].token);
 }
+
+/// A replayed trace: every round drafts the recorded shape with the draft
+/// model and accepts exactly the recorded nodes (where the depth left
+/// allows), and the cache then holds the session's tokens and nothing
+/// else: its next logits equal those of an engine fed only those tokens.
+#[test]
+fn replayed_rounds_accept_the_recorded_nodes() {
+    use strata::speculative::{AcceptTrace, Replay, TraceRound};
+    let Some(path) = model(SMOLLM2) else { return };
+    let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
+    let mut tr = AcceptTrace::new("test");
+    // a chain accepted in part, a tree accepted down a side branch, a tree
+    // accepted nowhere, a chain accepted whole
+    let mut t = DraftTree::default();
+    let a = t.add(None, 1, 0.0);
+    let b = t.add(None, 2, 0.0);
+    t.add(a, 3, 0.0);
+    let bb = t.add(b, 4, 0.0);
+    t.add(bb, 5, 0.0);
+    t.add(b, 6, 0.0);
+    let rounds = [
+        TraceRound::of("code", &DraftTree::chain(&[0; 5]), &[0, 1]),
+        TraceRound::of("code", &t, &[1, 3, 4]),
+        TraceRound::of("code", &t, &[]),
+        TraceRound::of("code", &DraftTree::chain(&[0; 3]), &[0, 1, 2]),
+    ];
+    tr.rounds.extend(rounds.iter().cloned());
+    let mut e = Engine::load(&path, &cfg()).expect("engine");
+    let de = Engine::load(&path, &cfg()).expect("draft engine");
+    let mut spec = Speculator::new(
+        Drafter::Model(Box::new(DraftModel::new(de, 0.0))),
+        tree_cfg(0),
+    );
+    spec.replay = Replay::new(&tr, Some("code"));
+    let prompt = vocab.tokenize(PROMPTS[2], true, true).expect("tokenize");
+    let mut s = Session::new(
+        &mut e,
+        &vocab,
+        Sampler::new(SamplerConfig::greedy()).unwrap(),
+    );
+    let (out, _) = s
+        .generate_with(&prompt, 40, Some(&mut spec), |_| {})
+        .expect("replay");
+    let held: Vec<u32> = s.tokens.clone();
+    assert_eq!(out.len(), 40);
+    // rounds cycle 2, 3, 0, 3 accepted; the last may be cut by the length
+    let per: Vec<u64> = rounds.iter().map(|r| r.path.len() as u64).collect();
+    let n = spec.stats.rounds as usize;
+    let full: u64 = (0..n - 1).map(|i| per[i % 4]).sum();
+    assert!(
+        spec.stats.accepted >= full && spec.stats.accepted <= full + per[(n - 1) % 4],
+        "{}",
+        spec.stats.summary()
+    );
+    assert_eq!(e.kv().cells().seq_cells(0).len(), held.len());
+    // the cache is exactly the session's tokens
+    let pending = out[out.len() - 1];
+    let next = e.decode(&chain(&[pending], held.len())).expect("next");
+    let mut fresh = Engine::load(&path, &cfg()).expect("engine");
+    let mut all = held.clone();
+    all.push(pending);
+    let want = fresh.decode(&chain(&all, 0)).expect("fresh");
+    let n_vocab = e.n_vocab() as usize;
+    let err = common::nmse(&next, &want[want.len() - n_vocab..]);
+    assert!(
+        err < 1e-10,
+        "NMSE {err:.3e}; {:?} {:?}",
+        e.kv().cells().seq_cells(0),
+        held.len()
+    );
+}

@@ -232,11 +232,13 @@ impl Speculator {
         let (tree, map) = m.draft_shaped(0, context, &round.parent_indices(), max_depth)?;
         self.last_draft = t.elapsed();
         self.stats.draft_time += self.last_draft;
+        let (tree, order) = tree.preorder();
         self.replayed = Some(
             round
                 .path
                 .iter()
                 .map_while(|&n| map.get(n as usize).copied().flatten())
+                .map(|i| order[i])
                 .collect(),
         );
         Ok(tree)
@@ -284,7 +286,8 @@ impl Speculator {
             tree = DraftTree::default();
         }
         self.predicted = Some(probs[..tree.len()].iter().sum());
-        Ok(tree)
+        // the likeliest path in the cells a chain would take
+        Ok(tree.preorder().0)
     }
 
     /// Up to `max` (and at most `draft_max`; with `adaptive`, the length

@@ -117,6 +117,42 @@ impl DraftTree {
         self.nodes.truncate(n);
     }
 
+    /// The same tree in depth-first order, each node's children likeliest
+    /// first, and where each old index went. A verifying step places its
+    /// nodes in cells in this order, so the likeliest path sits in the very
+    /// cells a chain would: when it is the one accepted, nothing moves
+    /// ([`DraftTree::in_chain_cells`]).
+    pub fn preorder(&self) -> (DraftTree, Vec<usize>) {
+        let mut kids: Vec<Vec<usize>> = vec![Vec::new(); self.len() + 1];
+        for (i, n) in self.nodes.iter().enumerate() {
+            kids[n.parent.map_or(0, |p| p + 1)].push(i);
+        }
+        for k in &mut kids {
+            // stable: equal paths keep their order
+            k.sort_by(|&a, &b| self.nodes[b].logp.total_cmp(&self.nodes[a].logp));
+        }
+        let mut out = DraftTree::default();
+        let mut map = vec![usize::MAX; self.len()];
+        let mut stack: Vec<usize> = kids[0].iter().rev().copied().collect();
+        while let Some(i) = stack.pop() {
+            let n = self.nodes[i];
+            map[i] = out.nodes.len();
+            out.nodes.push(TreeNode {
+                parent: n.parent.map(|p| map[p]),
+                ..n
+            });
+            stack.extend(kids[i + 1].iter().rev());
+        }
+        (out, map)
+    }
+
+    /// Whether accepting `path` leaves its nodes in the cells a chain of
+    /// them would have taken: the step placed its tokens in order, so that
+    /// holds iff the path is the tree's first nodes.
+    pub fn in_chain_cells(path: &[usize]) -> bool {
+        path.iter().enumerate().all(|(k, &n)| n == k)
+    }
+
     /// The tokens of a verifying step: the pending token, then each node.
     pub fn step_tokens(&self, pending: u32) -> Vec<u32> {
         std::iter::once(pending)
@@ -557,6 +593,35 @@ mod tests {
             vec![(0, None), (1, Some(0)), (1, Some(0)), (2, Some(2))]
         );
         assert_eq!(t.path(2), vec![1, 2]);
+    }
+
+    #[test]
+    fn preorder_puts_the_likeliest_path_first() {
+        let mut t = DraftTree::default();
+        let a = t.add(None, 1, -2.0); // 0
+        let b = t.add(None, 2, -0.5); // 1
+        t.add(a, 3, -2.5); // 2
+        let bb = t.add(b, 4, -1.5); // 3
+        t.add(b, 5, -0.7); // 4
+        t.add(bb, 6, -1.6); // 5
+        let (p, map) = t.preorder();
+        let tokens: Vec<u32> = p.nodes.iter().map(|n| n.token).collect();
+        assert_eq!(tokens, vec![2, 5, 4, 6, 1, 3]);
+        assert_eq!(map, vec![4, 0, 5, 2, 1, 3]);
+        for (old, &new) in map.iter().enumerate() {
+            let path = |t: &DraftTree, i: usize| -> Vec<u32> {
+                t.path(i).iter().map(|&j| t.nodes[j].token).collect()
+            };
+            assert_eq!(path(&p, new), path(&t, old));
+            if let Some(q) = p.nodes[new].parent {
+                assert!(q < new, "parents first");
+            }
+        }
+        assert!(DraftTree::in_chain_cells(&[0, 1]));
+        assert!(DraftTree::in_chain_cells(&[]));
+        assert!(!DraftTree::in_chain_cells(&[0, 2]));
+        let c = DraftTree::chain(&[7, 8, 9]);
+        assert_eq!(c.preorder().0, c);
     }
 
     #[test]
