@@ -133,6 +133,16 @@ impl<'m> Reference<'m> {
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ctx.as_ptr()), true) }
     }
 
+    /// Forgets the positions >= `p0` of sequence `seq` (llama.cpp's
+    /// `llama_memory_seq_rm`, how its speculative decoding drops rejected
+    /// drafts). False where the cache cannot remove them.
+    pub fn seq_rm(&mut self, seq: u32, p0: i32) -> bool {
+        // SAFETY: live context; its memory handle is owned by it.
+        unsafe {
+            sys::llama_memory_seq_rm(sys::llama_get_memory(self.ctx.as_ptr()), seq as i32, p0, -1)
+        }
+    }
+
     /// The raw context (for queries such as the memory API in tests).
     pub fn raw(&self) -> *mut sys::llama_context {
         self.ctx.as_ptr()

@@ -519,6 +519,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     llama_rows(&a, &cfg, max_seqs, gpu, &mut tests, &mut rows, json)?;
+    llama_spec(&a, &cfg, gpu)?;
     if !a.json {
         print_ratios(&rows);
     }
@@ -775,6 +776,44 @@ fn llama_rows(
             "--llama-ngl: this strata was built without the `reference` feature (llama.cpp's decoder)"
         );
     }
+    Ok(())
+}
+
+/// llama.cpp's speculative decoding at the replayed acceptance, where
+/// `--spec-replay`, `--llama-ngl` and a draft model are given (at the
+/// first `--llama-ngl`).
+#[cfg(feature = "reference")]
+fn llama_spec(a: &BenchArgs, cfg: &EngineConfig, gpu: Option<strata::ggml::Device>) -> Result<()> {
+    let (Some(f), Some(&ngl), Some(draft)) =
+        (&a.spec_replay, a.llama_ngl.first(), &a.spec.model_draft)
+    else {
+        return Ok(());
+    };
+    let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+    let trace = strata::speculative::AcceptTrace::from_json(&text)
+        .map_err(|why| anyhow::anyhow!("{}: not an acceptance trace: {why}", f.display()))?;
+    strata::engine::reset_matmul_path();
+    let free0 = free_mib(gpu);
+    super::bench_llama_spec::run(
+        &super::bench_llama_spec::LlamaSpec {
+            target: &a.model.model,
+            draft,
+            ngl,
+            trace: &trace,
+            n: a.spec_replay_n,
+            depth: a.depth.max(64),
+            spec_k: &a.spec_k,
+            reps: a.reps,
+            n_ctx: cfg.n_ctx,
+            n_threads: cfg.n_threads as i32,
+            json: a.json,
+        },
+        || used_mib(gpu, free0),
+    )
+}
+
+#[cfg(not(feature = "reference"))]
+fn llama_spec(_: &BenchArgs, _: &EngineConfig, _: Option<strata::ggml::Device>) -> Result<()> {
     Ok(())
 }
 

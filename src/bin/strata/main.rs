@@ -13,6 +13,8 @@ use strata::sample::{Sampler, SamplerConfig};
 use strata::serve::chat::{ChatTemplate, Message};
 
 mod bench;
+#[cfg(feature = "reference")]
+mod bench_llama_spec;
 mod bench_spec;
 #[cfg(feature = "reference")]
 mod check;
