@@ -591,6 +591,12 @@ fn llama_rows(
     rows: &mut Vec<Row>,
     json: Option<&RunInfo>,
 ) -> Result<()> {
+    let mut probe = Vec::new();
+    build_tests(a, 1, &mut probe);
+    if probe.is_empty() {
+        // nothing for these rows to time (--spec-replay times its own)
+        return Ok(());
+    }
     for c in llama_configs(a) {
         llama_config_rows(a, cfg, max_seqs, gpu, &c, tests, rows, json)?;
     }

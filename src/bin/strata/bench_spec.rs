@@ -13,7 +13,9 @@ use strata::engine::{BatchToken, Engine};
 use strata::generate::Session;
 use strata::llama::LlamaModel;
 use strata::sample::{Sampler, SamplerConfig};
-use strata::speculative::{AcceptTrace, Drafter, Replay, SpecStats, Speculator};
+use strata::speculative::{
+    grow, AcceptTrace, DraftTree, Drafter, Replay, SpecStats, Speculator, TreeShape,
+};
 
 /// Raw code prompts: the model continues them.
 const CODE: [&str; 3] = [
@@ -55,6 +57,9 @@ pub fn step_costs(
     let (_, prompt) = super::workloads::workloads("pp", depth, n_vocab, 0);
     e.decode(&prompt[0]).context("filling the context")?;
     let context: Vec<u32> = prompt[0].iter().map(|t| t.token).collect();
+    // with --draft-tree: k nodes as a tree (drafted by the model, or of
+    // the shape it would grow), verified in a tree step
+    let trees = spec.as_ref().is_some_and(|s| s.cfg.tree > 0);
     let mut model = match spec {
         Some(Speculator {
             drafter: Drafter::Model(m),
@@ -73,7 +78,18 @@ pub fn step_costs(
                 e.start_timeline();
             }
             let d0 = Instant::now();
+            let mut tree = DraftTree::default();
             let d = match model.as_deref_mut() {
+                Some(m) if k > 0 && trees => {
+                    let shape = TreeShape {
+                        min_p: 0.0,
+                        ..TreeShape::of(k)
+                    };
+                    let t = Instant::now();
+                    tree = m.draft_tree(0, &context, shape, 16)?;
+                    anyhow::ensure!(tree.len() == k, "the draft model grew {} of {k} nodes", tree.len());
+                    t.elapsed().as_secs_f64()
+                }
                 Some(m) if k > 0 => {
                     // always k tokens: the probability floor off
                     let p_min = std::mem::replace(&mut m.p_min, 0.0);
@@ -93,6 +109,9 @@ pub fn step_costs(
             if traced {
                 e.record_host_span(Stream::Draft, &format!("draft {k}"), d0, Instant::now());
             }
+            if trees && tree.len() < k {
+                tree = synthetic_tree(k, tok);
+            }
             let batch: Vec<BatchToken> = (0..=k as u32)
                 .map(|i| BatchToken {
                     token: tok(depth + i),
@@ -102,7 +121,20 @@ pub fn step_costs(
                 })
                 .collect();
             let t = Instant::now();
-            e.decode(&batch)?;
+            if trees {
+                let toks = tree.step_tokens(tok(depth));
+                let f = strata::round::Feed {
+                    seq: 0,
+                    pos: depth as usize,
+                    tokens: &toks,
+                    drafts: tree.len(),
+                    sample: true,
+                    tree: Some(&tree),
+                };
+                strata::round::step(e, &[f])?;
+            } else {
+                e.decode(&batch)?;
+            }
             let s = t.elapsed().as_secs_f64();
             e.truncate_seq(0, depth as i32);
             if traced {
@@ -133,6 +165,20 @@ pub fn step_costs(
     }
     e.clear();
     Ok(spans)
+}
+
+/// A tree of `k` nodes of the shape best-first growth gives where every
+/// node's children are equally likely.
+fn synthetic_tree(k: usize, tok: impl Fn(u32) -> u32) -> DraftTree {
+    let shape = TreeShape {
+        min_p: 0.0,
+        ..TreeShape::of(k)
+    };
+    let kids: Vec<(u32, f32)> = (0..shape.width as u32)
+        .map(|i| (tok(i), -(1.0 + i as f32)))
+        .collect();
+    grow(shape, &kids, |_, new| Ok::<_, ()>(new.iter().map(|_| kids.clone()).collect()))
+        .unwrap_or_default()
 }
 
 /// One side of the generation comparison.
