@@ -270,14 +270,14 @@ impl DraftModel {
         self.fed(seq, context);
         let base = context.len() as i32 - 1;
         let engine = &mut self.engine;
-        grow(shape, &top_logprobs(&logits, shape.width), |tree, new| {
+        grow(shape, &top_logprobs(&logits, shape.children), |tree, new| {
             // nodes at the deepest allowed level get no children
             let open: Vec<usize> = new
                 .iter()
                 .copied()
                 .filter(|&i| tree.nodes[i].depth < max_depth)
                 .collect();
-            let rows = expand(engine, seq, base, tree, &open, cells, shape.width)?;
+            let rows = expand(engine, seq, base, tree, &open, cells, shape.children)?;
             Ok(new
                 .iter()
                 .map(|i| {

@@ -272,7 +272,9 @@ impl Speculator {
         let t = Instant::now();
         let mut tree = match &mut self.drafter {
             Drafter::Lookup(l) => l.draft_tree(context, depth, self.cfg.tree),
-            Drafter::Model(m) => m.draft_tree(0, context, TreeShape::of(self.cfg.tree), depth)?,
+            Drafter::Model(m) => {
+                m.draft_tree(0, context, TreeShape::of(self.cfg.tree, depth), depth)?
+            }
             Drafter::Shared => DraftTree::default(),
         };
         let spent = t.elapsed();

@@ -234,33 +234,38 @@ impl PartialOrd for Candidate {
 pub struct TreeShape {
     /// Most nodes.
     pub nodes: usize,
-    /// Nodes added per drafting step (the draft model evaluates them in one
-    /// batch), and children considered per expanded node.
-    pub width: usize,
+    /// Most drafting steps, so most levels: each step evaluates the nodes
+    /// the last one added, in one batch.
+    pub depth: usize,
+    /// Children considered per expanded node.
+    pub children: usize,
     /// Paths less likely than this (by the drafter) are not drafted.
     pub min_p: f32,
 }
 
 impl TreeShape {
-    /// A tree of `nodes`: sqrt(nodes) nodes per drafting step (so about as
-    /// many steps as nodes per step: 4 for 16 nodes, 16 for 256) and as
-    /// many children per node; paths below 0.1% are left out.
-    pub fn of(nodes: usize) -> TreeShape {
+    /// A tree of up to `nodes` nodes and `depth` levels: up to 8 children
+    /// considered per node; paths below 0.1% left out.
+    pub fn of(nodes: usize, depth: usize) -> TreeShape {
         TreeShape {
             nodes,
-            width: (nodes as f64).sqrt().ceil().max(1.0) as usize,
+            depth,
+            children: nodes.clamp(1, 8),
             min_p: 1e-3,
         }
     }
 }
 
-/// Grows a tree best-first by path probability: the root's `children`
-/// (token, log probability) are the first candidates; each round takes the
-/// best `shape.width` candidates into the tree and, unless the tree is
-/// full, asks `expand` for the best children of those new nodes ((token,
-/// log probability given the node), `shape.width` at most each), whose
-/// paths become candidates. Stops when the tree holds `shape.nodes`, or no
-/// candidate path is likelier than `shape.min_p`.
+/// Grows a tree best-first by path probability in at most `shape.depth`
+/// drafting steps: the root's `children` (token, log probability) are the
+/// first candidates; each step takes the best candidates into the tree,
+/// as many as spreads the nodes left evenly over the steps left (so a
+/// drafter that is sure grows one long path and a few branches, and one
+/// that is not a bushy tree), and, unless the tree is full, asks `expand`
+/// for the best children of those new nodes ((token, log probability
+/// given the node), `shape.children` at most each), whose paths become
+/// candidates. Stops when the tree holds `shape.nodes`, the steps are
+/// spent, or no candidate path is likelier than `shape.min_p`.
 pub fn grow<E>(
     shape: TreeShape,
     children: &[(u32, f32)],
@@ -270,7 +275,7 @@ pub fn grow<E>(
     let mut tree = DraftTree::default();
     let mut heap = BinaryHeap::new();
     let offer = |heap: &mut BinaryHeap<Candidate>, parent, base: f32, kids: &[(u32, f32)]| {
-        for &(token, lp) in kids.iter().take(shape.width) {
+        for &(token, lp) in kids.iter().take(shape.children) {
             let logp = base + lp;
             if logp >= min_logp {
                 heap.push(Candidate {
@@ -282,15 +287,16 @@ pub fn grow<E>(
         }
     };
     offer(&mut heap, None, 0.0, children);
-    while tree.len() < shape.nodes {
+    for step in 0..shape.depth {
+        let take = (shape.nodes - tree.len()).div_ceil(shape.depth - step);
         let mut new = Vec::new();
-        while new.len() < shape.width && tree.len() < shape.nodes {
+        while new.len() < take {
             let Some(c) = heap.pop() else { break };
             if let Some(i) = tree.add(c.parent, c.token, c.logp) {
                 new.push(i);
             }
         }
-        if new.is_empty() || tree.len() == shape.nodes {
+        if new.is_empty() || tree.len() == shape.nodes || step + 1 == shape.depth {
             break;
         }
         let kids = expand(&tree, &new)?;
@@ -397,7 +403,8 @@ mod tests {
         while out.len() < n {
             let shape = TreeShape {
                 nodes,
-                width: w,
+                depth: nodes,
+                children: w,
                 min_p: 0.0,
             };
             let tree = grow(shape, &draft(&c), |t, new| {
@@ -529,10 +536,16 @@ mod tests {
     fn grow_is_best_first_within_the_shape() {
         // every node's children: token 0 at 0.6, token 1 at 0.3, token 2 at 0.1
         let kids = vec![(0, 0.6f32.ln()), (1, 0.3f32.ln()), (2, 0.1f32.ln())];
+        let paths = |t: &DraftTree| -> Vec<Vec<u32>> {
+            (0..t.len())
+                .map(|i| t.path(i).iter().map(|&j| t.nodes[j].token).collect())
+                .collect()
+        };
         let mut steps = 0;
         let shape = TreeShape {
             nodes: 7,
-            width: 2,
+            depth: 3,
+            children: 2,
             min_p: 0.0,
         };
         let t = grow(shape, &kids, |_, new| {
@@ -540,28 +553,41 @@ mod tests {
             Ok::<_, ()>(new.iter().map(|_| kids.clone()).collect())
         })
         .unwrap();
-        assert_eq!(t.len(), 7);
-        // two per step, best path first (only the best two children count):
-        // 0 (.6), 1 (.3); 00 (.36), 01 (.18, before 10's .18: the earlier
-        // parent); 000 (.216), 10 (.18); 0000 (.1296)
-        let paths: Vec<Vec<u32>> = (0..t.len())
-            .map(|i| t.path(i).iter().map(|&j| t.nodes[j].token).collect())
-            .collect();
+        // 7 nodes over 3 steps, as many as spread the rest over the steps
+        // left (only the best two children count): 0 (.6) and 1 (.3), all
+        // the root has; then 3: 00 (.36), 01 and 10 (.18); then 2: 000
+        // (.216), 001 (.108, the earliest parent of three)
         let want: Vec<Vec<u32>> = vec![
             vec![0],
             vec![1],
             vec![0, 0],
             vec![0, 1],
-            vec![0, 0, 0],
             vec![1, 0],
-            vec![0, 0, 0, 0],
+            vec![0, 0, 0],
+            vec![0, 0, 1],
         ];
-        assert_eq!(paths, want);
-        assert_eq!(steps, 3, "the last nodes are not expanded");
+        assert_eq!(paths(&t), want);
+        assert_eq!(steps, 2, "the last step's nodes are not expanded");
+        // a sure drafter: one node a step makes a long path
+        let sure = vec![(0, 0.95f32.ln()), (1, 0.04f32.ln())];
+        let t = grow(
+            TreeShape {
+                nodes: 8,
+                depth: 8,
+                children: 2,
+                min_p: 0.0,
+            },
+            &sure,
+            |_, new| Ok::<_, ()>(new.iter().map(|_| sure.clone()).collect()),
+        )
+        .unwrap();
+        assert_eq!(t.depth(), 8);
+        assert!(t.is_chain());
         // the floor: nothing under 20%
         let t = grow(
             TreeShape {
                 min_p: 0.2,
+                depth: 8,
                 ..shape
             },
             &kids,

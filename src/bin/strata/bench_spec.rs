@@ -83,7 +83,7 @@ pub fn step_costs(
                 Some(m) if k > 0 && trees => {
                     let shape = TreeShape {
                         min_p: 0.0,
-                        ..TreeShape::of(k)
+                        ..TreeShape::of(k, 16)
                     };
                     let t = Instant::now();
                     tree = m.draft_tree(0, &context, shape, 16)?;
@@ -172,9 +172,9 @@ pub fn step_costs(
 fn synthetic_tree(k: usize, tok: impl Fn(u32) -> u32) -> DraftTree {
     let shape = TreeShape {
         min_p: 0.0,
-        ..TreeShape::of(k)
+        ..TreeShape::of(k, 16)
     };
-    let kids: Vec<(u32, f32)> = (0..shape.width as u32)
+    let kids: Vec<(u32, f32)> = (0..shape.children as u32)
         .map(|i| (tok(i), -(1.0 + i as f32)))
         .collect();
     grow(shape, &kids, |_, new| Ok::<_, ()>(new.iter().map(|_| kids.clone()).collect()))
