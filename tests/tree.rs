@@ -324,7 +324,17 @@ fn draft_model_tree_leaves_its_cache_clean() {
     let vocab = LlamaModel::load(&path, true, 0).expect("vocab");
     let ctx = vocab.tokenize(PROMPTS[1], true, true).expect("tokenize");
     let mut d = DraftModel::new(Engine::load(&path, &cfg()).expect("engine"), 0.0);
-    let t = d.draft_tree(0, &ctx, TreeShape { min_p: 0.0, ..TreeShape::of(30, 6) }, 6).expect("tree");
+    let t = d
+        .draft_tree(
+            0,
+            &ctx,
+            TreeShape {
+                min_p: 0.0,
+                ..TreeShape::of(30, 6)
+            },
+            6,
+        )
+        .expect("tree");
     assert_eq!(t.len(), 30);
     assert!(!t.is_chain() && t.depth() <= 6);
     // paths get less likely down the tree, and the first node is the

@@ -270,23 +270,27 @@ impl DraftModel {
         self.fed(seq, context);
         let base = context.len() as i32 - 1;
         let engine = &mut self.engine;
-        grow(shape, &top_logprobs(&logits, shape.children), |tree, new| {
-            // nodes at the deepest allowed level get no children
-            let open: Vec<usize> = new
-                .iter()
-                .copied()
-                .filter(|&i| tree.nodes[i].depth < max_depth)
-                .collect();
-            let rows = expand(engine, seq, base, tree, &open, cells, shape.children)?;
-            Ok(new
-                .iter()
-                .map(|i| {
-                    open.iter()
-                        .position(|o| o == i)
-                        .map_or_else(Vec::new, |k| rows[k].clone())
-                })
-                .collect())
-        })
+        grow(
+            shape,
+            &top_logprobs(&logits, shape.children),
+            |tree, new| {
+                // nodes at the deepest allowed level get no children
+                let open: Vec<usize> = new
+                    .iter()
+                    .copied()
+                    .filter(|&i| tree.nodes[i].depth < max_depth)
+                    .collect();
+                let rows = expand(engine, seq, base, tree, &open, cells, shape.children)?;
+                Ok(new
+                    .iter()
+                    .map(|i| {
+                        open.iter()
+                            .position(|o| o == i)
+                            .map_or_else(Vec::new, |k| rows[k].clone())
+                    })
+                    .collect())
+            },
+        )
     }
 
     /// A tree of the shape `parents` (each node's parent, None for the

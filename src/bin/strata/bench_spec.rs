@@ -87,7 +87,11 @@ pub fn step_costs(
                     };
                     let t = Instant::now();
                     tree = m.draft_tree(0, &context, shape, 16)?;
-                    anyhow::ensure!(tree.len() == k, "the draft model grew {} of {k} nodes", tree.len());
+                    anyhow::ensure!(
+                        tree.len() == k,
+                        "the draft model grew {} of {k} nodes",
+                        tree.len()
+                    );
                     t.elapsed().as_secs_f64()
                 }
                 Some(m) if k > 0 => {
@@ -177,8 +181,10 @@ fn synthetic_tree(k: usize, tok: impl Fn(u32) -> u32) -> DraftTree {
     let kids: Vec<(u32, f32)> = (0..shape.children as u32)
         .map(|i| (tok(i), -(1.0 + i as f32)))
         .collect();
-    grow(shape, &kids, |_, new| Ok::<_, ()>(new.iter().map(|_| kids.clone()).collect()))
-        .unwrap_or_default()
+    grow(shape, &kids, |_, new| {
+        Ok::<_, ()>(new.iter().map(|_| kids.clone()).collect())
+    })
+    .unwrap_or_default()
 }
 
 /// One side of the generation comparison.
