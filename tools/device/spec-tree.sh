@@ -39,11 +39,8 @@ replay)
     b=${bn%%:*}; ngl=${bn#*:}
     {
       echo "== $b, draft resident: plain decode and speculative decoding at each trace's acceptance"
-      for tr in $TRACES; do
-        echo "-- $tr"
-        $bin/strata bench -m "$m" --device gpu --gpu-budget $b -md "$d" -p 0 -n 0 -B 0 \
-          --spec-replay "$tr" --spec-replay-n $N 2>&1 | quiet | grep -E "spec replay|^plan|^memory|error"
-      done
+      $bin/strata bench -m "$m" --device gpu --gpu-budget $b -md "$d" -p 0 -n 0 -B 0 \
+        --spec-replay "$(echo $TRACES | tr ' ' ',')" --spec-replay-n $N 2>&1 | quiet | grep -E "spec replay|^plan|^memory|^draft|error"
       echo "== llama.cpp ngl=$ngl with its defaults, the same draft all on the GPU: verify step, speculative decoding at $LLAMA_TRACE's acceptance"
       $bin/strata bench -m "$m" --device gpu --no-strata -md "$d" -p 0 -n 0 -B 0 -r $R --spec-k 0,1,4,8,16 \
         --spec-replay "$LLAMA_TRACE" --spec-replay-n $N --llama-ngl $ngl 2>&1 | quiet

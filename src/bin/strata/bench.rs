@@ -128,9 +128,11 @@ pub struct BenchArgs {
     /// Speculative decoding measured end to end at a recorded pair's
     /// acceptance: with the draft model (-md), rounds take the shape and
     /// accepted nodes of FILE's rounds (code and chat in turn), everything
-    /// else runs for real; N tokens per category (--spec-replay-n).
-    #[arg(long = "spec-replay", value_name = "FILE")]
-    pub spec_replay: Option<PathBuf>,
+    /// else runs for real; N tokens per category (--spec-replay-n). Several
+    /// files (comma-separated) are replayed in turn; llama.cpp's anchor
+    /// (--llama-ngl) replays the first.
+    #[arg(long = "spec-replay", value_name = "FILE", value_delimiter = ',')]
+    pub spec_replay: Vec<PathBuf>,
     #[arg(long = "spec-replay-n", value_name = "N", default_value_t = 64)]
     pub spec_replay_n: usize,
 }
@@ -383,7 +385,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         } else {
             0
         })
-        .max(if a.spec_replay.is_some() {
+        .max(if !a.spec_replay.is_empty() {
             a.depth.max(64) + a.spec_replay_n as u32 + 64 + 2 * super::spec::MAX_TREE as u32
         } else {
             0
@@ -511,11 +513,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 a.json,
             )?;
         }
-        if let Some(f) = &a.spec_replay {
+        if !a.spec_replay.is_empty() {
             let (Some(sp), Some(v)) = (spec.as_mut(), vocab.as_ref()) else {
                 anyhow::bail!("--spec-replay needs a draft model: -md FILE");
             };
-            super::bench_spec::replay(&mut e, v, sp, f, a.spec_replay_n, a.depth.max(64), a.json)?;
+            super::bench_spec::replay(
+                &mut e,
+                v,
+                sp,
+                &a.spec_replay,
+                a.spec_replay_n,
+                a.depth.max(64),
+                a.json,
+            )?;
         }
     }
     llama_rows(&a, &cfg, max_seqs, gpu, &mut tests, &mut rows, json)?;
@@ -790,14 +800,14 @@ fn llama_rows(
 /// first `--llama-ngl`).
 #[cfg(feature = "reference")]
 fn llama_spec(a: &BenchArgs, cfg: &EngineConfig, gpu: Option<strata::ggml::Device>) -> Result<()> {
-    let (Some(f), Some(&ngl), Some(draft)) =
-        (&a.spec_replay, a.llama_ngl.first(), &a.spec.model_draft)
-    else {
+    let (Some(f), Some(&ngl), Some(draft)) = (
+        a.spec_replay.first(),
+        a.llama_ngl.first(),
+        &a.spec.model_draft,
+    ) else {
         return Ok(());
     };
-    let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-    let trace = strata::speculative::AcceptTrace::from_json(&text)
-        .map_err(|why| anyhow::anyhow!("{}: not an acceptance trace: {why}", f.display()))?;
+    let trace = super::bench_spec::read_trace(f)?;
     strata::engine::reset_matmul_path();
     let free0 = free_mib(gpu);
     super::bench_llama_spec::run(

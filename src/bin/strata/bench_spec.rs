@@ -171,6 +171,20 @@ pub fn step_costs(
     Ok(spans)
 }
 
+/// An acceptance trace file, or an error naming it and what is wrong.
+pub fn read_trace(file: &Path) -> Result<AcceptTrace> {
+    let meta = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;
+    anyhow::ensure!(
+        meta.len() <= 64 << 20,
+        "{}: over 64 MiB, not an acceptance trace",
+        file.display()
+    );
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    AcceptTrace::from_json(&text)
+        .map_err(|why| anyhow::anyhow!("{}: not an acceptance trace: {why}", file.display()))
+}
+
 /// A tree of `k` nodes of the shape best-first growth gives where every
 /// node's children are equally likely.
 fn synthetic_tree(k: usize, tok: impl Fn(u32) -> u32) -> DraftTree {
@@ -415,7 +429,7 @@ pub fn replay(
     e: &mut Engine,
     vocab: &LlamaModel,
     spec: &mut Speculator,
-    file: &Path,
+    files: &[std::path::PathBuf],
     n: usize,
     depth: u32,
     json: bool,
@@ -424,16 +438,17 @@ pub fn replay(
         matches!(spec.drafter, Drafter::Model(_)),
         "--spec-replay needs a draft model (-md FILE): prompt lookup has no shapes to replay"
     );
-    let meta = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;
-    anyhow::ensure!(
-        meta.len() <= 64 << 20,
-        "{}: over 64 MiB, not an acceptance trace",
-        file.display()
-    );
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let trace = AcceptTrace::from_json(&text)
-        .map_err(|why| anyhow::anyhow!("{}: not an acceptance trace: {why}", file.display()))?;
+    // every file read before anything runs
+    let traces = files
+        .iter()
+        .map(|f| {
+            Ok((
+                f.file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+                read_trace(f)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let n_vocab = e.n_vocab();
     let (_, prompt) = super::workloads::workloads("pp", depth, n_vocab, 0);
     let prompt: Vec<u32> = prompt[0].iter().map(|t| t.token).collect();
@@ -454,8 +469,8 @@ pub fn replay(
     run(e, None)?;
     let (pn, pt) = run(e, None)?;
     let plain = pn as f64 / pt.as_secs_f64().max(1e-9);
-    for cat in ["code", "chat"] {
-        let Some(r) = Replay::new(&trace, Some(cat)) else {
+    for (cat, (file, trace)) in traces.iter().flat_map(|t| ["code", "chat"].map(|c| (c, t))) {
+        let Some(r) = Replay::new(trace, Some(cat)) else {
             continue;
         };
         spec.replay = Some(r);
@@ -468,7 +483,8 @@ pub fn replay(
         let recorded = trace.tokens_per_step(Some(cat));
         if json {
             println!(
-                "{{\"test\":\"spec-replay\",\"category\":\"{cat}\",\"pair\":{},\"n\":{tn},\"tps\":{tps:.3},\"plain_tps\":{plain:.3},\"speedup\":{:.4},\"tokens_per_step\":{:.4},\"recorded_tokens_per_step\":{recorded:.4},\"nodes_per_round\":{:.2},\"draft_ms_per_round\":{:.3},\"target_ms_per_round\":{:.3}}}",
+                "{{\"test\":\"spec-replay\",\"category\":\"{cat}\",\"trace\":{},\"pair\":{},\"n\":{tn},\"tps\":{tps:.3},\"plain_tps\":{plain:.3},\"speedup\":{:.4},\"tokens_per_step\":{:.4},\"recorded_tokens_per_step\":{recorded:.4},\"nodes_per_round\":{:.2},\"draft_ms_per_round\":{:.3},\"target_ms_per_round\":{:.3}}}",
+                serde_json::to_string(file)?,
                 serde_json::to_string(&trace.pair)?,
                 tps / plain,
                 st.tokens_per_round(),
@@ -478,7 +494,7 @@ pub fn replay(
             );
         } else {
             println!(
-                "spec replay {cat}: {tps:.2} t/s measured end to end, acceptance replayed from {} ({:.2} tokens per step here, {recorded:.2} recorded; {:.1} nodes per round); plain {plain:.2} t/s on this engine, {:.2}x; draft {:.1} ms, target step {:.1} ms per round",
+                "spec replay {cat} ({file}): {tps:.2} t/s measured end to end, acceptance replayed from {} ({:.2} tokens per step here, {recorded:.2} recorded; {:.1} nodes per round); plain {plain:.2} t/s on this engine, {:.2}x; draft {:.1} ms, target step {:.1} ms per round",
                 trace.pair,
                 st.tokens_per_round(),
                 st.drafted as f64 / st.rounds.max(1) as f64,
