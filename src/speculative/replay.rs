@@ -130,6 +130,8 @@ impl AcceptTrace {
 #[derive(Clone, Debug)]
 pub struct Replay {
     rounds: Vec<TraceRound>,
+    /// The order rounds are handed out in (indices into `rounds`).
+    order: Vec<usize>,
     at: usize,
 }
 
@@ -143,11 +145,32 @@ impl Replay {
             .filter(|r| cat.is_none_or(|c| r.cat == c))
             .cloned()
             .collect();
-        (!rounds.is_empty()).then_some(Replay { rounds, at: 0 })
+        let order = (0..rounds.len()).collect();
+        (!rounds.is_empty()).then_some(Replay {
+            rounds,
+            order,
+            at: 0,
+        })
+    }
+
+    /// [`Replay::new`], for a run of about `tokens` tokens: rounds spread
+    /// evenly over the whole trace (every s-th round, then the ones after
+    /// those, ...), so a run shorter than the recording sees its mix of
+    /// easy and hard passages, not only its first prompts.
+    pub fn spread(trace: &AcceptTrace, cat: Option<&str>, tokens: usize) -> Option<Replay> {
+        let mut r = Replay::new(trace, cat)?;
+        let n = r.rounds.len();
+        let per = 1.0 + r.rounds.iter().map(|x| x.path.len()).sum::<usize>() as f64 / n as f64;
+        let used = ((tokens as f64 / per).ceil() as usize).max(1);
+        let stride = (n / used).max(1);
+        r.order = (0..stride)
+            .flat_map(|off| (off..n).step_by(stride))
+            .collect();
+        Some(r)
     }
 
     pub fn next_round(&mut self) -> TraceRound {
-        let r = self.rounds[self.at % self.rounds.len()].clone();
+        let r = self.rounds[self.order[self.at % self.order.len()]].clone();
         self.at += 1;
         r
     }
@@ -202,5 +225,23 @@ mod tests {
         let lens: Vec<usize> = (0..4).map(|_| r.next_round().parents.len()).collect();
         assert_eq!(lens, vec![1, 3, 1, 3]);
         assert!(Replay::new(&tr, Some("prose")).is_none());
+    }
+
+    #[test]
+    fn a_short_replay_spreads_over_the_trace() {
+        let mut tr = AcceptTrace::new("p");
+        // 10 rounds of a 1-node chain, each accepting its node: 2 tokens a
+        // round; 6 tokens use 3 rounds, every third
+        for n in 1..=10 {
+            tr.rounds
+                .push(TraceRound::of("code", &DraftTree::chain(&vec![0; n]), &[0]));
+        }
+        let mut r = Replay::spread(&tr, None, 6).unwrap();
+        let lens: Vec<usize> = (0..10).map(|_| r.next_round().parents.len()).collect();
+        assert_eq!(lens, vec![1, 4, 7, 10, 2, 5, 8, 3, 6, 9]);
+        // a run as long as the recording takes the rounds in order
+        let mut r = Replay::spread(&tr, None, 20).unwrap();
+        assert_eq!(r.next_round().parents.len(), 1);
+        assert_eq!(r.next_round().parents.len(), 2);
     }
 }

@@ -112,7 +112,7 @@ pub fn run(s: &LlamaSpec, gpu_mib: impl Fn() -> Option<f64>) -> Result<()> {
         }
     }
     for cat in ["code", "chat"] {
-        let Some(mut replay) = Replay::new(s.trace, Some(cat)) else {
+        let Some(mut replay) = Replay::spread(s.trace, Some(cat), s.n) else {
             continue;
         };
         t.clear();

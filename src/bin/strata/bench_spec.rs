@@ -470,7 +470,7 @@ pub fn replay(
     let (pn, pt) = run(e, None)?;
     let plain = pn as f64 / pt.as_secs_f64().max(1e-9);
     for (cat, (file, trace)) in traces.iter().flat_map(|t| ["code", "chat"].map(|c| (c, t))) {
-        let Some(r) = Replay::new(trace, Some(cat)) else {
+        let Some(r) = Replay::spread(trace, Some(cat), n) else {
             continue;
         };
         spec.replay = Some(r);
