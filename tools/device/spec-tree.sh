@@ -6,7 +6,8 @@
 #   bash tools/device/spec-tree.sh curve    # 12G: the verifying step of 1+k rows (a tree of k
 #                                           # nodes the draft grew) and the draft's time for it,
 #                                           # k = $K; hybrid decode auto and off
-#   bash tools/device/spec-tree.sh replay   # 12G and 24G: tokens/s measured end to end at the
+#   bash tools/device/spec-tree.sh replay   # 12G and 24G (replay12, replay24: one of them):
+#                                           # tokens/s measured end to end at the
 #                                           # acceptance of each trace in $TRACES (recorded on the
 #                                           # Qwen2.5-Coder pair by `bench --spec-accept --spec-record`);
 #                                           # llama.cpp's own speculative decoding at ngl 24 / 44 with
@@ -24,7 +25,7 @@ R=${REPS:-3}
 K=${K:-0,1,2,4,8,16,32,64,128,256,512}
 N=${N:-64}
 TR=docs/device/spec-tree/traces
-TRACES=${TRACES:-$TR/chain16.json $TR/tree16.json $TR/tree64.json $TR/tree128.json}
+TRACES=${TRACES:-$TR/chain-llama-defaults.json $TR/chain16.json $TR/tree16.json $TR/tree64.json $TR/tree128.json}
 LLAMA_TRACE=${LLAMA_TRACE:-$TR/chain-llama-defaults.json}
 for what in "$@"; do
 case $what in
@@ -34,8 +35,9 @@ curve)
     $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --hybrid $hy -md "$d" --draft-tree 512 \
       -p 0 -n 0 -B 0 -r $R --spec-k $K 2>&1 | quiet
   done 2>&1 | tee "$out/curve_12g.txt" ;;
-replay)
-  for bn in 12G:24 24G:44; do
+replay|replay12|replay24)
+  case $what in replay) bns="12G:24 24G:44" ;; replay12) bns=12G:24 ;; *) bns=24G:44 ;; esac
+  for bn in $bns; do
     b=${bn%%:*}; ngl=${bn#*:}
     {
       echo "== $b, draft resident: plain decode and speculative decoding at each trace's acceptance"
@@ -46,6 +48,6 @@ replay)
         --spec-replay "$LLAMA_TRACE" --spec-replay-n $N --llama-ngl $ngl 2>&1 | quiet
     } 2>&1 | tee "$out/replay_$b.txt"
   done ;;
-*) echo "spec-tree.sh: unknown mode $what (curve replay)" >&2; exit 2 ;;
+*) echo "spec-tree.sh: unknown mode $what (curve replay replay12 replay24)" >&2; exit 2 ;;
 esac
 done

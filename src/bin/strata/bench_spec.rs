@@ -460,14 +460,15 @@ pub fn replay(
             .collect(),
         ..SamplerConfig::greedy()
     };
-    let run = |e: &mut Engine, spec: Option<&mut Speculator>| -> Result<(usize, Duration)> {
-        let mut s = Session::new(e, vocab, Sampler::new(greedy.clone())?);
-        let (out, t) = s.generate_with(&prompt, n, spec, |_| {})?;
-        Ok((out.len(), t.gen_time))
-    };
-    // warm-up: graphs and templates of both paths
-    run(e, None)?;
-    let (pn, pt) = run(e, None)?;
+    let run =
+        |e: &mut Engine, spec: Option<&mut Speculator>, n: usize| -> Result<(usize, Duration)> {
+            let mut s = Session::new(e, vocab, Sampler::new(greedy.clone())?);
+            let (out, t) = s.generate_with(&prompt, n, spec, |_| {})?;
+            Ok((out.len(), t.gen_time))
+        };
+    // warm-up: graphs and templates
+    run(e, None, n.min(16))?;
+    let (pn, pt) = run(e, None, n)?;
     let plain = pn as f64 / pt.as_secs_f64().max(1e-9);
     for (cat, (file, trace)) in traces.iter().flat_map(|t| ["code", "chat"].map(|c| (c, t))) {
         let Some(r) = Replay::spread(trace, Some(cat), n) else {
@@ -476,7 +477,7 @@ pub fn replay(
         spec.replay = Some(r);
         spec.reset();
         spec.stats = SpecStats::default();
-        let (tn, tt) = run(e, Some(&mut *spec))?;
+        let (tn, tt) = run(e, Some(&mut *spec), n)?;
         spec.replay = None;
         let tps = tn as f64 / tt.as_secs_f64().max(1e-9);
         let st = &spec.stats;
