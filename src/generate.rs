@@ -363,8 +363,9 @@ impl<'a> Session<'a> {
                     let room = n_ctx.saturating_sub(self.tokens.len());
                     match s.draft_round(&self.tokens, (n_predict - out.len() - 1).min(room)) {
                         Ok(mut d) => {
-                            // the pending token and the tree in one step
-                            d.truncate(self.engine.n_batch() as usize - 1);
+                            // the re-fed tokens, the pending token and the
+                            // tree in one step
+                            d.truncate((self.engine.n_batch() as usize).saturating_sub(1 + refeed));
                             d
                         }
                         Err(e) => {

@@ -767,6 +767,18 @@ fn draft_trees_on_the_command_line() {
     let (tree, err) = run(&["--lookup", "8", "--draft-tree", "12", "--draft-fixed"]);
     assert_eq!(tree, plain);
     assert!(err.contains("speculative:"), "{err}");
+    // a step of 8 tokens holds the tree, the pending token and any
+    // accepted side branch fed again
+    let (small, err) = run(&[
+        "--lookup",
+        "8",
+        "--draft-tree",
+        "64",
+        "--draft-fixed",
+        "-b",
+        "8",
+    ]);
+    assert_eq!(small, plain, "{err}");
     for (extra, says) in [
         (
             &["--lookup", "8", "--draft-tree", "0"][..],
