@@ -421,3 +421,28 @@ fn replayed_rounds_accept_the_recorded_nodes() {
         held.len()
     );
 }
+
+/// Trees with hybrid decode: half the layers' FFN groups computed by the
+/// host CPU from its copy, the rest streamed; the tree step's rows go
+/// through both.
+#[test]
+fn lookup_trees_with_hybrid_decode_smollm2() {
+    use strata::engine::Hybrid;
+    let Some(path) = model(SMOLLM2) else { return };
+    let e = Engine::load(&path, &cfg()).expect("engine");
+    let half = e.spec.hp.n_layer as usize / 2;
+    drop(e);
+    let hybrid = EngineConfig {
+        paging: PagingOptions {
+            stream_all: true,
+            hybrid: Hybrid::Force(half),
+            ..PagingOptions::default()
+        },
+        ..cfg()
+    };
+    lookup_trees_equal_plain(
+        SMOLLM2,
+        &[hybrid],
+        &[SamplerConfig::greedy(), common::sampled_cfg(7)],
+    );
+}
