@@ -6,40 +6,22 @@
 mod common;
 
 use common::{model, QWEN15, QWEN2, SMOLLM2};
-use strata::engine::{Budgets, Engine, EngineConfig, Faults, KvTierOptions, PagingOptions};
-use strata::generate::Session;
+use strata::engine::{Engine, EngineConfig};
 use strata::llama::LlamaModel;
-use strata::sample::{Sampler, SamplerConfig};
+use strata::sample::SamplerConfig;
 use strata::speculative::{check_vocab, DraftModel, Drafter, NgramLookup, SpecConfig, Speculator};
 
 fn cfg() -> EngineConfig {
     common::cpu_cfg()
 }
 
-/// Prompts whose continuations repeat their text (lookup finds drafts) and
-/// one that does not.
-const PROMPTS: [&str; 3] = [
-    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-    "Write a haiku about the sea.",
-];
+use common::SPEC_PROMPTS as PROMPTS;
 
 fn sampled(seed: u64) -> SamplerConfig {
     common::sampled_cfg(seed)
 }
 
-fn generate(
-    e: &mut Engine,
-    vocab: &LlamaModel,
-    sc: &SamplerConfig,
-    prompt: &str,
-    n: usize,
-    spec: Option<&mut Speculator>,
-) -> Vec<u32> {
-    let toks = vocab.tokenize(prompt, true, true).expect("tokenize");
-    let mut s = Session::new(e, vocab, Sampler::new(sc.clone()).expect("sampler"));
-    s.generate_with(&toks, n, spec, |_| {}).expect("generate").0
-}
+use common::generate;
 
 fn lookup() -> Speculator {
     Speculator::new(
@@ -106,26 +88,7 @@ fn lookup_with_tiered_kv_and_streaming_smollm2() {
     let per_layer = 4 * e.spec.hp.n_embd_kv() as u64 * e.n_ctx() as u64;
     drop(e);
     let dir = tempfile::tempdir().expect("tempdir");
-    let tiered = EngineConfig {
-        budgets: Budgets {
-            kv_gpu: Some(2 * per_layer),
-            ..Budgets::default()
-        },
-        kv_tier: KvTierOptions {
-            block: 16,
-            spill_dir: Some(dir.path().to_path_buf()),
-            ..KvTierOptions::default()
-        },
-        paging: PagingOptions {
-            stream_all: true,
-            ..PagingOptions::default()
-        },
-        faults: Faults {
-            poison_slots: true,
-            ..Faults::default()
-        },
-        ..cfg()
-    };
+    let tiered = common::tiered_streaming_cfg(per_layer, dir.path());
     lookup_equals_plain(SMOLLM2, &[tiered], &[SamplerConfig::greedy(), sampled(5)]);
 }
 

@@ -7,9 +7,7 @@
 mod common;
 
 use common::{model, QWEN15, QWEN2, SMOLLM2};
-use strata::engine::{
-    BatchToken, Budgets, Engine, EngineConfig, Faults, KvTierOptions, PagingOptions,
-};
+use strata::engine::{BatchToken, Engine, EngineConfig, PagingOptions};
 use strata::generate::Session;
 use strata::kv::StepTree;
 use strata::llama::LlamaModel;
@@ -145,24 +143,9 @@ fn tree_rows_equal_chains_qwen15() {
     tree_rows_equal_chains(QWEN15, 1e-5);
 }
 
-fn generate(
-    e: &mut Engine,
-    vocab: &LlamaModel,
-    sc: &SamplerConfig,
-    prompt: &str,
-    n: usize,
-    spec: Option<&mut Speculator>,
-) -> Vec<u32> {
-    let toks = vocab.tokenize(prompt, true, true).expect("tokenize");
-    let mut s = Session::new(e, vocab, Sampler::new(sc.clone()).expect("sampler"));
-    s.generate_with(&toks, n, spec, |_| {}).expect("generate").0
-}
+use common::generate;
 
-const PROMPTS: [&str; 3] = [
-    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-    "Write a haiku about the sea.",
-];
+use common::SPEC_PROMPTS as PROMPTS;
 
 /// Every round verifies a whole tree: the most verification and rollback.
 fn tree_cfg(nodes: usize) -> SpecConfig {
@@ -225,26 +208,7 @@ fn lookup_trees_with_tiered_kv_and_streaming_smollm2() {
     let per_layer = 4 * e.spec.hp.n_embd_kv() as u64 * e.n_ctx() as u64;
     drop(e);
     let dir = tempfile::tempdir().expect("tempdir");
-    let tiered = EngineConfig {
-        budgets: Budgets {
-            kv_gpu: Some(2 * per_layer),
-            ..Budgets::default()
-        },
-        kv_tier: KvTierOptions {
-            block: 16,
-            spill_dir: Some(dir.path().to_path_buf()),
-            ..KvTierOptions::default()
-        },
-        paging: PagingOptions {
-            stream_all: true,
-            ..PagingOptions::default()
-        },
-        faults: Faults {
-            poison_slots: true,
-            ..Faults::default()
-        },
-        ..cfg()
-    };
+    let tiered = common::tiered_streaming_cfg(per_layer, dir.path());
     lookup_trees_equal_plain(
         SMOLLM2,
         &[tiered],

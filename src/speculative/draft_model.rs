@@ -241,54 +241,32 @@ impl DraftModel {
         shape: TreeShape,
         max_depth: usize,
     ) -> Result<DraftTree, EngineError> {
-        let mut cells = Vec::new();
-        let r = self.tree_inner(seq, context, shape, max_depth, &mut cells);
-        if !cells.is_empty() {
-            self.engine.drop_cells(seq, &cells);
-        }
-        self.engine.park_threads();
-        r
-    }
-
-    fn tree_inner(
-        &mut self,
-        seq: u32,
-        context: &[u32],
-        shape: TreeShape,
-        max_depth: usize,
-        cells: &mut Vec<u32>,
-    ) -> Result<DraftTree, EngineError> {
-        // a node at depth d is decoded at context.len() - 1 + d: stay
-        // inside the draft's context
-        let n_ctx = self.engine.n_ctx() as usize;
-        let max_depth = max_depth.min(n_ctx.saturating_sub(context.len()));
-        if context.is_empty() || max_depth == 0 || shape.nodes == 0 {
+        if shape.nodes == 0 {
             return Ok(DraftTree::default());
         }
-        let feed = self.catch_up(seq, context);
-        let logits = self.engine.decode(&feed)?;
-        self.fed(seq, context);
-        let base = context.len() as i32 - 1;
-        let engine = &mut self.engine;
-        grow(
-            shape,
-            &top_logprobs(&logits, shape.children),
-            |tree, new| {
-                // nodes at the deepest allowed level get no children
-                let open: Vec<usize> = new
-                    .iter()
-                    .copied()
-                    .filter(|&i| tree.nodes[i].depth < max_depth)
-                    .collect();
-                let rows = expand(engine, seq, base, tree, &open, cells, shape.children)?;
-                Ok(new
-                    .iter()
-                    .map(|i| {
-                        open.iter()
-                            .position(|o| o == i)
-                            .map_or_else(Vec::new, |k| rows[k].clone())
-                    })
-                    .collect())
+        self.scratch_tree(
+            seq,
+            context,
+            max_depth,
+            DraftTree::default(),
+            |engine, logits, base, max_depth, cells| {
+                grow(shape, &top_logprobs(logits, shape.children), |tree, new| {
+                    // nodes at the deepest allowed level get no children
+                    let open: Vec<usize> = new
+                        .iter()
+                        .copied()
+                        .filter(|&i| tree.nodes[i].depth < max_depth)
+                        .collect();
+                    let rows = expand(engine, seq, base, tree, &open, cells, shape.children)?;
+                    Ok(new
+                        .iter()
+                        .map(|i| {
+                            open.iter()
+                                .position(|o| o == i)
+                                .map_or_else(Vec::new, |k| rows[k].clone())
+                        })
+                        .collect())
+                })
             },
         )
     }
@@ -307,72 +285,96 @@ impl DraftModel {
         parents: &[Option<usize>],
         max_depth: usize,
     ) -> Result<(DraftTree, Vec<Option<usize>>), EngineError> {
+        let none = (DraftTree::default(), vec![None; parents.len()]);
+        if parents.is_empty() {
+            return Ok(none);
+        }
+        self.scratch_tree(
+            seq,
+            context,
+            max_depth,
+            none,
+            |engine, logits, base, max_depth, cells| {
+                let mut tree = DraftTree::default();
+                let mut map = vec![None; parents.len()];
+                let children = |p: Option<usize>| -> Vec<usize> {
+                    (0..parents.len()).filter(|&i| parents[i] == p).collect()
+                };
+                // the root's children, then level by level: a level's nodes
+                // that have children are evaluated in one step
+                let mut level: Vec<usize> = Vec::new();
+                let roots = children(None);
+                for (&i, (tok, lp)) in roots.iter().zip(top_logprobs(logits, roots.len())) {
+                    map[i] = tree.add(None, tok, lp);
+                    level.push(i);
+                }
+                for _ in 1..max_depth {
+                    let open: Vec<usize> = level
+                        .iter()
+                        .copied()
+                        .filter(|&i| map[i].is_some() && !children(Some(i)).is_empty())
+                        .collect();
+                    if open.is_empty() {
+                        break;
+                    }
+                    let width = open
+                        .iter()
+                        .map(|&i| children(Some(i)).len())
+                        .max()
+                        .unwrap_or(0);
+                    let at: Vec<usize> = open.iter().map(|&i| map[i].expect("placed")).collect();
+                    let rows = expand(engine, seq, base, &tree, &at, cells, width)?;
+                    level.clear();
+                    for (&i, row) in open.iter().zip(&rows) {
+                        let p = map[i].expect("placed");
+                        let lp0 = tree.nodes[p].logp;
+                        for (&c, &(tok, lp)) in children(Some(i)).iter().zip(row) {
+                            map[c] = tree.add(Some(p), tok, lp0 + lp);
+                            level.push(c);
+                        }
+                    }
+                }
+                Ok((tree, map))
+            },
+        )
+    }
+
+    /// What both tree drafters share: the cache of `seq` catches up with
+    /// `context`, then `grow(engine, logits after the context, the
+    /// context's last position, the depth allowed, the nodes' cells)`
+    /// places the tree's nodes; afterwards those cells leave the cache and
+    /// the draft's CPU threads sleep. A node at depth d is decoded at
+    /// context.len() - 1 + d, so the depth stays inside the draft's
+    /// context; `empty` where no node fits.
+    fn scratch_tree<T>(
+        &mut self,
+        seq: u32,
+        context: &[u32],
+        max_depth: usize,
+        empty: T,
+        grow: impl FnOnce(&mut Engine, &[f32], i32, usize, &mut Vec<u32>) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let n_ctx = self.engine.n_ctx() as usize;
+        let max_depth = max_depth.min(n_ctx.saturating_sub(context.len()));
+        if context.is_empty() || max_depth == 0 {
+            self.engine.park_threads();
+            return Ok(empty);
+        }
         let mut cells = Vec::new();
-        let r = self.shaped_inner(seq, context, parents, max_depth, &mut cells);
+        let feed = self.catch_up(seq, context);
+        let r = match self.engine.decode(&feed) {
+            Ok(logits) => {
+                self.fed(seq, context);
+                let base = context.len() as i32 - 1;
+                grow(&mut self.engine, &logits, base, max_depth, &mut cells)
+            }
+            Err(e) => Err(e),
+        };
         if !cells.is_empty() {
             self.engine.drop_cells(seq, &cells);
         }
         self.engine.park_threads();
         r
-    }
-
-    fn shaped_inner(
-        &mut self,
-        seq: u32,
-        context: &[u32],
-        parents: &[Option<usize>],
-        max_depth: usize,
-        cells: &mut Vec<u32>,
-    ) -> Result<(DraftTree, Vec<Option<usize>>), EngineError> {
-        let n_ctx = self.engine.n_ctx() as usize;
-        let max_depth = max_depth.min(n_ctx.saturating_sub(context.len()));
-        let mut tree = DraftTree::default();
-        let mut map = vec![None; parents.len()];
-        if context.is_empty() || max_depth == 0 || parents.is_empty() {
-            return Ok((tree, map));
-        }
-        let feed = self.catch_up(seq, context);
-        let logits = self.engine.decode(&feed)?;
-        self.fed(seq, context);
-        let base = context.len() as i32 - 1;
-        let children = |p: Option<usize>| -> Vec<usize> {
-            (0..parents.len()).filter(|&i| parents[i] == p).collect()
-        };
-        // the root's children, then level by level: a level's nodes that
-        // have children are evaluated in one step
-        let mut level: Vec<usize> = Vec::new();
-        let roots = children(None);
-        for (&i, (tok, lp)) in roots.iter().zip(top_logprobs(&logits, roots.len())) {
-            map[i] = tree.add(None, tok, lp);
-            level.push(i);
-        }
-        for _ in 1..max_depth {
-            let open: Vec<usize> = level
-                .iter()
-                .copied()
-                .filter(|&i| map[i].is_some() && !children(Some(i)).is_empty())
-                .collect();
-            if open.is_empty() {
-                break;
-            }
-            let width = open
-                .iter()
-                .map(|&i| children(Some(i)).len())
-                .max()
-                .unwrap_or(0);
-            let at: Vec<usize> = open.iter().map(|&i| map[i].expect("placed")).collect();
-            let rows = expand(&mut self.engine, seq, base, &tree, &at, cells, width)?;
-            level.clear();
-            for (&i, row) in open.iter().zip(&rows) {
-                let p = map[i].expect("placed");
-                let lp0 = tree.nodes[p].logp;
-                for (&c, &(tok, lp)) in children(Some(i)).iter().zip(row) {
-                    map[c] = tree.add(Some(p), tok, lp0 + lp);
-                    level.push(c);
-                }
-            }
-        }
-        Ok((tree, map))
     }
 }
 

@@ -133,6 +133,18 @@ impl SpecStats {
         }
         1.0 + self.accepted as f64 / self.rounds as f64
     }
+    /// Drafting milliseconds per round.
+    pub fn draft_ms_per_round(&self) -> f64 {
+        self.draft_time.as_secs_f64() * 1e3 / self.rounds.max(1) as f64
+    }
+    /// Target-step milliseconds per round.
+    pub fn target_ms_per_round(&self) -> f64 {
+        self.target_time.as_secs_f64() * 1e3 / self.rounds.max(1) as f64
+    }
+    /// Nodes (drafted tokens) verified per round.
+    pub fn drafted_per_round(&self) -> f64 {
+        self.drafted as f64 / self.rounds.max(1) as f64
+    }
     pub fn acceptance(&self) -> f64 {
         self.accepted as f64 / self.drafted.max(1) as f64
     }
@@ -154,8 +166,8 @@ impl SpecStats {
             self.accepted,
             100.0 * self.acceptance(),
             self.tokens_per_round(),
-            self.draft_time.as_secs_f64() * 1e3 / self.rounds.max(1) as f64,
-            self.target_time.as_secs_f64() * 1e3 / self.rounds.max(1) as f64,
+            self.draft_ms_per_round(),
+            self.target_ms_per_round(),
             self.histogram_text()
         )
     }

@@ -132,3 +132,58 @@ pub fn synth(
     };
     synth::synth(&opts, out).expect("synth")
 }
+
+/// Prompts of the speculative tests: two whose continuations repeat their
+/// text (prompt lookup finds drafts) and one that does not.
+pub const SPEC_PROMPTS: [&str; 3] = [
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Write a haiku about the sea.",
+];
+
+/// `n` tokens after `prompt` in a fresh session of `e`, drafted by `spec`
+/// where given.
+pub fn generate(
+    e: &mut strata::engine::Engine,
+    vocab: &strata::llama::LlamaModel,
+    sc: &strata::sample::SamplerConfig,
+    prompt: &str,
+    n: usize,
+    spec: Option<&mut strata::speculative::Speculator>,
+) -> Vec<u32> {
+    let toks = vocab.tokenize(prompt, true, true).expect("tokenize");
+    let sampler = strata::sample::Sampler::new(sc.clone()).expect("sampler");
+    let mut s = strata::generate::Session::new(e, vocab, sampler);
+    s.generate_with(&toks, n, spec, |_| {}).expect("generate").0
+}
+
+/// Every tier at once, for a rollback to go through: KV windowed through
+/// DRAM frames (all but two layers' worth on the device) in 16-cell blocks
+/// that spill to files in `spill`, weights streamed through poisoned
+/// slots. `per_layer`: one layer's KV bytes at the context size.
+pub fn tiered_streaming_cfg(
+    per_layer: u64,
+    spill: &std::path::Path,
+) -> strata::engine::EngineConfig {
+    use strata::engine::{Budgets, EngineConfig, Faults, KvTierOptions, PagingOptions};
+    EngineConfig {
+        budgets: Budgets {
+            kv_gpu: Some(2 * per_layer),
+            ..Budgets::default()
+        },
+        kv_tier: KvTierOptions {
+            block: 16,
+            spill_dir: Some(spill.to_path_buf()),
+            ..KvTierOptions::default()
+        },
+        paging: PagingOptions {
+            stream_all: true,
+            ..PagingOptions::default()
+        },
+        faults: Faults {
+            poison_slots: true,
+            ..Faults::default()
+        },
+        ..cpu_cfg()
+    }
+}

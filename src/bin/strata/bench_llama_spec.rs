@@ -10,10 +10,11 @@
 //! and accepts as many as it accepted (chains only: llama.cpp drafts
 //! chains).
 
+use super::bench_spec::median;
 use anyhow::{Context as _, Result};
 use std::time::Instant;
 use strata::llama::{CpuExperts, LlamaModel, LoadOptions, Reference, ReferenceConfig};
-use strata::speculative::{AcceptTrace, Replay};
+use strata::speculative::{top_token, AcceptTrace, Replay};
 
 /// What the anchor needs from the bench's flags.
 pub struct LlamaSpec<'a> {
@@ -28,21 +29,6 @@ pub struct LlamaSpec<'a> {
     pub n_ctx: u32,
     pub n_threads: i32,
     pub json: bool,
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0 as u32
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Runs the anchor; `gpu_mib` measures the GPU memory both models took.
@@ -142,7 +128,7 @@ pub fn run(s: &LlamaSpec, gpu_mib: impl Fn() -> Option<f64>) -> Result<()> {
             feed.push((pending, n_past, 0, true));
             let mut l = d.decode(&feed)?;
             for j in 0..k {
-                let next = argmax(&l);
+                let next = top_token(&l).0;
                 drafts.push(next);
                 if j + 1 < k {
                     l = d.decode(&[(next, n_past + 1 + j as i32, 0, true)])?;
@@ -158,7 +144,7 @@ pub fn run(s: &LlamaSpec, gpu_mib: impl Fn() -> Option<f64>) -> Result<()> {
             // the recorded decision: a drafts accepted, then the target's
             // own token after them (drawn from its row for real)
             let a = r.path.len().min(k);
-            let next = argmax(&rows[a * n_vocab as usize..(a + 1) * n_vocab as usize]);
+            let next = top_token(&rows[a * n_vocab as usize..(a + 1) * n_vocab as usize]).0;
             // the draft's cache holds the pending token and all drafts but
             // the last
             lacks = if a == k {

@@ -31,7 +31,7 @@ const CHAT: [&str; 3] = [
     "What are three tips for writing good unit tests?",
 ];
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
@@ -278,8 +278,8 @@ pub fn generation(
             tps(&drafted) / tps(&plain),
             total.tokens_per_round(),
             total.acceptance(),
-            total.draft_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
-            total.target_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
+            total.draft_ms_per_round(),
+            total.target_ms_per_round(),
             total.histogram
         );
     } else {
@@ -385,7 +385,7 @@ pub fn acceptance(
             time += t.gen_time;
         }
         let tps = tokens as f64 / time.as_secs_f64().max(1e-9);
-        let nodes = total.drafted as f64 / total.rounds.max(1) as f64;
+        let nodes = total.drafted_per_round();
         if json {
             println!(
                 "{{\"test\":\"spec-accept\",\"category\":\"{cat}\",\"pair\":{},\"shape\":\"{shape}\",\"sizing\":\"{sizing}\",\"prompts\":{},\"n\":{n},\"rounds\":{},\"tokens_per_step\":{:.4},\"nodes_per_round\":{nodes:.2},\"tps\":{tps:.3},\"draft_ms_per_round\":{:.3},\"target_ms_per_round\":{:.3},\"histogram\":{:?}}}",
@@ -393,8 +393,8 @@ pub fn acceptance(
                 prompts.len(),
                 total.rounds,
                 total.tokens_per_round(),
-                total.draft_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
-                total.target_time.as_secs_f64() * 1e3 / total.rounds.max(1) as f64,
+                total.draft_ms_per_round(),
+                total.target_ms_per_round(),
                 total.histogram
             );
         } else {
@@ -489,19 +489,19 @@ pub fn replay(
                 serde_json::to_string(&trace.pair)?,
                 tps / plain,
                 st.tokens_per_round(),
-                st.drafted as f64 / st.rounds.max(1) as f64,
-                st.draft_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
-                st.target_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
+                st.drafted_per_round(),
+                st.draft_ms_per_round(),
+                st.target_ms_per_round(),
             );
         } else {
             println!(
                 "spec replay {cat} ({file}): {tps:.2} t/s measured end to end, acceptance replayed from {} ({:.2} tokens per step here, {recorded:.2} recorded; {:.1} nodes per round); plain {plain:.2} t/s on this engine, {:.2}x; draft {:.1} ms, target step {:.1} ms per round",
                 trace.pair,
                 st.tokens_per_round(),
-                st.drafted as f64 / st.rounds.max(1) as f64,
+                st.drafted_per_round(),
                 tps / plain,
-                st.draft_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
-                st.target_time.as_secs_f64() * 1e3 / st.rounds.max(1) as f64,
+                st.draft_ms_per_round(),
+                st.target_ms_per_round(),
             );
         }
     }
