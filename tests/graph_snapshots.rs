@@ -148,6 +148,7 @@ fn dims(arch: Arch) -> Dims {
         hp,
         has_rope_freqs: false,
         read_routing: false,
+        partial: false,
     }
 }
 

@@ -70,6 +70,9 @@ pub struct EngineConfig {
     /// GPU budgets per device, in `devices` order, where they differ; one
     /// value (or `budgets.gpu`) applies to every device.
     pub gpu_budgets: Vec<u64>,
+    /// How a model on several devices is split: layer ranges (the
+    /// default) or every layer's rows (`model::shard`).
+    pub split_mode: SplitMode,
     /// RPC servers (`HOST:PORT`) whose devices join ggml's registry before
     /// the device is chosen.
     pub rpc: Vec<String>,
@@ -90,6 +93,19 @@ pub struct EngineConfig {
     pub batch_invariant: bool,
     /// Debug switches for tests.
     pub faults: Faults,
+}
+
+/// How a model on several devices is split (llama.cpp's `--split-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SplitMode {
+    /// A consecutive range of layers per device; the devices compute in
+    /// turn (`paging::devices::split_layers`).
+    #[default]
+    Layer,
+    /// Every device a share of every layer's heads and FFN columns; the
+    /// devices compute each group at once and their outputs are summed
+    /// (`paging::devices::split_rows`, `model::shard`).
+    Row,
 }
 
 /// How layer groups may be placed.
@@ -189,6 +205,7 @@ impl Default for EngineConfig {
             device: DeviceChoice::Auto,
             devices: None,
             gpu_budgets: Vec::new(),
+            split_mode: SplitMode::Layer,
             rpc: Vec::new(),
             progress: false,
             budgets: Budgets::default(),

@@ -90,7 +90,7 @@ impl CpuWeights {
             // placing runs the buffer's init_tensor (a repacked layout's
             // traits go to tensor->extra); the write repacks
             b.place(t, off)?;
-            t.set_bytes(file.bytes(w), 0)?;
+            t.set_bytes(&file.bytes(w), 0)?;
             bar.inc(w.size);
             flat.push(Binding::of(b, t)?);
         }

@@ -82,6 +82,9 @@ impl Engine {
         if devices.len() == 1 || devices[0].is_cpu() {
             return Self::load_part(path, &part_cfg(0, cfg.budgets), spec, devices[0], None);
         }
+        if cfg.split_mode == super::config::SplitMode::Row {
+            return Self::load_rows(path, cfg, spec, &devices, &given);
+        }
         // the layer ranges, from every device's budget (what is free where
         // none was given)
         let budgets: Vec<u64> = devices
@@ -189,6 +192,86 @@ impl Engine {
         Ok(next.expect("split_layers places every layer"))
     }
 
+    /// The row split: every device a share of every layer's heads and FFN
+    /// columns (`paging::devices::split_rows`, in proportion to the
+    /// budgets; `ModelSpec::shard`), each a part with its own plan,
+    /// chained by [`Engine::next`] like the layer split's parts.
+    fn load_rows(
+        path: &Path,
+        cfg: &EngineConfig,
+        spec: ModelSpec,
+        devices: &[ggml::Device],
+        given: &[Option<u64>],
+    ) -> Result<Engine, EngineError> {
+        let budgets: Vec<u64> = devices
+            .iter()
+            .zip(given)
+            .map(|(d, g)| {
+                g.unwrap_or_else(|| {
+                    let (free, total) = d.memory();
+                    crate::paging::auto_gpu_budget(free as u64, total as u64)
+                })
+            })
+            .collect();
+        let rs = crate::paging::split_rows(
+            spec.hp.n_head_kv,
+            spec.hp.n_ff,
+            spec.ffn_align(),
+            &budgets,
+        )?;
+        let k = devices.len();
+        tracing::info!(
+            "every layer's rows split across {k} devices: {}",
+            devices
+                .iter()
+                .zip(rs.kv.iter().zip(&rs.ff))
+                .map(|(d, (kv, ff))| format!(
+                    "KV heads {kv:?} and FFN columns {ff:?} on {}",
+                    d.name()
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let share = |b: Option<u64>| {
+            b.map_or_else(
+                || vec![None; k],
+                |b| {
+                    crate::paging::devices::share(b, &budgets)
+                        .into_iter()
+                        .map(Some)
+                        .collect()
+                },
+            )
+        };
+        let dram = share(
+            cfg.budgets
+                .dram
+                .or_else(|| crate::paging::mem_available().map(crate::paging::auto_dram_budget)),
+        );
+        let kv_gpu = share(cfg.budgets.kv_gpu);
+        let kv_dram = share(cfg.budgets.kv_dram);
+        let mut parts = Vec::with_capacity(k);
+        for (i, d) in devices.iter().enumerate() {
+            let c = EngineConfig {
+                budgets: Budgets {
+                    gpu: Some(budgets[i]),
+                    dram: dram[i],
+                    kv_gpu: kv_gpu[i],
+                    kv_dram: kv_dram[i],
+                },
+                ..cfg.clone()
+            };
+            let shard = spec.shard(i as u32, k as u32, rs.kv[i].clone(), rs.ff[i].clone())?;
+            parts.push(Self::load_part(path, &c, shard, *d, None)?);
+        }
+        let mut next: Option<Engine> = None;
+        while let Some(mut e) = parts.pop() {
+            e.next = next.map(Box::new);
+            next = Some(e);
+        }
+        Ok(next.expect("at least two devices"))
+    }
+
     /// Loads `spec` (a model, or a part of one) on `device`.
     fn load_part(
         path: &Path,
@@ -248,6 +331,7 @@ impl Engine {
             hp: spec.hp.clone(),
             has_rope_freqs: spec.rope_freqs.is_some(),
             read_routing: cfg.expert_stats && spec.hp.is_moe(),
+            partial: spec.shard.is_some_and(|s| s.index > 0),
         };
         let n_batch = cfg.n_batch.clamp(1, n_ctx);
         let mut lim = Limits {
@@ -264,12 +348,13 @@ impl Engine {
         } + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let may_split =
             cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe();
+        // the row split's first device: a buffer per other device's output
+        let n_reduce = spec
+            .shard
+            .filter(|s| s.index == 0)
+            .map_or(0, |s| s.count as u64 - 1);
         let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim)
-            + if may_split {
-                sizes::split_rows_bytes(&dims.hp, lim)
-            } else {
-                0
-            };
+            + (n_reduce + u64::from(may_split)) * sizes::split_rows_bytes(&dims.hp, lim);
         // the reserve for whole steps and for FFN chunks (the plan picks)
         let activations = sizes::activations(&dims.hp, lim, cfg.paging.ffn_rows);
         let n_layer = dims.hp.n_layer as usize;
@@ -357,6 +442,13 @@ impl Engine {
         if let Some(c) =
             probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
         {
+            // the row split: every device's host share runs on the same
+            // cores, so each plan sees its share of the CPU
+            let mut c = c;
+            if let Some(s) = spec.shard {
+                c.s_per_byte_1 *= f64::from(s.count);
+                c.s_per_byte_n *= f64::from(s.count);
+            }
             input.cpu = Some(c.clone());
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
@@ -394,6 +486,14 @@ impl Engine {
             });
         }
         lim.ffn_rows = plan.ffn_rows.unwrap_or(n_batch);
+        if spec.shard.is_some() && plan.dram.iter().any(Option::is_some) {
+            // a share's columns are strided slices of the file's rows,
+            // which the DRAM window's one read per tensor cannot gather
+            return Err(EngineError::BadDevices(format!(
+                "the row split needs every streamed group in host memory, and the DRAM budget holds only part of {}'s share: raise --dram-budget, or use --split-mode layer",
+                device.name()
+            )));
+        }
         let store = WeightStore::load(
             &spec,
             &file,
@@ -504,6 +604,9 @@ impl Engine {
                 None
             }
         };
+        let reduce = (0..n_reduce)
+            .map(|_| super::buffers::SplitRows::alloc(&dims, lim, device))
+            .collect::<Result<Vec<_>, _>>()?;
         let hot = match hot.filter(|h| !h.is_empty()) {
             Some(h) => {
                 let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
@@ -550,6 +653,7 @@ impl Engine {
             host,
             hot,
             split,
+            reduce,
             backend,
             store,
             persistent,

@@ -16,6 +16,8 @@
 //! - `buffers`: the persistent device tensors (residual, step inputs, KV);
 //! - `kvcache`, `kvtier`: the KV cache's one owner and its host/SSD tier;
 //! - `host`: groups the host CPU computes (hybrid decode);
+//! - `rows`: the row split's step (every device a share of every group,
+//!   their outputs summed);
 //! - `split`: a mixture's layers whose experts the device and the host
 //!   compute together (expert split);
 //! - `hot`, `hotpool`: a mixture's most picked experts kept on the device
@@ -40,6 +42,7 @@ mod load;
 mod model_file;
 mod pager;
 mod probe;
+mod rows;
 mod session;
 mod split;
 mod state;
@@ -54,6 +57,7 @@ pub use crate::paging::{Budgets, ExpertSplit, SplitInput};
 pub use batch::{BatchToken, StepStats};
 pub use config::{
     default_threads, DeviceChoice, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions, PagingOptions,
+    SplitMode,
 };
 pub use error::EngineError;
 pub use kvcache::KvCache;

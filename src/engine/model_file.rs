@@ -3,6 +3,7 @@
 use super::error::EngineError;
 use crate::model::WeightSpec;
 use memmap2::Mmap;
+use std::borrow::Cow;
 use std::path::Path;
 
 /// The model file, mapped read-only.
@@ -21,9 +22,23 @@ impl ModelFile {
             unsafe { Mmap::map(&f) }.map_err(|e| EngineError::Io(path.display().to_string(), e))?;
         Ok(ModelFile { map })
     }
-    /// The bytes of a tensor (validated to lie inside the file by the GGUF reader).
-    pub fn bytes(&self, w: &WeightSpec) -> &[u8] {
-        &self.map[w.offset as usize..(w.offset + w.size) as usize]
+    /// The bytes of a tensor (validated to lie inside the file by the GGUF
+    /// reader): borrowed from the map, or for a column slice (a device's
+    /// share in the row split) its rows gathered.
+    pub fn bytes(&self, w: &WeightSpec) -> Cow<'_, [u8]> {
+        match w.cols {
+            None => Cow::Borrowed(&self.map[w.offset as usize..(w.offset + w.size) as usize]),
+            Some(c) => {
+                let rows = w.rows().max(1);
+                let width = (w.size / rows) as usize;
+                let mut out = Vec::with_capacity(w.size as usize);
+                for r in 0..rows {
+                    let at = (w.offset + r * c.stride + c.skip) as usize;
+                    out.extend_from_slice(&self.map[at..at + width]);
+                }
+                Cow::Owned(out)
+            }
+        }
     }
 }
 

@@ -197,6 +197,7 @@ mod tests {
             ne,
             offset: 0,
             size,
+            cols: None,
         }
     }
 

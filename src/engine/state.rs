@@ -52,6 +52,9 @@ pub struct Engine {
     pub(super) host: Option<host::HostCompute>,
     /// The host's rows of expert-split steps, where the plan splits.
     pub(super) split: Option<super::buffers::SplitRows>,
+    /// The row split's first device: a buffer per other device, where its
+    /// outputs land to be added (`rows.rs`).
+    pub(super) reduce: Vec<super::buffers::SplitRows>,
     /// Hot experts on the device (`paging::experts`), where the plan keeps
     /// any.
     pub(super) hot: Option<super::hotpool::HotPool>,

@@ -9,7 +9,6 @@
 //! host CPU computes (hybrid decode) run on its copy of the weights.
 
 use super::batch::BatchToken;
-use super::batch::StepStats;
 use super::buffers;
 use super::error::EngineError;
 use super::host;
@@ -131,7 +130,14 @@ impl Engine {
         let out_len = out.len();
         let r = self
             .begin_chain(toks, tree, None)
-            .and_then(|cells| self.run_chain(out).map(|()| cells));
+            .and_then(|cells| {
+                if self.spec.shard.is_some() {
+                    self.run_rows(out)
+                } else {
+                    self.run_chain(out)
+                }
+                .map(|()| cells)
+            });
         if r.is_err() {
             self.abort_chain();
             out.truncate(out_len);
@@ -245,8 +251,9 @@ impl Engine {
         let before = &self.pending.as_ref().expect("begun").before;
         self.kv.prepare(before, cells, mask, Some(&sp))?;
         let n_kv = self.kv.cells().n_kv() as u32;
-        // only the part with the head computes logits
-        let head = self.spec.has_head;
+        // only the part with the head computes logits; every device of
+        // the row split selects the last layer's rows as the first does
+        let head = self.spec.has_head || self.spec.shard.is_some();
         let out_ids: Vec<i32> = toks
             .iter()
             .enumerate()
@@ -444,18 +451,9 @@ impl Engine {
                 Instant::now(),
             );
         }
-        // kept until every part ran: a later part's error gives this
-        // part's cells back too (`abort_chain`)
-        let p = self.pending.as_ref().expect("begun");
-        self.last_step = StepStats {
-            n_tokens,
-            seconds: p.start.elapsed().as_secs_f64(),
-            pager: self.pager.stats,
-            disk_bytes: self.store.disk_bytes_read() - p.disk0,
-            kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
-            host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
-        };
-        self.calibrate_cpu(n_tokens as u32);
+        // pending is kept until every part ran: a later part's error
+        // gives this part's cells back too (`abort_chain`)
+        self.finish_part();
         self.tune_threads()?;
         Ok(())
     }
@@ -538,7 +536,7 @@ impl Engine {
     }
 
     /// Tracks the host CPU's speed in hybrid steps against its probe's.
-    fn calibrate_cpu(&mut self, n: u32) {
+    pub(super) fn calibrate_cpu(&mut self, n: u32) {
         let h = self.last_step.host;
         let (Some(cal), Some(plan)) = (self.cpu_cal.as_mut(), self.plan.placement.hybrid.as_ref())
         else {
@@ -588,7 +586,7 @@ impl Engine {
         (gi, key)
     }
 
-    fn run_group(
+    pub(super) fn run_group(
         &mut self,
         layer: u32,
         kind: GroupKind,
@@ -670,7 +668,7 @@ impl Engine {
 
     /// Computes a group on the host CPU (hybrid decode), bringing the
     /// residual rows down first if they are on the device.
-    fn run_host_group(
+    pub(super) fn run_host_group(
         &mut self,
         layer: u32,
         kind: GroupKind,
@@ -717,7 +715,7 @@ impl Engine {
     }
 
     /// Sends the residual rows the host computed back to the device.
-    fn residual_to_device(&mut self, x_host: &mut Option<u32>) -> Result<(), EngineError> {
+    pub(super) fn residual_to_device(&mut self, x_host: &mut Option<u32>) -> Result<(), EngineError> {
         if let (Some(rows), Some(host)) = (x_host.take(), self.host.as_mut()) {
             host.upload(self.persistent.tensor(buffers::X), rows)?;
         }
@@ -729,7 +727,7 @@ impl Engine {
     /// activation memory than the plan reserved, and never more than the
     /// GEMM path's limit: the head's matrix (the vocabulary wide) would need
     /// far more scratch than the plan reserves for the layers'.
-    fn run_head(&mut self, n_rows: u32, out: &mut Vec<f32>) -> Result<(), EngineError> {
+    pub(super) fn run_head(&mut self, n_rows: u32, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let n_vocab = self.spec.hp.n_vocab as usize;
         let start = out.len();
         out.resize(start + n_rows as usize * n_vocab, 0.0);

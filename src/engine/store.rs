@@ -164,7 +164,7 @@ impl WeightStore {
             // zeroed: the padding quantized kernels may read past a row
             let arena = TensorArena::new(buft, BufferUsage::Weights, &specs)?;
             for (i, w) in resident_specs.iter().enumerate() {
-                arena.tensor(i).set_bytes(file.bytes(w), 0)?;
+                arena.tensor(i).set_bytes(&file.bytes(w), 0)?;
                 bar.inc(w.size);
             }
             let bindings: Vec<Binding> = (0..arena.len()).map(|i| arena.binding(i)).collect();
@@ -242,7 +242,7 @@ impl WeightStore {
             dst.fill(0);
             for (w, off) in g.weights.iter().zip(&l.offsets) {
                 let src = file.bytes(w);
-                dst[*off..*off + src.len()].copy_from_slice(src);
+                dst[*off..*off + src.len()].copy_from_slice(&src);
                 bar.inc(w.size);
             }
             groups.push(Location::Streamed {

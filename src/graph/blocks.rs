@@ -281,7 +281,11 @@ pub fn build_attn<'c>(
     if let Some(w) = role(Role::AttnPostNorm) {
         cur = rms_norm(ctx, cur, w, hp.rms_eps, "attn_post_norm");
     }
-    let res = ctx.add(cur, inp_sa).named("ffn_inp");
+    let res = if d.partial {
+        cur
+    } else {
+        ctx.add(cur, inp_sa).named("ffn_inp")
+    };
     let out = ctx
         .cpy(res, rows(ctx, ext.x, n_rows).named("x_out"))
         .named("x_store");
@@ -347,7 +351,11 @@ pub fn build_ffn<'c>(
             Some(pn) => rms_norm(ctx, down, pn, d.hp.rms_eps, "ffn_post_norm"),
             None => down,
         };
-        let res = ctx.add(down, x).named("l_out");
+        let res = if d.partial {
+            down
+        } else {
+            ctx.add(down, x).named("l_out")
+        };
         let o = ctx
             .cpy(res, rows_at(ctx, ext.x, r0, n).named("x_out"))
             .named("x_store");

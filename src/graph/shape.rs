@@ -33,6 +33,11 @@ pub struct Dims {
     /// outputs), for expert statistics. Costs ggml-cuda's fused routing
     /// kernel (an output inside the routing cannot be fused away).
     pub read_routing: bool,
+    /// A group graph writes its output alone to the residual stream's
+    /// rows, not added to them: a device's share after the first in the
+    /// row split (`ModelSpec::shard`), whose outputs the engine adds to
+    /// the first device's.
+    pub partial: bool,
 }
 
 /// Nodes a group graph may hold at most (llama.cpp uses far fewer per

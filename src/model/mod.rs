@@ -13,6 +13,7 @@ pub mod arch;
 mod error;
 mod hparams;
 mod role;
+mod shard;
 mod spec;
 mod vocab;
 
@@ -20,5 +21,6 @@ pub use arch::Arch;
 pub use error::ModelError;
 pub use hparams::Hparams;
 pub use role::Role;
-pub use spec::{GroupId, GroupKind, GroupSpec, ModelSpec, WeightSpec};
+pub use shard::Shard;
+pub use spec::{ColSlice, GroupId, GroupKind, GroupSpec, ModelSpec, WeightSpec};
 pub use vocab::validate_vocab;

@@ -72,6 +72,20 @@ pub struct WeightSpec {
     /// Absolute byte offset in the model file.
     pub offset: u64,
     pub size: u64,
+    /// A column slice of a matrix (a device's share in the row split,
+    /// [`ModelSpec::shard`]): each of the tensor's rows is `size / rows`
+    /// bytes taken at `skip` within the file's rows of `stride` bytes,
+    /// the first at `offset`; None: the bytes are one extent.
+    pub cols: Option<ColSlice>,
+}
+
+/// Where a column slice's rows lie in the file (see [`WeightSpec::cols`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColSlice {
+    /// Bytes of one whole row in the file.
+    pub stride: u64,
+    /// Bytes before the slice in each row.
+    pub skip: u64,
 }
 
 impl WeightSpec {
@@ -83,7 +97,12 @@ impl WeightSpec {
             ne: t.ne4(),
             offset: t.offset,
             size: t.size,
+            cols: None,
         }
+    }
+    /// The rows of this matrix (ggml's ne1 and above).
+    pub fn rows(&self) -> u64 {
+        (self.ne[1] * self.ne[2] * self.ne[3]) as u64
     }
 }
 
@@ -129,6 +148,9 @@ pub struct ModelSpec {
     /// Whether this spec ends with the output head: true but in the part
     /// of a model a device before the last computes ([`ModelSpec::part`]).
     pub has_head: bool,
+    /// A device's share of every layer's rows in the row split
+    /// ([`ModelSpec::shard`]); None: whole layers.
+    pub shard: Option<super::shard::Shard>,
 }
 
 fn expect_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
@@ -343,6 +365,7 @@ impl ModelSpec {
             output: WeightSpec::from_info(None, output),
             rope_freqs,
             has_head: true,
+            shard: None,
         })
     }
 
@@ -377,7 +400,7 @@ impl ModelSpec {
     }
 
     /// Whether this spec embeds the tokens (it starts at the file's first
-    /// layer).
+    /// layer; every device of the row split does).
     pub fn embeds(&self) -> bool {
         self.hp.layer0 == 0
     }

@@ -22,6 +22,13 @@ pub enum DeviceSplitError {
     NoLayers,
     #[error("device {0}'s budget is 0 bytes")]
     ZeroBudget(usize),
+    #[error("the row split over {devices} devices needs a KV head and {align} FFN columns for each, and the model has {n_head_kv} KV heads and {n_ff} FFN columns (use --split-mode layer)")]
+    TooFewRows {
+        devices: usize,
+        n_head_kv: u32,
+        n_ff: u32,
+        align: u32,
+    },
 }
 
 /// The layer ranges of the devices used, in device order (device `i`
@@ -131,6 +138,73 @@ pub fn split_layers(
         start = end;
     }
     Ok(ranges)
+}
+
+/// The row split: device `i`'s share of every layer, `kv[i]` of its KV
+/// heads (with the query heads that share them) and `ff[i]` of its FFN
+/// columns, in proportion to `weights` (the budgets), every device at least
+/// one head and one `ff_align` of columns (the down projection's
+/// quantization block: its rows are cut across).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowSplit {
+    pub kv: Vec<Range<u32>>,
+    pub ff: Vec<Range<u32>>,
+}
+
+pub fn split_rows(
+    n_head_kv: u32,
+    n_ff: u32,
+    ff_align: u32,
+    weights: &[u64],
+) -> Result<RowSplit, DeviceSplitError> {
+    let k = weights.len();
+    if k == 0 {
+        return Err(DeviceSplitError::NoDevice);
+    }
+    if let Some(i) = weights.iter().position(|&b| b == 0) {
+        return Err(DeviceSplitError::ZeroBudget(i));
+    }
+    let align = ff_align.max(1);
+    let units = n_ff / align;
+    if n_head_kv < k as u32 || units < k as u32 || n_ff % align != 0 {
+        return Err(DeviceSplitError::TooFewRows {
+            devices: k,
+            n_head_kv,
+            n_ff,
+            align,
+        });
+    }
+    let ff = proportional(units, weights)
+        .into_iter()
+        .map(|r| r.start * align..r.end * align)
+        .collect();
+    Ok(RowSplit {
+        kv: proportional(n_head_kv, weights),
+        ff,
+    })
+}
+
+/// `n` units cut into consecutive ranges in proportion to `weights`, each
+/// at least one unit (`n >= weights.len()`).
+fn proportional(n: u32, weights: &[u64]) -> Vec<Range<u32>> {
+    let k = weights.len() as u32;
+    let total: f64 = weights.iter().map(|&w| w as f64).sum();
+    let mut out = Vec::with_capacity(weights.len());
+    let (mut start, mut cum) = (0u32, 0.0);
+    for (i, &w) in weights.iter().enumerate() {
+        cum += w as f64;
+        let i = i as u32;
+        let end = if i + 1 == k {
+            n
+        } else {
+            // the nearest boundary, leaving a unit to this device and to
+            // each after it
+            ((n as f64 * cum / total).round() as u32).clamp(start + 1, n - (k - 1 - i))
+        };
+        out.push(start..end);
+        start = end;
+    }
+    out
 }
 
 /// Splits `total` bytes (a host budget) between parts in proportion to
@@ -280,6 +354,47 @@ mod tests {
             // not named: fewer devices only where they hold the model
             if !use_all && r.len() < budgets.len().min(layers.len()) {
                 prop_assert!(used.iter().sum::<u64>() >= total);
+            }
+        }
+
+        /// The row split places every KV head and FFN column once, on
+        /// consecutive ranges, at least a head and an aligned unit of
+        /// columns per device, in proportion to the budgets within one
+        /// unit.
+        #[test]
+        fn every_head_and_column_placed_once_in_proportion(
+            n_head_kv in 1u32..129,
+            units in 1u32..2000,
+            align in prop::sample::select(vec![1u32, 32, 256]),
+            weights in prop::collection::vec(1u64..100_000, 1..9),
+        ) {
+            let n_ff = units * align;
+            let k = weights.len() as u32;
+            let r = split_rows(n_head_kv, n_ff, align, &weights);
+            if n_head_kv < k || units < k {
+                prop_assert!(matches!(r, Err(DeviceSplitError::TooFewRows { .. })));
+                return Ok(());
+            }
+            let r = r.unwrap();
+            let total: f64 = weights.iter().map(|&w| w as f64).sum();
+            for (ranges, n, unit) in [(&r.kv, n_head_kv, 1), (&r.ff, n_ff, align)] {
+                prop_assert_eq!(ranges.len(), weights.len());
+                prop_assert_eq!(ranges[0].start, 0);
+                prop_assert_eq!(ranges.last().unwrap().end, n);
+                let mut cum = 0.0;
+                for (i, x) in ranges.iter().enumerate() {
+                    prop_assert!(x.end >= x.start + unit);
+                    prop_assert!(x.start % unit == 0 && x.end % unit == 0);
+                    if i > 0 {
+                        prop_assert_eq!(ranges[i - 1].end, x.start);
+                    }
+                    cum += weights[i] as f64;
+                    let target = f64::from(n) * cum / total;
+                    let squeezed = x.end == x.start + unit
+                        || x.end == n - (k - 1 - i as u32) * unit;
+                    prop_assert!(squeezed || (f64::from(x.end) - target).abs() <= f64::from(unit),
+                        "device {} ends at {} against {:.1}", i, x.end, target);
+                }
             }
         }
 

@@ -77,6 +77,12 @@ enum DeviceArg {
     Rpc,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum SplitArg {
+    Layer,
+    Row,
+}
+
 #[derive(Args)]
 pub struct ModelArgs {
     /// GGUF model file.
@@ -147,6 +153,12 @@ pub struct ModelArgs {
     /// Default: every GPU the model needs (the first alone where it fits).
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<usize>>,
+    /// How a model on several devices is split: layer (a range of layers
+    /// per device, computed in turn) or row (every device a share of every
+    /// layer's heads and FFN columns, all computing each group at once and
+    /// their outputs summed; dense models without post-norms).
+    #[arg(long = "split-mode", value_enum, default_value = "layer")]
+    split_mode: SplitArg,
     /// Across several local GPUs, in steps of at least 64 tokens (prompts,
     /// batches), every other streamed FFN group of a part also goes up
     /// over the next GPU's bus and across by a peer copy (with peer access
@@ -580,6 +592,10 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         },
         rpc: m.rpc.clone(),
         devices: m.devices.clone(),
+        split_mode: match m.split_mode {
+            SplitArg::Layer => strata::engine::SplitMode::Layer,
+            SplitArg::Row => strata::engine::SplitMode::Row,
+        },
         gpu_budgets: if m.gpu_budget.len() > 1 {
             m.gpu_budget.clone()
         } else {
