@@ -160,18 +160,36 @@ impl Engine {
             return self.part_summary();
         }
         self.parts()
-            .map(|e| {
-                let r = e.layers();
-                format!(
-                    "layers {}..{} on {}: {}",
-                    r.start,
-                    r.end,
-                    e.device.name(),
-                    e.part_summary()
-                )
-            })
+            .map(|e| format!("{} on {}: {}", e.part_label(), e.device.name(), e.part_summary()))
             .collect::<Vec<_>>()
             .join("; ")
+    }
+
+    /// What this part of a model split across devices computes: a range of
+    /// layers, or in the row split a share of every layer's rows.
+    pub fn part_label(&self) -> String {
+        let hp = &self.spec.hp;
+        match self.spec.shard {
+            Some(s) => format!(
+                "rows {}/{} ({} KV heads, {} FFN columns of every layer)",
+                s.index + 1,
+                s.count,
+                hp.n_head_kv,
+                hp.n_ff
+            ),
+            None => {
+                let r = self.layers();
+                format!("layers {}..{}", r.start, r.end)
+            }
+        }
+    }
+
+    /// The model's layers (a model split across devices counted once).
+    pub fn n_layers(&self) -> u32 {
+        match self.spec.shard {
+            Some(_) => self.spec.hp.n_layer,
+            None => self.parts().map(|p| p.spec.hp.n_layer).sum(),
+        }
     }
 
     fn part_summary(&self) -> String {

@@ -13,6 +13,14 @@
 #           GPU: pp2048, tg16 and 64 sequences
 #   relay   the 70B at 12G on each of two GPUs with and without --relay
 #           (tg16, 64 sequences; traces)
+#   rows    the row split (--split-mode row: every GPU a share of every
+#           layer's heads and FFN columns) beside the layer split: CUDA
+#           parity of the row split on 8 layers of the 8B shape against
+#           llama.cpp, then the 70B at 12G on each of two GPUs, both
+#           splits (pp2048, tg16, 64 sequences; the row split's trace with
+#           TRACE=1); the CUDA module kept for .carry-cache; the machine's
+#           logs folded into rows.txt (a call returns 8 files)
+#   one     the 70B on one GPU at 24G and at 12G (the same tests)
 #   llama   llama.cpp on the same file over both GPUs (its default layer
 #           split, about -ts 1,1 on two idle GPUs) at each of LLAMA_NGL
 #           (default 40), with its defaults and with --no-mmap -ub 2048
@@ -77,6 +85,37 @@ case $what in
         --batch-steps 2 -r 2 --trace "$out/trace_70b_2x12g${r:+_relay}.json" 2>&1 | quiet | tee -a "$f"
     done
     ;;
+  rows)
+    dev_machine
+    dev_module_start
+    s8=$(dev_synth llama3-8b 8)
+    m=$(dev_synth llama3-70b)
+    dev_module_wait || exit 1
+    dev_keep_module
+    f=$out/rows.txt
+    cat "$out/gpus.txt" > "$f"
+    echo "== strata check --split-mode row --devices 0,1 --gpu-budget ${CHECK_BUDGET:-400M} (8 layers of the 8B shape)" | tee -a "$f"
+    timeout 150 $bin/strata check -m "$s8" --device gpu --devices 0,1 --split-mode row --gpu-budget ${CHECK_BUDGET:-400M} \
+      --hybrid off -n 16 2>&1 | quiet | tee -a "$f"
+    for sm in row layer; do
+      echo "== 12G on each of two GPUs --split-mode $sm" | tee -a "$f"
+      timeout 200 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G --split-mode $sm $tests \
+        ${TRACE:+--trace "$out/trace_70b_2x12g_$sm.json"} 2>&1 | quiet | tee -a "$f"
+      [ -f "$out/trace_70b_2x12g_$sm.json" ] && gzip -f "$out/trace_70b_2x12g_$sm.json"
+    done
+    for g in machine.txt module.txt synth.txt gpus.txt; do
+      [ -f "$out/$g" ] && { echo "== $g"; cat "$out/$g"; rm -f "$out/$g"; } >> "$f"
+    done
+    ;;
+  one)
+    dev_70b || exit 1
+    f=$out/one.txt
+    for b in 24G 12G; do
+      echo "== $b on one GPU" | tee -a "$f"
+      timeout 180 $bin/strata bench -m "$m" --device gpu --devices 0 --gpu-budget $b $tests \
+        2>&1 | quiet | tee -a "$f"
+    done
+    ;;
   llama)
     dev_70b || exit 1
     f=$out/bench_70b_2gpu_llama.txt
@@ -86,6 +125,6 @@ case $what in
         2>&1 | quiet | tee -a "$f"
     done
     ;;
-  *) echo "multi-gpu.sh: unknown mode $what (smoke, strata, relay, llama)" >&2; exit 2 ;;
+  *) echo "multi-gpu.sh: unknown mode $what (smoke, strata, rows, one, relay, llama)" >&2; exit 2 ;;
 esac
 done

@@ -272,11 +272,16 @@ fn time_strata(
         host.picks += h.picks;
         host.hot_picks += h.hot_picks;
         for c in b.chunks(e.n_batch() as usize) {
-            // the parts of a model split across devices run in turn
-            let p = e
+            // the parts of a model split across devices run in turn (a
+            // layer range each), or at once (the row split)
+            let parts = e
                 .parts()
-                .map(|e| e.plan.placement.predicted_step_s(c.len() as u32))
-                .sum();
+                .map(|e| e.plan.placement.predicted_step_s(c.len() as u32));
+            let p = if e.spec.shard.is_some() {
+                parts.fold(0.0, f64::max)
+            } else {
+                parts.sum()
+            };
             predicted += p;
             cal_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
         }
@@ -428,13 +433,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         );
         for p in e.parts() {
             if e.next_part().is_some() {
-                let r = p.layers();
-                eprintln!(
-                    "layers {}..{} on {}:",
-                    r.start,
-                    r.end,
-                    p.device().description()
-                );
+                eprintln!("{} on {}:", p.part_label(), p.device().description());
             }
             eprintln!("{}", p.plan);
         }

@@ -449,7 +449,9 @@ fn main() {
         Cmd::Serve(a) => Some(&a.model),
         _ => None,
     };
-    if model.is_some_and(|m| m.relay) && std::env::var_os("GGML_CUDA_P2P").is_none() {
+    if model.is_some_and(|m| m.relay || matches!(m.split_mode, SplitArg::Row))
+        && std::env::var_os("GGML_CUDA_P2P").is_none()
+    {
         // the relay's peer copies go GPU to GPU only with peer access on,
         // which ggml's CUDA module turns on at its start where this is set
         // (no ggml call has been made yet; no other thread runs)
@@ -668,7 +670,7 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
         "strata: {} ({}), {} layers, {:.1} MiB of weights on {}",
         engine.spec.name,
         engine.spec.arch.name(),
-        engine.parts().map(|p| p.spec.hp.n_layer).sum::<u32>(),
+        engine.n_layers(),
         engine.weight_bytes() as f64 / (1 << 20) as f64,
         engine
             .parts()
@@ -686,13 +688,7 @@ pub fn load_with(path: &std::path::Path, cfg: &EngineConfig) -> Result<(Engine, 
                 eprintln!("strata: {b}");
             }
             if split {
-                let r = p.layers();
-                eprintln!(
-                    "strata: layers {}..{} on {}:",
-                    r.start,
-                    r.end,
-                    p.device().name()
-                );
+                eprintln!("strata: {} on {}:", p.part_label(), p.device().name());
             }
             for line in p.plan.to_string().lines() {
                 eprintln!("strata: {line}");
