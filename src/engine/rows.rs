@@ -110,12 +110,8 @@ impl Engine {
         if on_cpu {
             let mut x_host = None;
             self.run_host_group(l, kind, shape, &mut x_host)?;
-            self.residual_to_device(&mut x_host)?;
-            // the next device's host share runs on the same cores
-            if let Some(h) = self.host.as_ref() {
-                h.park_threads();
-            }
-            Ok(())
+            // each device's host pool has its own cores (`shard_threads`)
+            self.residual_to_device(&mut x_host)
         } else {
             self.run_group(l, kind, shape)
         }

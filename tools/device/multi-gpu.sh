@@ -18,7 +18,8 @@
 #           parity of the row split on 8 layers of the 8B shape against
 #           llama.cpp, then the 70B at 12G on each of two GPUs, both
 #           splits (pp2048, tg16, 64 sequences; the row split's trace with
-#           TRACE=1); the CUDA module kept for .carry-cache; the machine's
+#           TRACE=1; SPLITS=row for the row split alone); the CUDA module
+#           kept for .carry-cache where it was built here; the machine's
 #           logs folded into rows.txt (a call returns 8 files)
 #   one     the 70B on one GPU at 24G and at 12G (the same tests)
 #   llama   llama.cpp on the same file over both GPUs (its default layer
@@ -94,10 +95,10 @@ case $what in
     dev_keep_module
     f=$out/rows.txt
     cat "$out/gpus.txt" > "$f"
-    echo "== strata check --split-mode row --devices 0,1 --gpu-budget ${CHECK_BUDGET:-400M} (8 layers of the 8B shape)" | tee -a "$f"
-    timeout 150 $bin/strata check -m "$s8" --device gpu --devices 0,1 --split-mode row --gpu-budget ${CHECK_BUDGET:-400M} \
+    echo "== strata check --split-mode row --devices 0,1 --gpu-budget ${CHECK_BUDGET:-700M} (8 layers of the 8B shape)" | tee -a "$f"
+    timeout 150 $bin/strata check -m "$s8" --device gpu --devices 0,1 --split-mode row --gpu-budget ${CHECK_BUDGET:-700M} \
       --hybrid off -n 16 2>&1 | quiet | tee -a "$f"
-    for sm in row layer; do
+    for sm in ${SPLITS:-row layer}; do
       echo "== 12G on each of two GPUs --split-mode $sm" | tee -a "$f"
       timeout 200 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G --split-mode $sm $tests \
         ${TRACE:+--trace "$out/trace_70b_2x12g_$sm.json"} 2>&1 | quiet | tee -a "$f"
