@@ -348,11 +348,14 @@ impl Engine {
         } + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
         let may_split =
             cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe();
-        // the row split's first device: a buffer per other device's output
-        let n_reduce = spec
-            .shard
-            .filter(|s| s.index == 0)
-            .map_or(0, |s| s.count as u64 - 1);
+        // the row split's reduce buffers: two devices each hold two (they
+        // exchange outputs, alternating buffers group by group); with more,
+        // the first one per other device
+        let n_reduce = match spec.shard {
+            Some(s) if s.count == 2 => 2,
+            Some(s) if s.index == 0 => s.count as u64 - 1,
+            _ => 0,
+        };
         let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim)
             + (n_reduce + u64::from(may_split)) * sizes::split_rows_bytes(&dims.hp, lim);
         // the reserve for whole steps and for FFN chunks (the plan picks)

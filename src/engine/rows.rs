@@ -8,12 +8,13 @@
 //!    stream, waiting for its own link's upload), or the host CPU computes
 //!    the share from its copy (hybrid decode), so all the links and
 //!    devices work on the group at once;
-//! 2. the first device adds the others' outputs to its own (its graph added
-//!    the residual stream; the others' write their output alone,
-//!    `Dims::partial`): each output is copied into one of its reduce
-//!    buffers (a peer copy between GPUs, queued on the sender's stream
-//!    with the first device's stream waiting for it), then added;
-//! 3. the sum is copied back to every other device's residual stream.
+//! 2. the outputs are summed (the first device's graph added the residual
+//!    stream; the others' write their output alone, `Dims::partial`). Two
+//!    devices exchange their outputs at once, each copying its output into
+//!    the other's reduce buffer (a peer copy between GPUs, queued on the
+//!    sender's stream with the receiver's stream waiting for it), and each
+//!    adds (`exchange`). With more, the first device adds the others'
+//!    outputs and copies the sum back to each (`reduce`).
 //!
 //! Between GPUs nothing waits on the host: each copy orders the two streams
 //! by an event (ggml's `cpy_tensor_async`). Backends that cannot copy
@@ -65,12 +66,20 @@ impl Engine {
                 std::mem::take(&mut p.on_cpu)
             }))
             .collect();
-        for (l, kind, shape) in order {
+        for (i, (l, kind, shape)) in order.into_iter().enumerate() {
             let gi = GroupId::new(l, kind);
-            self.run_share(l, kind, shape, ons[0][gi.index()])?;
-            for (e, on) in others.iter_mut().zip(&ons[1..]) {
-                e.run_share(l, kind, shape, on[gi.index()])?;
+            // the devices' shares queued first, then the host's shares
+            // computed at once, each on its own pool's cores
+            let mut host: Vec<Share<'_>> = Vec::new();
+            let all = std::iter::once(&mut *self).chain(others.iter_mut().map(|e| &mut **e));
+            for (e, on) in all.zip(&ons) {
+                if on[gi.index()] {
+                    host.push(Share(e));
+                } else {
+                    e.run_group(l, kind, shape)?;
+                }
             }
+            run_host_shares(host, l, kind, shape)?;
             // the rows the group wrote: the last layer's attention keeps
             // only those that want logits
             let rows = if kind == GroupKind::Attn && shape.last_layer {
@@ -78,7 +87,11 @@ impl Engine {
             } else {
                 shape.n_tokens
             };
-            self.reduce(others, rows)?;
+            if others.len() == 1 {
+                self.exchange(&mut others[0], rows, i % 2)?;
+            } else {
+                self.reduce(others, rows)?;
+            }
         }
         for e in std::iter::once(&mut *self).chain(others.iter_mut().map(|e| &mut **e)) {
             e.pager.end_step(e.kv.tier_mut())?;
@@ -97,24 +110,53 @@ impl Engine {
         Ok(())
     }
 
-    /// This device's share of a group: queued on its stream, or computed
-    /// by the host CPU from its copy, the result back in this device's
-    /// residual stream.
-    fn run_share(
-        &mut self,
-        l: u32,
-        kind: GroupKind,
-        shape: crate::graph::StepShape,
-        on_cpu: bool,
-    ) -> Result<(), EngineError> {
-        if on_cpu {
-            let mut x_host = None;
-            self.run_host_group(l, kind, shape, &mut x_host)?;
-            // each device's host pool has its own cores (`shard_threads`)
-            self.residual_to_device(&mut x_host)
-        } else {
-            self.run_group(l, kind, shape)
+    /// Two devices: each copies its output into the other's reduce buffer
+    /// `parity` (the groups alternate between two, so a copy never
+    /// overwrites what the other's add of the group before still reads),
+    /// then each adds. The first device's output holds the residual
+    /// stream, so both compute (x + f0) + f1, bit for bit alike.
+    fn exchange(&mut self, other: &mut Engine, rows: u32, parity: usize) -> Result<(), EngineError> {
+        let e = i64::from(self.spec.hp.n_embd);
+        let ctx = Context::new(4, 0)?;
+        let view = |b: &crate::ggml::Binding| -> Result<crate::ggml::Tensor<'_>, EngineError> {
+            let t = ctx.new_tensor(GgmlType::F32, &[e, i64::from(rows)]);
+            // SAFETY: as in `reduce`: a view of the first rows of a
+            // persistent F32 [n_embd, n_batch] tensor its engine keeps for
+            // the step, read only by copies that complete within it.
+            unsafe { t.rebind(b)? };
+            Ok(t)
+        };
+        let (x0, y0) = (
+            view(&self.persistent.bindings[buffers::X])?,
+            view(&self.reduce[parity].arena.binding(0))?,
+        );
+        let (x1, y1) = (
+            view(&other.persistent.bindings[buffers::X])?,
+            view(&other.reduce[parity].arena.binding(0))?,
+        );
+        // SAFETY: same sizes and layouts. Each copy is queued on the
+        // sender's stream after its group's graph and before its add, and
+        // the receiver's stream waits for it before its own add. A reduce
+        // buffer is next written two groups later, by a copy the sender
+        // queues after waiting for the receiver's copy of the group in
+        // between, which the receiver queued after this group's add.
+        unsafe {
+            other.backend.copy_tensor_async(&self.backend, x1, y0);
+            self.backend.copy_tensor_async(&other.backend, x0, y1);
         }
+        for e in [&mut *self, other] {
+            let key = TemplateKey::AddRows { n_rows: rows };
+            let id = BindId {
+                group: None,
+                weight_slot: Some(parity),
+                kv_window: None,
+            };
+            let y = e.reduce[parity].arena.binding(0);
+            e.templates.get(&key)?.bind(id, &[y], None)?;
+            let t = e.templates.allocated(&key, &e.backend)?;
+            e.backend.compute_async(&t.graph())?;
+        }
+        Ok(())
     }
 
     /// Adds the other devices' outputs (the first `rows` rows of their
@@ -181,4 +223,46 @@ impl Engine {
         // the thread tuner is not told: several devices' host shares
         // share the cores
     }
+}
+
+/// One device's part of the row split, handed to the thread that computes
+/// its host share.
+struct Share<'a>(&'a mut Engine);
+
+// SAFETY: a `Share` moves to one scoped thread, which alone touches that
+// engine until the scope ends (the step's thread waits at its end). An
+// engine shares no handle with another: its CPU backend, thread pool,
+// device backend, recorder and buffers are its own, and ggml's device
+// calls set their device per call.
+unsafe impl Send for Share<'_> {}
+
+/// The host shares of one group: each device's rows through its host
+/// copy, back to its residual stream; several at once in scoped threads,
+/// each on its own pool (`shard_threads`), so they read host memory
+/// together rather than in turn.
+fn run_host_shares(
+    shares: Vec<Share<'_>>,
+    l: u32,
+    kind: GroupKind,
+    shape: crate::graph::StepShape,
+) -> Result<(), EngineError> {
+    let one = |Share(e): Share<'_>| -> Result<(), EngineError> {
+        let mut x_host = None;
+        e.run_host_group(l, kind, shape, &mut x_host)?;
+        e.residual_to_device(&mut x_host)
+    };
+    if shares.len() <= 1 {
+        return shares.into_iter().try_for_each(one);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = shares
+            .into_iter()
+            .map(|sh| s.spawn(move || one(sh)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a host share's thread panicked"))
+            .collect::<Result<Vec<()>, EngineError>>()
+            .map(|_| ())
+    })
 }

@@ -18,7 +18,8 @@
 #           parity of the row split on 8 layers of the 8B shape against
 #           llama.cpp, then the 70B at 12G on each of two GPUs, both
 #           splits (pp2048, tg16, 64 sequences; the row split's trace with
-#           TRACE=1; SPLITS=row for the row split alone); the CUDA module
+#           TRACE=1; SPLITS=row for the row split alone; NOCHECK=1 skips
+#           the parity check); the CUDA module
 #           kept for .carry-cache where it was built here; the machine's
 #           logs folded into rows.txt (a call returns 8 files)
 #   one     the 70B on one GPU at 24G and at 12G (the same tests)
@@ -89,15 +90,17 @@ case $what in
   rows)
     dev_machine
     dev_module_start
-    s8=$(dev_synth llama3-8b 8)
+    [ -n "${NOCHECK:-}" ] || s8=$(dev_synth llama3-8b 8)
     m=$(dev_synth llama3-70b)
     dev_module_wait || exit 1
     dev_keep_module
     f=$out/rows.txt
     cat "$out/gpus.txt" > "$f"
-    echo "== strata check --split-mode row --devices 0,1 --gpu-budget ${CHECK_BUDGET:-700M} (8 layers of the 8B shape)" | tee -a "$f"
-    timeout 150 $bin/strata check -m "$s8" --device gpu --devices 0,1 --split-mode row --gpu-budget ${CHECK_BUDGET:-700M} \
-      --hybrid off -n 16 2>&1 | quiet | tee -a "$f"
+    if [ -z "${NOCHECK:-}" ]; then
+      echo "== strata check --split-mode row --devices 0,1 --gpu-budget ${CHECK_BUDGET:-700M} (8 layers of the 8B shape)" | tee -a "$f"
+      timeout 150 $bin/strata check -m "$s8" --device gpu --devices 0,1 --split-mode row --gpu-budget ${CHECK_BUDGET:-700M} \
+        --hybrid off -n 16 2>&1 | quiet | tee -a "$f"
+    fi
     for sm in ${SPLITS:-row layer}; do
       echo "== 12G on each of two GPUs --split-mode $sm" | tee -a "$f"
       timeout 200 $bin/strata bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G --split-mode $sm $tests \
