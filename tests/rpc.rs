@@ -235,7 +235,9 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
         let parts: Vec<_> = split.parts().map(|p| p.spec.hp.clone()).collect();
         assert_eq!(parts.len(), 2, "{what}");
         // every layer on both, the heads and FFN columns shared out
-        assert!(parts.iter().all(|p| p.n_layer == hp.n_layer && p.layer0 == 0));
+        assert!(parts
+            .iter()
+            .all(|p| p.n_layer == hp.n_layer && p.layer0 == 0));
         assert_eq!(parts.iter().map(|p| p.n_head_kv).sum::<u32>(), hp.n_head_kv);
         assert_eq!(parts.iter().map(|p| p.n_head).sum::<u32>(), hp.n_head);
         assert_eq!(parts.iter().map(|p| p.n_ff).sum::<u32>(), hp.n_ff);

@@ -213,12 +213,8 @@ impl Engine {
                 })
             })
             .collect();
-        let rs = crate::paging::split_rows(
-            spec.hp.n_head_kv,
-            spec.hp.n_ff,
-            spec.ffn_align(),
-            &budgets,
-        )?;
+        let rs =
+            crate::paging::split_rows(spec.hp.n_head_kv, spec.hp.n_ff, spec.ffn_align(), &budgets)?;
         let k = devices.len();
         tracing::info!(
             "every layer's rows split across {k} devices: {}",

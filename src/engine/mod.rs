@@ -56,8 +56,8 @@ mod window;
 pub use crate::paging::{Budgets, ExpertSplit, SplitInput};
 pub use batch::{BatchToken, StepStats};
 pub use config::{
-    default_threads, DeviceChoice, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions, PagingOptions,
-    SplitMode,
+    default_threads, DeviceChoice, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions,
+    PagingOptions, SplitMode,
 };
 pub use error::EngineError;
 pub use kvcache::KvCache;

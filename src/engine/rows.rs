@@ -115,7 +115,12 @@ impl Engine {
     /// overwrites what the other's add of the group before still reads),
     /// then each adds. The first device's output holds the residual
     /// stream, so both compute (x + f0) + f1, bit for bit alike.
-    fn exchange(&mut self, other: &mut Engine, rows: u32, parity: usize) -> Result<(), EngineError> {
+    fn exchange(
+        &mut self,
+        other: &mut Engine,
+        rows: u32,
+        parity: usize,
+    ) -> Result<(), EngineError> {
         let e = i64::from(self.spec.hp.n_embd);
         let ctx = Context::new(4, 0)?;
         let view = |b: &crate::ggml::Binding| -> Result<crate::ggml::Tensor<'_>, EngineError> {

@@ -160,7 +160,14 @@ impl Engine {
             return self.part_summary();
         }
         self.parts()
-            .map(|e| format!("{} on {}: {}", e.part_label(), e.device.name(), e.part_summary()))
+            .map(|e| {
+                format!(
+                    "{} on {}: {}",
+                    e.part_label(),
+                    e.device.name(),
+                    e.part_summary()
+                )
+            })
             .collect::<Vec<_>>()
             .join("; ")
     }

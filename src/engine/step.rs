@@ -128,16 +128,14 @@ impl Engine {
         self.validate(toks)?;
         let start = Instant::now();
         let out_len = out.len();
-        let r = self
-            .begin_chain(toks, tree, None)
-            .and_then(|cells| {
-                if self.spec.shard.is_some() {
-                    self.run_rows(out)
-                } else {
-                    self.run_chain(out)
-                }
-                .map(|()| cells)
-            });
+        let r = self.begin_chain(toks, tree, None).and_then(|cells| {
+            if self.spec.shard.is_some() {
+                self.run_rows(out)
+            } else {
+                self.run_chain(out)
+            }
+            .map(|()| cells)
+        });
         if r.is_err() {
             self.abort_chain();
             out.truncate(out_len);
@@ -715,7 +713,10 @@ impl Engine {
     }
 
     /// Sends the residual rows the host computed back to the device.
-    pub(super) fn residual_to_device(&mut self, x_host: &mut Option<u32>) -> Result<(), EngineError> {
+    pub(super) fn residual_to_device(
+        &mut self,
+        x_host: &mut Option<u32>,
+    ) -> Result<(), EngineError> {
         if let (Some(rows), Some(host)) = (x_host.take(), self.host.as_mut()) {
             host.upload(self.persistent.tensor(buffers::X), rows)?;
         }

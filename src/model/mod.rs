@@ -21,6 +21,5 @@ pub use arch::Arch;
 pub use error::ModelError;
 pub use hparams::Hparams;
 pub use role::Role;
-pub use shard::Shard;
-pub use spec::{ColSlice, GroupId, GroupKind, GroupSpec, ModelSpec, WeightSpec};
+pub use spec::{ColSlice, GroupId, GroupKind, GroupSpec, ModelSpec, Shard, WeightSpec};
 pub use vocab::validate_vocab;

@@ -11,19 +11,10 @@
 //! Which heads and columns each device takes is `paging::devices::split_rows`.
 
 use super::error::ModelError;
+use super::hparams::Hparams;
 use super::role::Role;
-use super::spec::{ColSlice, GroupSpec, ModelSpec, WeightSpec};
-use super::Hparams;
+use super::spec::{ColSlice, GroupSpec, ModelSpec, Shard, WeightSpec};
 use std::ops::Range;
-
-/// Which share of the row split a spec is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    /// This device's place among the split's (0: the one that embeds, adds
-    /// the residual stream and computes the head).
-    pub index: u32,
-    pub count: u32,
-}
 
 impl ModelSpec {
     /// The FFN columns of a row split are cut in multiples of this (the
@@ -54,7 +45,9 @@ impl ModelSpec {
         let hp = &self.hp;
         let refuse = |why: String| Err(ModelError::Unsupported(format!("the row split: {why}")));
         if hp.is_moe() {
-            return refuse("a mixture of experts splits by layers only (--split-mode layer)".into());
+            return refuse(
+                "a mixture of experts splits by layers only (--split-mode layer)".into(),
+            );
         }
         if kv.start >= kv.end || kv.end > hp.n_head_kv || ff.start >= ff.end || ff.end > hp.n_ff {
             return refuse(format!(
@@ -176,10 +169,19 @@ mod tests {
         // Q4_0: 18 bytes per 32 values; 4 rows of 128 values = 72 bytes each
         let m = w(Role::Wq, GgmlType::Q4_0, [128, 4, 1, 1]);
         let r = rows(&m, &(1..3));
-        assert_eq!((r.ne, r.offset, r.size, r.cols), ([128, 2, 1, 1], 4096 + 72, 144, None));
+        assert_eq!(
+            (r.ne, r.offset, r.size, r.cols),
+            ([128, 2, 1, 1], 4096 + 72, 144, None)
+        );
         let c = cols(&m, &(32..96)).unwrap();
         assert_eq!((c.ne, c.offset, c.size), ([64, 4, 1, 1], 4096, 4 * 36));
-        assert_eq!(c.cols, Some(ColSlice { stride: 72, skip: 18 }));
+        assert_eq!(
+            c.cols,
+            Some(ColSlice {
+                stride: 72,
+                skip: 18
+            })
+        );
         // a cut inside a block is refused, naming the tensor
         let e = cols(&m, &(16..64)).unwrap_err().to_string();
         assert!(e.contains("attn_q.weight") && e.contains("q4_0"), "{e}");

@@ -150,7 +150,16 @@ pub struct ModelSpec {
     pub has_head: bool,
     /// A device's share of every layer's rows in the row split
     /// ([`ModelSpec::shard`]); None: whole layers.
-    pub shard: Option<super::shard::Shard>,
+    pub shard: Option<Shard>,
+}
+
+/// Which share of the row split a spec is (`ModelSpec::shard`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This device's place among the split's (0: the one whose graphs add
+    /// the residual stream, with the attention output's bias and the head).
+    pub index: u32,
+    pub count: u32,
 }
 
 fn expect_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {

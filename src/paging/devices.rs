@@ -166,7 +166,7 @@ pub fn split_rows(
     }
     let align = ff_align.max(1);
     let units = n_ff / align;
-    if n_head_kv < k as u32 || units < k as u32 || n_ff % align != 0 {
+    if n_head_kv < k as u32 || units < k as u32 || !n_ff.is_multiple_of(align) {
         return Err(DeviceSplitError::TooFewRows {
             devices: k,
             n_head_kv,
@@ -372,7 +372,8 @@ mod tests {
             let k = weights.len() as u32;
             let r = split_rows(n_head_kv, n_ff, align, &weights);
             if n_head_kv < k || units < k {
-                prop_assert!(matches!(r, Err(DeviceSplitError::TooFewRows { .. })));
+                let refused = matches!(r, Err(DeviceSplitError::TooFewRows { .. }));
+                prop_assert!(refused);
                 return Ok(());
             }
             let r = r.unwrap();
@@ -384,7 +385,7 @@ mod tests {
                 let mut cum = 0.0;
                 for (i, x) in ranges.iter().enumerate() {
                     prop_assert!(x.end >= x.start + unit);
-                    prop_assert!(x.start % unit == 0 && x.end % unit == 0);
+                    prop_assert!(x.start.is_multiple_of(unit) && x.end.is_multiple_of(unit));
                     if i > 0 {
                         prop_assert_eq!(ranges[i - 1].end, x.start);
                     }
