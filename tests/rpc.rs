@@ -16,7 +16,7 @@ use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use strata::engine::{DeviceChoice, Engine, EngineConfig, PagingOptions};
+use strata::engine::{DeviceChoice, Engine, EngineConfig, Hybrid, PagingOptions};
 use strata::llama::LlamaModel;
 
 const STRATA: &str = env!("CARGO_BIN_EXE_strata");
@@ -203,11 +203,14 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
     let hp = local.spec.hp.clone();
     // resident; streamed in prompt steps of 4 tokens; streamed with every
     // layer's KV in the host tier; budgets of 1:2 (an uneven split)
-    for (stream_all, kv_gpu, budgets) in [
-        (false, None, vec![]),
-        (true, None, vec![]),
-        (true, Some(0), vec![]),
-        (false, None, vec![1u64 << 30, 2 << 30]),
+    // and streamed with the host CPU computing four FFN groups' shares of
+    // each device at once (hybrid decode, each share in its own thread)
+    for (stream_all, kv_gpu, budgets, hybrid) in [
+        (false, None, vec![], Hybrid::Auto),
+        (true, None, vec![], Hybrid::Auto),
+        (true, Some(0), vec![], Hybrid::Auto),
+        (false, None, vec![1u64 << 30, 2 << 30], Hybrid::Auto),
+        (true, None, vec![], Hybrid::Force(4)),
     ] {
         let cfg = EngineConfig {
             device: DeviceChoice::Remote,
@@ -218,6 +221,7 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
             n_batch: if stream_all { 4 } else { 512 },
             paging: PagingOptions {
                 stream_all,
+                hybrid,
                 ..PagingOptions::default()
             },
             budgets: strata::engine::Budgets {
@@ -230,7 +234,9 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
             },
             ..common::cpu_cfg()
         };
-        let what = format!("streamed={stream_all} kv_gpu={kv_gpu:?} budgets={budgets:?}");
+        let what = format!(
+            "streamed={stream_all} kv_gpu={kv_gpu:?} budgets={budgets:?} hybrid={hybrid:?}"
+        );
         let mut split = Engine::load(&path, &cfg).expect("engine on two remote devices");
         let parts: Vec<_> = split.parts().map(|p| p.spec.hp.clone()).collect();
         assert_eq!(parts.len(), 2, "{what}");
@@ -245,6 +251,12 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
             assert!(parts[1].n_ff > parts[0].n_ff, "{what}: {parts:?}");
         }
         assert!(split.parts().all(|p| p.device().is_remote()));
+        if hybrid != Hybrid::Auto {
+            assert!(
+                split.parts().all(|p| p.plan.placement.hybrid.is_some()),
+                "{what}: the host computes no share"
+            );
+        }
         eprintln!("{}", split.placement_summary());
         // tokens each alone in its sequence (every step's attention sees
         // one cell, so its output is V): the devices' partial sums round
@@ -312,6 +324,7 @@ fn run_remote(
     path: &std::path::Path,
     n: usize,
     limit: Duration,
+    extra: &[&str],
 ) -> (Option<i32>, String, Duration) {
     let split = endpoint.contains(',');
     let mut child = Command::new(STRATA)
@@ -330,6 +343,7 @@ fn run_remote(
             "0",
         ])
         .args(["-n", &n.to_string(), "-p", "Once upon a time"])
+        .args(extra)
         .arg("-m")
         .arg(path)
         .stdout(Stdio::null())
@@ -366,13 +380,14 @@ fn run_losing(
     path: &std::path::Path,
     mut lost: Server,
     secs: u64,
+    extra: &[&str],
 ) -> (Option<i32>, String) {
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(secs));
         let _ = lost.child.kill();
         let _ = lost.child.wait();
     });
-    let (code, err, took) = run_remote(endpoints, path, 100_000, Duration::from_secs(120));
+    let (code, err, took) = run_remote(endpoints, path, 100_000, Duration::from_secs(120), extra);
     killer.join().unwrap();
     assert!(
         took < Duration::from_secs(100),
@@ -397,6 +412,7 @@ fn lost_and_unreachable_servers_end_the_run_with_an_error() {
         &path,
         4,
         Duration::from_secs(60),
+        &[],
     );
     assert_eq!(code, Some(1), "{err}");
     assert!(
@@ -404,13 +420,13 @@ fn lost_and_unreachable_servers_end_the_run_with_an_error() {
         "{err}"
     );
     // a malformed endpoint
-    let (code, err, _) = run_remote("localhost", &path, 4, Duration::from_secs(60));
+    let (code, err, _) = run_remote("localhost", &path, 4, Duration::from_secs(60), &[]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("HOST:PORT"), "{err}");
     // the server dies while the client generates: the client ends, saying so
     let server = Server::start();
     let endpoint = server.endpoint();
-    let (code, err) = run_losing(&endpoint, &path, server, 4);
+    let (code, err) = run_losing(&endpoint, &path, server, 4, &[]);
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("error: ggml:") && err.contains("RPC server"),
@@ -419,10 +435,17 @@ fn lost_and_unreachable_servers_end_the_run_with_an_error() {
     // the layers split over two servers, the second dies
     let (first, second) = (Server::start(), Server::start());
     let endpoints = format!("{},{}", first.endpoint(), second.endpoint());
-    let (code, err) = run_losing(&endpoints, &path, second, 8);
+    let (code, err) = run_losing(&endpoints, &path, second, 8, &[]);
     assert_eq!(code, Some(1), "{err}");
     // mid-run ggml's client names the server; on a loaded machine the
     // kill may come before the client reached it, and strata names it
+    assert!(err.contains("RPC server"), "{err}");
+    // every layer's rows split over two servers, the first dies (the
+    // second waits on it at every group)
+    let (first, second) = (Server::start(), Server::start());
+    let endpoints = format!("{},{}", first.endpoint(), second.endpoint());
+    let (code, err) = run_losing(&endpoints, &path, first, 8, &["--split-mode", "row"]);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("RPC server"), "{err}");
 }
 

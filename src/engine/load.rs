@@ -80,7 +80,14 @@ impl Engine {
             ..cfg.clone()
         };
         if devices.len() == 1 || devices[0].is_cpu() {
-            return Self::load_part(path, &part_cfg(0, cfg.budgets), spec, devices[0], None);
+            return Self::load_part(
+                path,
+                &part_cfg(0, cfg.budgets),
+                spec,
+                devices[0],
+                None,
+                None,
+            );
         }
         if cfg.split_mode == super::config::SplitMode::Row {
             return Self::load_rows(path, cfg, spec, &devices, &given);
@@ -182,6 +189,7 @@ impl Engine {
                 spec.part(r.clone()),
                 devices[i],
                 relay.then(|| devices[(i + 1) % k]),
+                None,
             )?);
         }
         let mut next: Option<Engine> = None;
@@ -213,8 +221,17 @@ impl Engine {
                 })
             })
             .collect();
+        // the first device holds the head: the others leave its room, so
+        // that devices of equal budgets plan alike (the same groups
+        // resident, streamed and on the host CPU, whose shares of a group
+        // then run at once)
+        let head = spec.output.size + spec.output_norm.size;
+        let room: Vec<u64> = budgets
+            .iter()
+            .map(|b| b.saturating_sub(head).max(1))
+            .collect();
         let rs =
-            crate::paging::split_rows(spec.hp.n_head_kv, spec.hp.n_ff, spec.ffn_align(), &budgets)?;
+            crate::paging::split_rows(spec.hp.n_head_kv, spec.hp.n_ff, spec.ffn_align(), &room)?;
         let k = devices.len();
         tracing::info!(
             "every layer's rows split across {k} devices: {}",
@@ -250,7 +267,7 @@ impl Engine {
         for (i, d) in devices.iter().enumerate() {
             let c = EngineConfig {
                 budgets: Budgets {
-                    gpu: Some(budgets[i]),
+                    gpu: Some(if i == 0 { budgets[i] } else { room[i] }),
                     dram: dram[i],
                     kv_gpu: kv_gpu[i],
                     kv_dram: kv_dram[i],
@@ -258,7 +275,10 @@ impl Engine {
                 ..cfg.clone()
             };
             let shard = spec.shard(i as u32, k as u32, rs.kv[i].clone(), rs.ff[i].clone())?;
-            parts.push(Self::load_part(path, &c, shard, *d, None)?);
+            // the first device's measurements for all: the same rates give
+            // the same plan where the shares are alike
+            let like = parts.first().map(|p: &Engine| p.probes.clone());
+            parts.push(Self::load_part(path, &c, shard, *d, None, like)?);
         }
         let mut next: Option<Engine> = None;
         while let Some(mut e) = parts.pop() {
@@ -275,6 +295,7 @@ impl Engine {
         spec: ModelSpec,
         device: ggml::Device,
         relay: Option<ggml::Device>,
+        like: Option<Probes>,
     ) -> Result<Engine, EngineError> {
         let file = ModelFile::open(path)?;
         // budgets not given: what the machine has free, less a margin
@@ -391,7 +412,9 @@ impl Engine {
             stream_all: cfg.paging.stream_all,
             resident: cfg.paging.resident,
             // measured: a quick pinned copy on a second stream (GPU)
-            copy_bw: if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
+            copy_bw: if let Some(p) = &like {
+                p.copy_bw
+            } else if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
                 10e9
             } else {
                 // this bus alone: another GPU's lent bus (`Pager::lend_link`)
@@ -403,12 +426,15 @@ impl Engine {
             gemm,
             // measured where anything may stream: the plan's floor then
             // includes compute (prefill is compute-bound)
-            compute: if !device.is_cpu() || cfg.budgets.gpu.is_some() || cfg.paging.stream_all {
+            compute: if let Some(p) = &like {
+                p.compute
+            } else if !device.is_cpu() || cfg.budgets.gpu.is_some() || cfg.paging.stream_all {
                 probe::device_compute(&spec, device, &backend, n_batch)?
             } else {
                 None
             },
         };
+        let measured_compute = input.compute;
         let mut plan = crate::paging::memory_plan(&input)?;
         // the scratch against the resident groups it displaces: GEMM only
         // where its plan predicts the larger step faster
@@ -438,16 +464,20 @@ impl Engine {
         }
         let mut cpu_cal = None;
         let mut hot: Option<crate::paging::HotPlan> = None;
-        if let Some(c) =
-            probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
-        {
-            // the row split: every device's host share runs on the same
-            // cores, so each plan sees its share of the CPU
-            let mut c = c;
-            if let Some(s) = spec.shard {
-                c.s_per_byte_1 *= f64::from(s.count);
-                c.s_per_byte_n *= f64::from(s.count);
-            }
+        let cpu = match &like {
+            Some(p) => p.cpu.clone(),
+            None => probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
+                .map(|mut c| {
+                    // the row split: every device's host share runs on the
+                    // same cores, so each plan sees its share of the CPU
+                    if let Some(s) = spec.shard {
+                        c.s_per_byte_1 *= f64::from(s.count);
+                        c.s_per_byte_n *= f64::from(s.count);
+                    }
+                    c
+                }),
+        };
+        if let Some(c) = cpu {
             input.cpu = Some(c.clone());
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
@@ -643,7 +673,13 @@ impl Engine {
         kv.set_ordered(cfg.batch_invariant);
         let templates = TemplateCache::new(dims.clone(), lim, ext, device);
         let tuner_threads = shard_threads(&spec, host_threads(device, cfg.n_threads));
+        let probes = Probes {
+            copy_bw: input.copy_bw,
+            compute: measured_compute,
+            cpu: input.cpu.clone(),
+        };
         Ok(Engine {
+            probes,
             spec,
             plan,
             lim,
@@ -685,6 +721,15 @@ impl Engine {
             }),
         })
     }
+}
+
+/// What `Engine::load_part` measured for its plan: the row split's other
+/// devices plan with the first one's.
+#[derive(Clone)]
+pub(super) struct Probes {
+    copy_bw: f64,
+    compute: Option<ComputeRate>,
+    cpu: Option<crate::paging::CpuInput>,
 }
 
 /// The host's threads for one device's share of the row split: the cores

@@ -83,6 +83,8 @@ pub struct Engine {
     pub(super) next: Option<Box<Engine>>,
     /// A step begun on this part and not yet finished (`step.rs`).
     pub(super) pending: Option<Pending>,
+    /// The rates its plan was made from (`load.rs`).
+    pub(super) probes: super::load::Probes,
 }
 
 impl Engine {
