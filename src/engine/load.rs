@@ -19,6 +19,7 @@ use super::model_file::ModelFile;
 use super::pager::Pager;
 use super::probe;
 use super::state::Engine;
+use super::state::Probes;
 use super::store;
 use super::store::WeightStore;
 use super::templates::TemplateCache;
@@ -721,15 +722,6 @@ impl Engine {
             }),
         })
     }
-}
-
-/// What `Engine::load_part` measured for its plan: the row split's other
-/// devices plan with the first one's.
-#[derive(Clone)]
-pub(super) struct Probes {
-    copy_bw: f64,
-    compute: Option<ComputeRate>,
-    cpu: Option<crate::paging::CpuInput>,
 }
 
 /// The host's threads for one device's share of the row split: the cores

@@ -39,6 +39,15 @@ pub(super) struct Pending {
     pub(super) last_cpu: Option<usize>,
 }
 
+/// What `Engine::load_part` measured for its plan: the row split's other
+/// devices plan with the first one's.
+#[derive(Clone)]
+pub(super) struct Probes {
+    pub(super) copy_bw: f64,
+    pub(super) compute: Option<crate::paging::ComputeRate>,
+    pub(super) cpu: Option<crate::paging::CpuInput>,
+}
+
 pub struct Engine {
     pub spec: ModelSpec,
     /// Where the weights, the KV cache and the CPU's copies live.
@@ -84,7 +93,7 @@ pub struct Engine {
     /// A step begun on this part and not yet finished (`step.rs`).
     pub(super) pending: Option<Pending>,
     /// The rates its plan was made from (`load.rs`).
-    pub(super) probes: super::load::Probes,
+    pub(super) probes: Probes,
 }
 
 impl Engine {
