@@ -27,6 +27,9 @@
 #           split, about -ts 1,1 on two idle GPUs) at each of LLAMA_NGL
 #           (default 40), with its defaults and with --no-mmap -ub 2048
 #           (--llama-best), the same tests
+# TESTS replaces the bench tests (default -p 2048 -b 2048 -ub 2048 -n 16
+# -B 64 --batch-steps 2 -r 2; the trace is of the generation test, else of
+# the first).
 #   tools/device/pack.sh VOCAB.gguf        (here), then on the device:
 #   bash tools/device/multi-gpu.sh smoke strata llama
 set -uo pipefail
@@ -37,7 +40,7 @@ nvidia-smi --query-gpu=index,name,memory.total,memory.free,pcie.link.gen.current
   --format=csv > "$out/gpus.txt" 2>&1
 nvidia-smi topo -m >> "$out/gpus.txt" 2>&1
 cat "$out/gpus.txt"
-tests="-p 2048 -b 2048 -ub 2048 -n 16 -B 64 --batch-steps 2 -r 2"
+tests=${TESTS:-"-p 2048 -b 2048 -ub 2048 -n 16 -B 64 --batch-steps 2 -r 2"}
 for what in ${@:-smoke strata}; do
 case $what in
   smoke)
