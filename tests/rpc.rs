@@ -314,6 +314,26 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
         let (x, y) = (split.decode(&tok).unwrap(), local.decode(&tok).unwrap());
         assert!(strata::parity::nmse(&x, &y) <= 5e-2, "{what}");
     }
+    // a model the row split cannot share out is refused, naming why and
+    // the way out (Gemma 3 270M: one KV head for two devices, besides the
+    // post-norms a sum of per-device outputs cannot compute)
+    if let Some(gemma) = model(common::GEMMA3) {
+        let cfg = EngineConfig {
+            device: DeviceChoice::Remote,
+            rpc: vec![a.endpoint(), b.endpoint()],
+            devices: Some(vec![0, 1]),
+            split_mode: strata::engine::SplitMode::Row,
+            ..common::cpu_cfg()
+        };
+        let e = match Engine::load(&gemma, &cfg) {
+            Ok(_) => panic!("Gemma 3 loaded with the row split"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("row split") && e.contains("1 KV heads") && e.contains("--split-mode layer"),
+            "{e}"
+        );
+    }
 }
 
 /// Runs `strata run` on the remote device; returns its exit code (None
