@@ -102,36 +102,11 @@ fn layers_split_across_two_remote_devices_give_one_devices_tokens() {
         return;
     };
     let (a, b) = (Server::start(), Server::start());
-    let vocab = LlamaModel::load(&path, true, 0).expect("vocabulary");
-    let prompt = vocab
-        .tokenize("The capital of France is", true, true)
-        .expect("tokenize");
-    let mut local = Engine::load(&path, &common::cpu_cfg()).expect("local engine");
-    let want = strata::parity::run_strata(&mut local, &prompt, 16).expect("local run");
+    let (prompt, mut local, want) = local_reference(&path);
     let n_layer = local.spec.hp.n_layer;
     // resident; streamed; streamed with every layer's KV in the host tier
     for (stream_all, kv_gpu) in [(false, None), (true, None), (true, Some(0))] {
-        let cfg = EngineConfig {
-            device: DeviceChoice::Remote,
-            rpc: vec![a.endpoint(), b.endpoint()],
-            devices: Some(vec![0, 1]),
-            // streamed: prompt steps of 4 tokens, so every part places
-            // cells over several steps
-            n_batch: if stream_all { 4 } else { 512 },
-            paging: PagingOptions {
-                stream_all,
-                ..PagingOptions::default()
-            },
-            budgets: strata::engine::Budgets {
-                kv_gpu,
-                ..Default::default()
-            },
-            kv_tier: strata::engine::KvTierOptions {
-                block: 16,
-                ..Default::default()
-            },
-            ..common::cpu_cfg()
-        };
+        let cfg = two_remote(&a, &b, stream_all, kv_gpu);
         let mut split = Engine::load(&path, &cfg).expect("engine on two remote devices");
         let parts: Vec<_> = split.parts().map(|p| (p.layers(), p.device())).collect();
         assert_eq!(parts.len(), 2, "streamed={stream_all}");
@@ -151,17 +126,8 @@ fn layers_split_across_two_remote_devices_give_one_devices_tokens() {
         assert!(worst <= 1e-4, "streamed={stream_all}: NMSE {worst}");
         // a rolled-back draft leaves both parts' cells alike: the next
         // token's logits are the same again
-        let n = prompt.len() as i32;
-        split.truncate_seq(0, n);
-        local.truncate_seq(0, n);
-        let tok = [strata::engine::BatchToken {
-            token: got.tokens[0],
-            pos: n,
-            seq: 0,
-            logits: true,
-        }];
-        let (x, y) = (split.decode(&tok).unwrap(), local.decode(&tok).unwrap());
-        assert!(strata::parity::nmse(&x, &y) <= 1e-4);
+        let nmse = after_rollback(&mut split, &mut local, prompt.len(), got.tokens[0]);
+        assert!(nmse <= 1e-4, "streamed={stream_all}: NMSE {nmse}");
     }
     // devices the servers do not have, and budgets for other devices
     let bad = |devices: Vec<usize>, gpu_budgets: Vec<u64>| {
@@ -194,12 +160,7 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
         return;
     };
     let (a, b) = (Server::start(), Server::start());
-    let vocab = LlamaModel::load(&path, true, 0).expect("vocabulary");
-    let prompt = vocab
-        .tokenize("The capital of France is", true, true)
-        .expect("tokenize");
-    let mut local = Engine::load(&path, &common::cpu_cfg()).expect("local engine");
-    let want = strata::parity::run_strata(&mut local, &prompt, 16).expect("local run");
+    let (prompt, mut local, want) = local_reference(&path);
     let hp = local.spec.hp.clone();
     // resident; streamed in prompt steps of 4 tokens; streamed with every
     // layer's KV in the host tier; budgets of 1:2 (an uneven split)
@@ -212,28 +173,10 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
         (false, None, vec![1u64 << 30, 2 << 30], Hybrid::Auto),
         (true, None, vec![], Hybrid::Force(4)),
     ] {
-        let cfg = EngineConfig {
-            device: DeviceChoice::Remote,
-            rpc: vec![a.endpoint(), b.endpoint()],
-            devices: Some(vec![0, 1]),
-            split_mode: strata::engine::SplitMode::Row,
-            gpu_budgets: budgets.clone(),
-            n_batch: if stream_all { 4 } else { 512 },
-            paging: PagingOptions {
-                stream_all,
-                hybrid,
-                ..PagingOptions::default()
-            },
-            budgets: strata::engine::Budgets {
-                kv_gpu,
-                ..Default::default()
-            },
-            kv_tier: strata::engine::KvTierOptions {
-                block: 16,
-                ..Default::default()
-            },
-            ..common::cpu_cfg()
-        };
+        let mut cfg = two_remote(&a, &b, stream_all, kv_gpu);
+        cfg.split_mode = strata::engine::SplitMode::Row;
+        cfg.gpu_budgets = budgets.clone();
+        cfg.paging.hybrid = hybrid;
         let what = format!(
             "streamed={stream_all} kv_gpu={kv_gpu:?} budgets={budgets:?} hybrid={hybrid:?}"
         );
@@ -302,17 +245,8 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
         }
         // a rolled-back draft leaves both devices' cells alike
         strata::parity::run_strata_forced(&mut local, &prompt, &want.tokens).expect("local run");
-        let n = prompt.len() as i32;
-        split.truncate_seq(0, n);
-        local.truncate_seq(0, n);
-        let tok = [strata::engine::BatchToken {
-            token: got.tokens[0],
-            pos: n,
-            seq: 0,
-            logits: true,
-        }];
-        let (x, y) = (split.decode(&tok).unwrap(), local.decode(&tok).unwrap());
-        assert!(strata::parity::nmse(&x, &y) <= 5e-2, "{what}");
+        let nmse = after_rollback(&mut split, &mut local, prompt.len(), got.tokens[0]);
+        assert!(nmse <= 5e-2, "{what}: NMSE {nmse}");
     }
     // a model the row split cannot share out is refused, naming why and
     // the way out (Gemma 3 270M: one KV head for two devices, besides the
@@ -334,6 +268,61 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
             "{e}"
         );
     }
+}
+
+/// The split tests' prompt, the local CPU's engine, and its greedy run of
+/// 16 tokens after the prompt.
+fn local_reference(path: &std::path::Path) -> (Vec<u32>, Engine, strata::parity::Run) {
+    let vocab = LlamaModel::load(path, true, 0).expect("vocabulary");
+    let prompt = vocab
+        .tokenize("The capital of France is", true, true)
+        .expect("tokenize");
+    let mut local = Engine::load(path, &common::cpu_cfg()).expect("local engine");
+    let want = strata::parity::run_strata(&mut local, &prompt, 16).expect("local run");
+    (prompt, local, want)
+}
+
+/// The devices of servers `a` and `b`, both used: every group resident,
+/// or streamed in prompt steps of 4 tokens (so every part places cells
+/// over several steps); `kv_gpu`: the device's KV budget (0: every layer's
+/// KV in the host tier, in blocks of 16 cells).
+fn two_remote(a: &Server, b: &Server, stream_all: bool, kv_gpu: Option<u64>) -> EngineConfig {
+    EngineConfig {
+        device: DeviceChoice::Remote,
+        rpc: vec![a.endpoint(), b.endpoint()],
+        devices: Some(vec![0, 1]),
+        n_batch: if stream_all { 4 } else { 512 },
+        paging: PagingOptions {
+            stream_all,
+            ..PagingOptions::default()
+        },
+        budgets: strata::engine::Budgets {
+            kv_gpu,
+            ..Default::default()
+        },
+        kv_tier: strata::engine::KvTierOptions {
+            block: 16,
+            ..Default::default()
+        },
+        ..common::cpu_cfg()
+    }
+}
+
+/// Both engines' sequence 0 cut back to the prompt's `n` tokens (a
+/// rejected draft), then `token` decoded after it on both: the NMSE of the
+/// two engines' logits.
+fn after_rollback(split: &mut Engine, local: &mut Engine, n: usize, token: u32) -> f64 {
+    let n = n as i32;
+    split.truncate_seq(0, n);
+    local.truncate_seq(0, n);
+    let tok = [strata::engine::BatchToken {
+        token,
+        pos: n,
+        seq: 0,
+        logits: true,
+    }];
+    let (x, y) = (split.decode(&tok).unwrap(), local.decode(&tok).unwrap());
+    strata::parity::nmse(&x, &y)
 }
 
 /// Runs `strata run` on the remote device; returns its exit code (None

@@ -90,11 +90,7 @@ impl Engine {
                 None,
             );
         }
-        if cfg.split_mode == super::config::SplitMode::Row {
-            return Self::load_rows(path, cfg, spec, &devices, &given);
-        }
-        // the layer ranges, from every device's budget (what is free where
-        // none was given)
+        // every device's budget (what is free where none was given)
         let budgets: Vec<u64> = devices
             .iter()
             .zip(&given)
@@ -105,6 +101,10 @@ impl Engine {
                 })
             })
             .collect();
+        if cfg.split_mode == super::config::SplitMode::Row {
+            return Self::load_rows(path, cfg, spec, &devices, &budgets);
+        }
+        // the layer ranges, from the budgets
         let n_ctx = sizes::kv_cells(cfg.n_ctx).ok_or(EngineError::BadContext(cfg.n_ctx))?;
         let kv_layer = sizes::kv_bytes(&spec.hp, n_ctx as u64);
         let layer_bytes: Vec<u64> = spec
@@ -139,24 +139,7 @@ impl Engine {
             .iter()
             .map(|r| layer_bytes[r.start as usize..r.end as usize].iter().sum())
             .collect();
-        let share = |b: Option<u64>| {
-            b.map_or_else(
-                || vec![None; ranges.len()],
-                |b| {
-                    crate::paging::devices::share(b, &weights)
-                        .into_iter()
-                        .map(Some)
-                        .collect()
-                },
-            )
-        };
-        let dram = share(
-            cfg.budgets
-                .dram
-                .or_else(|| crate::paging::mem_available().map(crate::paging::auto_dram_budget)),
-        );
-        let kv_gpu = share(cfg.budgets.kv_gpu);
-        let kv_dram = share(cfg.budgets.kv_dram);
+        let host = host_budgets(&cfg.budgets, &weights);
         // each part lends the next GPU's bus (local GPUs only): that GPU
         // holds two FFN slots of staging for it, out of its budget
         let k = ranges.len();
@@ -175,13 +158,7 @@ impl Engine {
         };
         let mut parts = Vec::with_capacity(k);
         for (i, r) in ranges.iter().enumerate() {
-            let b = Budgets {
-                gpu: None,
-                dram: dram[i],
-                kv_gpu: kv_gpu[i],
-                kv_dram: kv_dram[i],
-            };
-            let mut c = part_cfg(i, b);
+            let mut c = part_cfg(i, host[i]);
             // the staging this GPU holds for the part before it
             c.budgets.gpu = Some(budgets[i].saturating_sub(staging));
             parts.push(Self::load_part(
@@ -193,12 +170,7 @@ impl Engine {
                 None,
             )?);
         }
-        let mut next: Option<Engine> = None;
-        while let Some(mut e) = parts.pop() {
-            e.next = next.map(Box::new);
-            next = Some(e);
-        }
-        Ok(next.expect("split_layers places every layer"))
+        Ok(chain(parts).expect("split_layers places every layer"))
     }
 
     /// The row split: every device a share of every layer's heads and FFN
@@ -210,18 +182,8 @@ impl Engine {
         cfg: &EngineConfig,
         spec: ModelSpec,
         devices: &[ggml::Device],
-        given: &[Option<u64>],
+        budgets: &[u64],
     ) -> Result<Engine, EngineError> {
-        let budgets: Vec<u64> = devices
-            .iter()
-            .zip(given)
-            .map(|(d, g)| {
-                g.unwrap_or_else(|| {
-                    let (free, total) = d.memory();
-                    crate::paging::auto_gpu_budget(free as u64, total as u64)
-                })
-            })
-            .collect();
         // the first device holds the head: the others leave its room, so
         // that devices of equal budgets plan alike (the same groups
         // resident, streamed and on the host CPU, whose shares of a group
@@ -246,32 +208,13 @@ impl Engine {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let share = |b: Option<u64>| {
-            b.map_or_else(
-                || vec![None; k],
-                |b| {
-                    crate::paging::devices::share(b, &budgets)
-                        .into_iter()
-                        .map(Some)
-                        .collect()
-                },
-            )
-        };
-        let dram = share(
-            cfg.budgets
-                .dram
-                .or_else(|| crate::paging::mem_available().map(crate::paging::auto_dram_budget)),
-        );
-        let kv_gpu = share(cfg.budgets.kv_gpu);
-        let kv_dram = share(cfg.budgets.kv_dram);
+        let host = host_budgets(&cfg.budgets, budgets);
         let mut parts = Vec::with_capacity(k);
         for (i, d) in devices.iter().enumerate() {
             let c = EngineConfig {
                 budgets: Budgets {
                     gpu: Some(if i == 0 { budgets[i] } else { room[i] }),
-                    dram: dram[i],
-                    kv_gpu: kv_gpu[i],
-                    kv_dram: kv_dram[i],
+                    ..host[i]
                 },
                 ..cfg.clone()
             };
@@ -281,12 +224,7 @@ impl Engine {
             let like = parts.first().map(|p: &Engine| p.probes.clone());
             parts.push(Self::load_part(path, &c, shard, *d, None, like)?);
         }
-        let mut next: Option<Engine> = None;
-        while let Some(mut e) = parts.pop() {
-            e.next = next.map(Box::new);
-            next = Some(e);
-        }
-        Ok(next.expect("at least two devices"))
+        Ok(chain(parts).expect("at least two devices"))
     }
 
     /// Loads `spec` (a model, or a part of one) on `device`.
@@ -534,6 +472,8 @@ impl Engine {
             cfg.repack,
             cfg.progress,
         )?;
+        // the host's threads (a row split's device: its share of the cores)
+        let pool_threads = shard_threads(&spec, host_threads(device, cfg.n_threads));
         let host = match &plan.placement.hybrid {
             Some(h) => {
                 let bar = store::progress(h.host_bytes, cfg.progress);
@@ -549,7 +489,7 @@ impl Engine {
                     hl,
                     &h.host,
                     &file,
-                    shard_threads(&spec, host_threads(device, cfg.n_threads)),
+                    pool_threads,
                     cfg.poll,
                     cfg.repack,
                     &bar,
@@ -673,7 +613,6 @@ impl Engine {
         // batch invariance: each sequence's cells in position order
         kv.set_ordered(cfg.batch_invariant);
         let templates = TemplateCache::new(dims.clone(), lim, ext, device);
-        let tuner_threads = shard_threads(&spec, host_threads(device, cfg.n_threads));
         let probes = Probes {
             copy_bw: input.copy_bw,
             compute: measured_compute,
@@ -715,13 +654,55 @@ impl Engine {
                 let mut t = super::threads::ThreadTuner::new(if device.is_cpu() {
                     cfg.n_threads
                 } else {
-                    tuner_threads
+                    pool_threads
                 });
                 t.poll = cfg.poll;
                 t
             }),
         })
     }
+}
+
+/// Each part's host budgets (DRAM, KV on the device, KV in host memory),
+/// the given ones shared in proportion to `weights` (the DRAM budget, when
+/// none was given, is what the machine has available less a margin); no
+/// GPU budget, which each part has of its own.
+fn host_budgets(b: &Budgets, weights: &[u64]) -> Vec<Budgets> {
+    let share = |b: Option<u64>| -> Vec<Option<u64>> {
+        b.map_or_else(
+            || vec![None; weights.len()],
+            |b| {
+                crate::paging::devices::share(b, weights)
+                    .into_iter()
+                    .map(Some)
+                    .collect()
+            },
+        )
+    };
+    let dram = share(
+        b.dram
+            .or_else(|| crate::paging::mem_available().map(crate::paging::auto_dram_budget)),
+    );
+    let (kv_gpu, kv_dram) = (share(b.kv_gpu), share(b.kv_dram));
+    (0..weights.len())
+        .map(|i| Budgets {
+            gpu: None,
+            dram: dram[i],
+            kv_gpu: kv_gpu[i],
+            kv_dram: kv_dram[i],
+        })
+        .collect()
+}
+
+/// The parts of a model split across devices, in order, chained by
+/// `Engine::next` (None for none).
+fn chain(mut parts: Vec<Engine>) -> Option<Engine> {
+    let mut next: Option<Engine> = None;
+    while let Some(mut e) = parts.pop() {
+        e.next = next.map(Box::new);
+        next = Some(e);
+    }
+    next
 }
 
 /// The host's threads for one device's share of the row split: the cores

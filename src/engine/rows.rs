@@ -21,7 +21,6 @@
 //! asynchronously (the CPU, an RPC server) drain both streams and copy
 //! through the host. The first device computes the head.
 
-use super::batch::StepStats;
 use super::buffers;
 use super::error::EngineError;
 use super::state::Engine;
@@ -121,16 +120,9 @@ impl Engine {
         rows: u32,
         parity: usize,
     ) -> Result<(), EngineError> {
-        let e = i64::from(self.spec.hp.n_embd);
         let ctx = Context::new(4, 0)?;
-        let view = |b: &crate::ggml::Binding| -> Result<crate::ggml::Tensor<'_>, EngineError> {
-            let t = ctx.new_tensor(GgmlType::F32, &[e, i64::from(rows)]);
-            // SAFETY: as in `reduce`: a view of the first rows of a
-            // persistent F32 [n_embd, n_batch] tensor its engine keeps for
-            // the step, read only by copies that complete within it.
-            unsafe { t.rebind(b)? };
-            Ok(t)
-        };
+        let n_embd = self.spec.hp.n_embd;
+        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, rows, b);
         let (x0, y0) = (
             view(&self.persistent.bindings[buffers::X])?,
             view(&self.reduce[parity].arena.binding(0))?,
@@ -149,40 +141,19 @@ impl Engine {
             other.backend.copy_tensor_async(&self.backend, x1, y0);
             self.backend.copy_tensor_async(&other.backend, x0, y1);
         }
-        for e in [&mut *self, other] {
-            let key = TemplateKey::AddRows { n_rows: rows };
-            let id = BindId {
-                group: None,
-                weight_slot: Some(parity),
-                kv_window: None,
-            };
-            let y = e.reduce[parity].arena.binding(0);
-            e.templates.get(&key)?.bind(id, &[y], None)?;
-            let t = e.templates.allocated(&key, &e.backend)?;
-            e.backend.compute_async(&t.graph())?;
-        }
-        Ok(())
+        self.add_reduced(parity, rows)?;
+        other.add_reduced(parity, rows)
     }
 
     /// Adds the other devices' outputs (the first `rows` rows of their
     /// residual streams) to this device's, then copies the sum to theirs.
     fn reduce(&mut self, others: &mut [Box<Engine>], rows: u32) -> Result<(), EngineError> {
-        let e = i64::from(self.spec.hp.n_embd);
         let ctx = Context::new(2 + others.len() * 2, 0)?;
-        let view = |b: &crate::ggml::Binding| -> Result<crate::ggml::Tensor<'_>, EngineError> {
-            let t = ctx.new_tensor(GgmlType::F32, &[e, i64::from(rows)]);
-            // SAFETY: the binding is a persistent F32 [n_embd, n_batch]
-            // tensor (rows <= n_batch: a view of its first rows), kept
-            // alive by its engine for the whole step; the view is only
-            // read by the copies below, which complete before the step
-            // ends (every stream is drained then).
-            unsafe { t.rebind(b)? };
-            Ok(t)
-        };
+        let n_embd = self.spec.hp.n_embd;
+        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, rows, b);
         let x0 = view(&self.persistent.bindings[buffers::X])?;
         for (j, o) in others.iter().enumerate() {
-            let y = &self.reduce[j];
-            let yv = view(&y.arena.binding(0))?;
+            let yv = view(&self.reduce[j].arena.binding(0))?;
             let xo = view(&o.persistent.bindings[buffers::X])?;
             // SAFETY: same size and layout; xo was last written by o's
             // graph (this copy is queued after it on o's stream) and is
@@ -191,17 +162,7 @@ impl Engine {
             // before, which this device's stream ran before the copy back
             // that o's stream waited for ahead of this group's graph.
             unsafe { o.backend.copy_tensor_async(&self.backend, xo, yv) };
-            let key = TemplateKey::AddRows { n_rows: rows };
-            let id = BindId {
-                group: None,
-                weight_slot: Some(j),
-                kv_window: None,
-            };
-            self.templates
-                .get(&key)?
-                .bind(id, &[y.arena.binding(0)], None)?;
-            let t = self.templates.allocated(&key, &self.backend)?;
-            self.backend.compute_async(&t.graph())?;
+            self.add_reduced(j, rows)?;
         }
         for o in others.iter() {
             let xo = view(&o.persistent.bindings[buffers::X])?;
@@ -212,22 +173,40 @@ impl Engine {
         Ok(())
     }
 
-    /// The statistics and tuning after this part's share of a step.
-    pub(super) fn finish_part(&mut self) {
-        let p = self.pending.as_ref().expect("begun");
-        self.last_step = StepStats {
-            n_tokens: p.n_tokens,
-            seconds: p.start.elapsed().as_secs_f64(),
-            pager: self.pager.stats,
-            disk_bytes: self.store.disk_bytes_read() - p.disk0,
-            kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
-            host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
+    /// Queues `x += reduce[j]` over the first `rows` rows of the residual
+    /// stream, on this device's stream (`TemplateKey::AddRows`, bound to
+    /// reduce buffer `j`).
+    fn add_reduced(&mut self, j: usize, rows: u32) -> Result<(), EngineError> {
+        let key = TemplateKey::AddRows { n_rows: rows };
+        let id = BindId {
+            group: None,
+            weight_slot: Some(j),
+            kv_window: None,
         };
-        let n = p.n_tokens as u32;
-        self.calibrate_cpu(n);
-        // the thread tuner is not told: several devices' host shares
-        // share the cores
+        let y = self.reduce[j].arena.binding(0);
+        self.templates.get(&key)?.bind(id, &[y], None)?;
+        let t = self.templates.allocated(&key, &self.backend)?;
+        self.backend.compute_async(&t.graph())?;
+        Ok(())
     }
+}
+
+/// A view of the first `rows` rows of the F32 [n_embd, n_batch] tensor at
+/// `b` (a residual stream or a reduce buffer), for a copy between devices.
+fn row_view<'c>(
+    ctx: &'c Context,
+    n_embd: u32,
+    rows: u32,
+    b: &crate::ggml::Binding,
+) -> Result<crate::ggml::Tensor<'c>, EngineError> {
+    let t = ctx.new_tensor(GgmlType::F32, &[i64::from(n_embd), i64::from(rows)]);
+    // SAFETY: every caller passes the binding of a persistent F32 [n_embd,
+    // n_batch] tensor (rows <= n_batch: a view of its first rows), kept
+    // alive by its engine for the whole step; the view is only read by
+    // copies that complete before the step ends (every stream is drained
+    // then).
+    unsafe { t.rebind(b)? };
+    Ok(t)
 }
 
 /// One device's part of the row split, handed to the thread that computes

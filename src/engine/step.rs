@@ -9,6 +9,7 @@
 //! host CPU computes (hybrid decode) run on its copy of the weights.
 
 use super::batch::BatchToken;
+use super::batch::StepStats;
 use super::buffers;
 use super::error::EngineError;
 use super::host;
@@ -454,6 +455,22 @@ impl Engine {
         self.finish_part();
         self.tune_threads()?;
         Ok(())
+    }
+
+    /// The statistics and the CPU's calibration after this part's share
+    /// of a step.
+    pub(super) fn finish_part(&mut self) {
+        let p = self.pending.as_ref().expect("begun");
+        self.last_step = StepStats {
+            n_tokens: p.n_tokens,
+            seconds: p.start.elapsed().as_secs_f64(),
+            pager: self.pager.stats,
+            disk_bytes: self.store.disk_bytes_read() - p.disk0,
+            kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
+            host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
+        };
+        let n = p.n_tokens as u32;
+        self.calibrate_cpu(n);
     }
 
     /// Hybrid decode: the factor on the probe's CPU time per byte that the
