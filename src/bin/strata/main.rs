@@ -177,10 +177,12 @@ pub struct ModelArgs {
     #[arg(long = "stream-all")]
     pub stream_all: bool,
     /// Which layer groups stay on the GPU when not all fit: the first
-    /// layers', or as many spread evenly through the layers (the bus then
-    /// streams while resident groups compute all through a large step:
-    /// faster prefill and batches; a dense model's hybrid decode is slower
-    /// that way). auto: spread for a mixture of experts, first otherwise.
+    /// layers' (first), or as many spread evenly through the layers
+    /// (spread: the bus then streams while resident groups compute all
+    /// through a large step). auto: spread for a mixture of experts; for a
+    /// dense model the first layers whole and the rest spread, as many
+    /// first layers as the plan's simulation of a prompt step and of
+    /// decode finds best for both.
     #[arg(long, default_value = "auto", value_parser = parse_resident)]
     pub resident: strata::paging::ResidentOrder,
     /// Debug: fill each slot with NaN after use, so a read before its upload
