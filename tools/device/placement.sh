@@ -9,7 +9,8 @@
 #   bash tools/device/placement.sh moe     # Qwen3-30B-A3B shape in Q4_K_M at 8G: pp2048 (-ub 2048) and tg16
 #   bash tools/device/placement.sh dense-big  # 70B at 12G: pp2048 (-ub 2048) and 64 sequences, both orders
 # ORDERS="first auto spread auto first" runs those orders in that order (default: first spread; a
-# repeated order shows the machine's drift); TRACE=1 writes a trace of each run (trace_MODE_ORDER_K.json).
+# repeated order shows the machine's drift); TRACE=1 writes a trace of each run (trace_MODE_ORDER_K.json);
+# R sets the repetitions (dense: 3) and N the generated tokens (dense: 16).
 # Results under $OUT, one file per mode.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,7 +31,7 @@ for r in ${ORDERS:-first spread}; do
   echo "== --resident $r (run $k)" | tee -a "$out/placement_${1//-/_}.txt"
   case $1 in
     dense)
-      timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 512 -b 512 -ub 512 -n 16 -B 0 -r 3 \
+      timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 512 -b 512 -ub 512 -n ${N:-16} -B 0 -r ${R:-3} \
         --resident $r "${tr[@]}" 2>&1 | quiet | tee -a "$out/placement_dense.txt" ;;
     dense-big)
       timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -ub 2048 -n 0 -B 64 \
