@@ -379,8 +379,14 @@ impl Engine {
         self.plan_partial_uploads(&split);
         self.pager.relay_step = n >= super::pager::RELAY_MIN_TOKENS;
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
+        let t_window = Instant::now();
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
+        tracing::debug!(
+            "step of {n} tokens: inputs written in {:.2} ms, the first uploads enqueued in {:.2} ms",
+            (t_window - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
+            t_window.elapsed().as_secs_f64() * 1e3
+        );
         // after the step's last CPU group its pool sleeps: spinning, it
         // would take the cores the thread driving the GPU and the driver's
         // own threads need (the H100 traces showed that thread losing a
@@ -422,8 +428,19 @@ impl Engine {
                     }
                 }
             } else {
+                let t0 = Instant::now();
                 self.residual_to_device(&mut x_host)?;
                 self.run_group(l, kind, shape)?;
+                // the host should enqueue a device group in microseconds:
+                // a slow one is waiting on the device (a hidden sync)
+                let dt = t0.elapsed().as_secs_f64();
+                if dt > 1e-3 {
+                    tracing::debug!(
+                        "{} {l}: the host took {:.2} ms to enqueue it ({n_tokens} tokens)",
+                        kind.name(),
+                        dt * 1e3
+                    );
+                }
             }
         }
         self.residual_to_device(&mut x_host)?;
