@@ -10,7 +10,8 @@
 #   bash tools/device/placement.sh dense-big  # 70B at 12G: pp2048 (-ub 2048) and 64 sequences, both orders
 # ORDERS="first auto spread auto first" runs those orders in that order (default: first spread; a
 # repeated order shows the machine's drift); TRACE=1 writes a trace of each run (trace_MODE_ORDER_K.json);
-# R sets the repetitions (dense: 3) and N the generated tokens (dense: 16).
+# R sets the repetitions (dense: 3) and N the generated tokens (dense: 16); EXTRA adds bench flags
+# (EXTRA=--json: every repetition's figure).
 # Results under $OUT, one file per mode.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +33,7 @@ for r in ${ORDERS:-first spread}; do
   case $1 in
     dense)
       timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 512 -b 512 -ub 512 -n ${N:-16} -B 0 -r ${R:-3} \
-        --resident $r "${tr[@]}" 2>&1 | quiet | tee -a "$out/placement_dense.txt" ;;
+        --resident $r "${tr[@]}" ${EXTRA:-} 2>&1 | quiet | tee -a "$out/placement_dense.txt" ;;
     dense-big)
       timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 2048 -b 2048 -ub 2048 -n 0 -B 64 \
         --batch-steps 4 -r 2 --resident $r "${tr[@]}" 2>&1 | quiet | tee -a "$out/placement_dense_big.txt" ;;
