@@ -159,6 +159,7 @@ mod tests {
                 1000,
             )],
             hybrid: None,
+            arrangement: None,
         }
     }
 
