@@ -150,7 +150,7 @@ impl Default for PagingOptions {
         PagingOptions {
             slots: 3,
             stream_all: false,
-            resident: crate::paging::ResidentOrder::Auto,
+            resident: crate::paging::ResidentOrder::Spread,
             hybrid: Hybrid::Auto,
             ffn_rows: None,
             gemm: Gemm::Auto,

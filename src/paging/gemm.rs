@@ -159,7 +159,6 @@ mod tests {
                 1000,
             )],
             hybrid: None,
-            arrangement: None,
         }
     }
 

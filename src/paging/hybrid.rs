@@ -84,23 +84,6 @@ impl CpuInput {
         g.compute_s(n, |t| self.s_per_byte(t)) * (1.0 - hot)
     }
 
-    /// An input that simulates the device alone (no group on the CPU) at
-    /// `gpu_s_per_byte` seconds per weight byte.
-    pub fn device_only(gpu_s_per_byte: f64) -> CpuInput {
-        CpuInput {
-            s_per_byte_1: 0.0,
-            s_per_byte_n: 0.0,
-            probe_tokens: 1,
-            host_room: 0,
-            hop_s: 0.0,
-            gpu_s_per_byte,
-            gpu_group_s: 0.0,
-            bus_bw_beside: None,
-            force: None,
-            split: SplitInput::default(),
-        }
-    }
-
     /// GPU seconds a step of `n` tokens (a few: decode) computes `g`.
     pub fn gpu_group_s(&self, g: &GroupInfo, n: u32) -> f64 {
         g.read_bytes(n) as f64 * self.gpu_s_per_byte + self.gpu_group_s
@@ -383,8 +366,21 @@ pub fn plan_hybrid(
     copy_bw: f64,
     c: &CpuInput,
 ) -> Option<HybridPlan> {
-    let (cand, fit) = candidates(groups, streamed, c);
-    let (k1, host_bytes, _) = best_split(groups, streamed, slots, copy_bw, c, 1, &cand, fit);
+    // candidates: streamed FFN groups, in layer order
+    let cand: Vec<usize> = (0..groups.len())
+        .filter(|&i| streamed[i] && groups[i].kind == GroupKind::Ffn)
+        .collect();
+    // the most that fit the host room (groups of one kind have one size
+    // in a Llama model; take the largest to be safe)
+    let largest = cand.iter().map(|&i| groups[i].bytes).max().unwrap_or(0);
+    let fit = c
+        .host_room
+        .checked_div(largest)
+        .map_or(0, |f| (f as usize).min(cand.len()));
+    let best_for = |n: u32, pool: &[usize], most: usize| {
+        best_split(groups, streamed, slots, copy_bw, c, n, pool, most)
+    };
+    let (k1, host_bytes, _) = best_for(1, &cand, fit);
     if k1 == 0 {
         return None;
     }
@@ -401,34 +397,6 @@ pub fn plan_hybrid(
         // planned beside this one (`paging::split::plan_split`)
         split: None,
     })
-}
-
-/// The groups the CPU may compute (streamed FFN groups, in layer order),
-/// and how many of them fit its host room (groups of one kind have one size
-/// in a Llama model; the largest is taken to be safe).
-fn candidates(groups: &[GroupInfo], streamed: &[bool], c: &CpuInput) -> (Vec<usize>, usize) {
-    let cand: Vec<usize> = (0..groups.len())
-        .filter(|&i| streamed[i] && groups[i].kind == GroupKind::Ffn)
-        .collect();
-    let largest = cand.iter().map(|&i| groups[i].bytes).max().unwrap_or(0);
-    let fit = c
-        .host_room
-        .checked_div(largest)
-        .map_or(0, |f| (f as usize).min(cand.len()));
-    (cand, fit)
-}
-
-/// The predicted one-token step of the best split `plan_hybrid` would
-/// choose for these streamed groups (the bus alone where no split pays).
-pub fn one_token_step(
-    groups: &[GroupInfo],
-    streamed: &[bool],
-    slots: (usize, usize),
-    copy_bw: f64,
-    c: &CpuInput,
-) -> Prediction {
-    let (cand, fit) = candidates(groups, streamed, c);
-    best_split(groups, streamed, slots, copy_bw, c, 1, &cand, fit).2
 }
 
 /// The best split for a step of `n` tokens: up to `most` of the groups in

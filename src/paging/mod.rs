@@ -2,7 +2,6 @@
 //! streaming the others through a small ring of slots while earlier groups
 //! compute. Plain Rust (no FFI); the engine executes what these decide.
 
-mod arrange;
 mod budget;
 pub mod devices;
 pub mod experts;
@@ -18,7 +17,6 @@ mod split;
 #[cfg(test)]
 mod testutil;
 
-pub use arrange::Arrangement;
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use devices::{split_layers, split_rows, DeviceSplitError, RowSplit};
 pub use experts::{plan_hot, HotExperts, HotPlan};

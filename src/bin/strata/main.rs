@@ -176,14 +176,11 @@ pub struct ModelArgs {
     /// Stream every layer group whatever the budget.
     #[arg(long = "stream-all")]
     pub stream_all: bool,
-    /// Which layer groups stay on the GPU when not all fit: the first
-    /// layers' (first), or as many spread evenly through the layers
-    /// (spread: the bus then streams while resident groups compute all
-    /// through a large step). auto: spread for a mixture of experts; for a
-    /// dense model the first layers whole and the rest spread, as many
-    /// first layers as the plan's simulation of a prompt step and of
-    /// decode finds best for both.
-    #[arg(long, default_value = "auto", value_parser = parse_resident)]
+    /// Which layer groups stay on the GPU when not all fit: as many of
+    /// each kind spread evenly through the layers (spread: the bus then
+    /// streams while resident groups compute all through a large step), or
+    /// the first layers' (first).
+    #[arg(long, default_value = "spread", value_parser = parse_resident)]
     pub resident: strata::paging::ResidentOrder,
     /// Debug: fill each slot with NaN after use, so a read before its upload
     /// completed shows as NaN.
@@ -333,10 +330,9 @@ fn parse_split(s: &str) -> Result<strata::paging::ExpertSplit, String> {
 
 fn parse_resident(s: &str) -> Result<strata::paging::ResidentOrder, String> {
     match s {
-        "auto" => Ok(strata::paging::ResidentOrder::Auto),
         "first" => Ok(strata::paging::ResidentOrder::First),
         "spread" => Ok(strata::paging::ResidentOrder::Spread),
-        _ => Err(format!("'{s}': use auto, first or spread")),
+        _ => Err(format!("'{s}': use spread or first")),
     }
 }
 
