@@ -25,7 +25,8 @@ async def one(host, port, body):
     t0 = time.monotonic()
     r, w = await asyncio.open_connection(host, port)
     data = json.dumps(body).encode()
-    w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    # the server answers only the hosts it serves (a DNS-rebinding guard)
+    w.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
             + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
     await w.drain()
     status = (await r.readline()).split()[1]

@@ -5,7 +5,8 @@
 # settings) in the same run.
 #   tools/device/pack.sh VOCAB.gguf   (here), then on the device:
 #   bash tools/device/serve.sh          # CLIENTS (default 64), MAX_TOKENS (32), LLAMA_NGL (24),
-#                                       # LLAMA_BEST=1: llama.cpp also under --no-mmap -ub 2048
+#                                       # LLAMA_BEST=1: llama.cpp also under --no-mmap -ub 2048;
+#                                       # SKIP_BENCH=1: the server alone
 # Results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,9 +14,11 @@ source tools/device/lib.sh
 dev_70b || exit 1
 C=${CLIENTS:-64}; N=${MAX_TOKENS:-32}
 {
+  if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== 12G: strata bench, $C sequences x 8 decode steps after 16-token prompts; llama.cpp ngl=${LLAMA_NGL:-24}"
   $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -c 4096 -b 512 -p 0 -n 0 -B $C -r 2 \
     --llama-ngl ${LLAMA_NGL:-24} ${LLAMA_BEST:+--llama-best} 2>&1 | quiet
+  fi
   echo "== 12G: strata serve --parallel $C, $C streaming clients, 16-token prompts, $N tokens each"
   $bin/strata serve -m "$m" --device gpu --gpu-budget 12G -c 4096 -b 512 --parallel $C --port 8080 \
     > "$out/serve_log.txt" 2>&1 &
