@@ -48,13 +48,13 @@ pub struct PlanInput {
 /// all through the step. `First` keeps the first layers, the streamed
 /// groups one run at the end: the bus fills the rings while the first
 /// layers compute and then waits. Measured on the H100 (70B shape, 12G,
-/// run 71, one call, orders alternated): pp512 1.18-1.19x its bus floor
-/// with `First` (810 t/s), 1.03x spread (938 t/s); hybrid decode 4.15 and
-/// 3.95 t/s first, 4.07 spread, inside the machine's spread (the CPU's
-/// speed moves 10% between runs; the plan's simulation at equal rates
-/// has spread 2.4% slower). The Qwen3-30B-A3B shape at 8G: pp2048 7551 to
-/// 9221 t/s spread, decode 46.9 and 46.6 (runs 25-27). Run 24's 10% loss
-/// of decode with spread came with a CPU probe 20% slower in that run.
+/// docs/device-runs.md runs 71-78, orders alternated within each call):
+/// pp512 1.01x its bus floor spread (948-954 t/s, run 76) against 1.11x
+/// first (863-866 t/s); hybrid decode 3.73 t/s spread and 3.74 first on
+/// average over four calls, each call's difference within its repeats'
+/// noise (the plan's simulation at equal rates has spread 2.4% slower).
+/// The Qwen3-30B-A3B shape at 8G: pp2048 7551 to 9221 t/s spread, decode
+/// 46.9 and 46.6 (runs 25-27).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ResidentOrder {
     #[default]
