@@ -50,6 +50,7 @@ fn out_of_range_flags_are_refused_naming_them() {
             "most",
             "use auto, off or a number of experts per layer",
         ),
+        ("--resident", "auto", "use spread or first"),
     ] {
         let (ok, _, err) = strata(&[
             "run", "-m", m, "--device", "cpu", "-p", "hi", "-n", "1", flag, value,

@@ -148,27 +148,31 @@ impl Engine {
     /// Adds the other devices' outputs (the first `rows` rows of their
     /// residual streams) to this device's, then copies the sum to theirs.
     fn reduce(&mut self, others: &mut [Box<Engine>], rows: u32) -> Result<(), EngineError> {
-        let ctx = Context::new(2 + others.len() * 2, 0)?;
+        // a view of this device's residual, and of each other device's
+        // residual and reduce buffer here
+        let ctx = Context::new(1 + others.len() * 2, 0)?;
         let n_embd = self.spec.hp.n_embd;
         let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, rows, b);
         let x0 = view(&self.persistent.bindings[buffers::X])?;
-        for (j, o) in others.iter().enumerate() {
+        let xs = others
+            .iter()
+            .map(|o| view(&o.persistent.bindings[buffers::X]))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (j, (o, xo)) in others.iter().zip(&xs).enumerate() {
             let yv = view(&self.reduce[j].arena.binding(0))?;
-            let xo = view(&o.persistent.bindings[buffers::X])?;
             // SAFETY: same size and layout; xo was last written by o's
             // graph (this copy is queued after it on o's stream) and is
             // next written by the copy back below, queued after the add
             // that reads yv; yv was last read by the add of the group
             // before, which this device's stream ran before the copy back
             // that o's stream waited for ahead of this group's graph.
-            unsafe { o.backend.copy_tensor_async(&self.backend, xo, yv) };
+            unsafe { o.backend.copy_tensor_async(&self.backend, *xo, yv) };
             self.add_reduced(j, rows)?;
         }
-        for o in others.iter() {
-            let xo = view(&o.persistent.bindings[buffers::X])?;
+        for (o, xo) in others.iter().zip(&xs) {
             // SAFETY: as above; queued after the adds on this device's
             // stream, and o's stream waits for it before its next graph.
-            unsafe { self.backend.copy_tensor_async(&o.backend, x0, xo) };
+            unsafe { self.backend.copy_tensor_async(&o.backend, x0, *xo) };
         }
         Ok(())
     }
