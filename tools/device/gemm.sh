@@ -13,32 +13,25 @@
 #   bash tools/device/gemm.sh batch     # 12G: 64 sequences, strata against llama.cpp ngl=20 defaults and best
 #   bash tools/device/gemm.sh best99    # all resident: strata against llama.cpp ngl=99, defaults and best
 #   bash tools/device/gemm.sh decode24  # 24G: tg16 (default -ub 512 plan), llama.cpp ngl=44 defaults beside
-#   bash tools/device/gemm.sh headline  # the headline rows a placement change moves, in one call: pp512 at 12G,
-#                                       # pp2048 and tg16 at 12G against llama.cpp ngl=20 defaults and best,
-#                                       # 64 sequences at 12G, decode at 24G (compare without --gemm off, batch, decode24)
+#   bash tools/device/gemm.sh headline  # the headline rows a placement change moves, in one call: pp512,
+#                                       # compare12 (compare without --gemm off), batch, decode24
 # Several may be named in one call (default: probe). Results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/lib.sh
 dev_70b || exit 1
 b=(bench -m "$m" --device gpu -p 2048 -b 2048 -ub 2048 -n 16 -B 0)
-for what in ${@:-probe}; do
+modes=${*:-probe}
+modes=${modes//headline/pp512 compare12 batch decode24}
+for what in $modes; do
 case $what in
   probe)
     $bin/strata -v "${b[@]}" --gpu-budget 12G -r 2 2>&1 | quiet | tee "$out/gemm_probe_12g.txt"
     ;;
-  compare)
+  compare|compare12)
     $bin/strata "${b[@]}" --gpu-budget 12G -r 2 --llama-ngl 20 --llama-best 2>&1 | quiet | tee "$out/gemm_compare_12g.txt"
-    $bin/strata "${b[@]}" --gpu-budget 12G -r 2 --gemm off 2>&1 | quiet | tee "$out/gemm_off_12g.txt"
-    ;;
-  headline)
-    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 512 -b 512 -ub 512 -n 0 -B 0 -r 3 \
-      2>&1 | quiet | tee "$out/headline_pp512_12g.txt"
-    $bin/strata "${b[@]}" --gpu-budget 12G -r 2 --llama-ngl 20 --llama-best 2>&1 | quiet | tee "$out/headline_compare_12g.txt"
-    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G -p 0 -n 0 -B 64 --batch-steps 4 -r 2 \
-      --llama-ngl 20 --llama-best 2>&1 | quiet | tee "$out/headline_batch_12g.txt"
-    timeout 240 $bin/strata bench -m "$m" --device gpu --gpu-budget 24G -p 0 -n 16 -B 0 -r 3 --llama-ngl 44 \
-      2>&1 | quiet | tee "$out/headline_decode_24g.txt"
+    [ "$what" = compare ] &&
+      $bin/strata "${b[@]}" --gpu-budget 12G -r 2 --gemm off 2>&1 | quiet | tee "$out/gemm_off_12g.txt"
     ;;
   resident)
     $bin/strata "${b[@]}" -r 2 --llama-ngl 99 2>&1 | quiet | tee "$out/gemm_resident.txt"
@@ -72,6 +65,6 @@ case $what in
     timeout 240 $bin/strata bench -m "$m" --device gpu --gpu-budget 24G -p 0 -n 16 -B 0 -r 3 --llama-ngl 44 \
       2>&1 | quiet | tee "$out/gemm_decode_24g.txt"
     ;;
-  *) echo "gemm.sh: unknown mode $what (probe, compare, headline, resident, pp512, pp512both, parity, batch, best99, decode24)" >&2; exit 2 ;;
+  *) echo "gemm.sh: unknown mode $what (probe, compare, compare12, headline, resident, pp512, pp512both, parity, batch, best99, decode24)" >&2; exit 2 ;;
 esac
 done

@@ -8,7 +8,7 @@
 #   bash tools/device/placement.sh dense   # 70B-shaped Q4_0 at 12G: pp512 (-ub 512) and tg16, both orders
 #   bash tools/device/placement.sh moe     # Qwen3-30B-A3B shape in Q4_K_M at 8G: pp2048 (-ub 2048) and tg16
 #   bash tools/device/placement.sh dense-big  # 70B at 12G: pp2048 (-ub 2048) and 64 sequences, both orders
-# ORDERS="first auto spread auto first" runs those orders in that order (default: first spread; a
+# ORDERS="spread first spread first" runs those orders in that order (default: first spread; a
 # repeated order shows the machine's drift); TRACE=1 writes a trace of each run (trace_MODE_ORDER_K.json);
 # R sets the repetitions (dense: 3) and N the generated tokens (dense: 16); EXTRA adds bench flags
 # (EXTRA=--json: every repetition's figure).
