@@ -807,9 +807,13 @@ fn draft_trees_on_the_command_line() {
         "8",
         "--draft-tree",
         "8",
+        "--parallel",
+        "4",
+        "-b",
+        "10",
     ]);
     assert!(
-        !ok && err.contains("--draft-tree is for `run` and `bench`"),
+        !ok && err.contains("use steps of at least 12 tokens"),
         "{err}"
     );
     let dir = tempfile::tempdir().unwrap();

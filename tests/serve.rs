@@ -472,8 +472,15 @@ fn drafted_answers_equal_plain(model: &Path, drafting: &[&str]) {
         s.metric("strata_draft_tokens_total"),
         s.metric("strata_draft_accepted_total"),
     );
-    eprintln!("{drafting:?}: {a} of {d} draft tokens accepted");
+    let refed = s.metric("strata_draft_refed_total");
+    eprintln!(
+        "{drafting:?}: {a} of {d} draft tokens accepted, {refed} of them on a tree's side branch"
+    );
     assert!(a > 0.0 && a <= d, "{a} of {d}");
+    if drafting.contains(&"--lookup") && drafting.contains(&"--draft-tree") {
+        // these prompts repeat with variations: some side branch wins
+        assert!(refed > 0.0, "no side branch was accepted");
+    }
 }
 
 /// Prompt lookup in the server: concurrent sequences each draft from their
@@ -496,6 +503,33 @@ fn draft_model_drafting_answers_as_plain_decoding() {
     };
     let m = model.to_str().expect("utf-8 path");
     drafted_answers_equal_plain(&model, &["-md", m, "--draft-max", "6"]);
+}
+
+/// Token trees in the server: prompt lookup proposes every earlier
+/// occurrence's continuation as a tree, each sequence's tree is verified
+/// in the shared step with a mask of its ancestors, and an accepted side
+/// branch leaves the cache and is fed again: the answers stay plain
+/// decoding's.
+#[test]
+fn lookup_tree_drafting_answers_as_plain_decoding() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    drafted_answers_equal_plain(&model, &["--lookup", "8", "--draft-tree", "16"]);
+}
+
+/// Token trees from the shared draft model, grown per sequence after each
+/// step.
+#[test]
+fn draft_model_tree_drafting_answers_as_plain_decoding() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let m = model.to_str().expect("utf-8 path");
+    drafted_answers_equal_plain(
+        &model,
+        &["-md", m, "--draft-max", "6", "--draft-tree", "12"],
+    );
 }
 
 /// A draft model whose vocabulary is not the target's is refused at start.

@@ -26,6 +26,7 @@
 //! the cache once the parked ones are gone: a step never fails for cells.
 
 use crate::kv::{KvCells, MAX_SEQ};
+use crate::speculative::DraftTree;
 use std::collections::VecDeque;
 
 /// What the engine must do to the KV cache before the step, in order.
@@ -38,7 +39,7 @@ pub enum KvOp {
 }
 
 /// Tokens of one sequence in a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Feed {
     /// Request id.
     pub id: u64,
@@ -52,10 +53,13 @@ pub struct Feed {
     /// Draft tokens at the end of a decode feed (speculative decoding):
     /// the last `drafts + 1` rows all want logits.
     pub drafts: usize,
+    /// The drafts as a token tree (`tokens` ends with its nodes in order);
+    /// None: a chain.
+    pub tree: Option<DraftTree>,
 }
 
 /// One step: cache operations, then the feeds.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepPlan {
     pub ops: Vec<KvOp>,
     pub feeds: Vec<Feed>,
@@ -93,10 +97,14 @@ struct Active {
     prompt: Vec<u32>,
     /// Tokens whose KV rows are in the cache, in position order.
     tokens: Vec<u32>,
-    /// Sampled and not yet fed.
-    pending: Option<u32>,
+    /// Sampled and not yet fed, in order: the last token sampled, after
+    /// any accepted tokens whose cells a token tree's side branch held
+    /// (the cache dropped them; they are fed again in position order).
+    pending: Vec<u32>,
     /// Drafted tokens to verify after `pending`.
     drafts: Vec<u32>,
+    /// The drafts as a tree (then `drafts` is empty).
+    tree: Option<DraftTree>,
     /// Waiting for request `.0` to have computed the first `.1` prompt
     /// tokens, which it then shares.
     wait_for: Option<(u64, usize)>,
@@ -278,14 +286,16 @@ impl Batcher {
         std::mem::take(&mut self.ops)
     }
 
-    /// Records the token sampled for request `id` after a step; it is fed
-    /// next step. Returns the number of positions the sequence then holds
-    /// (cache plus this token), for the caller's length check.
-    pub fn sampled(&mut self, id: u64, token: u32) -> usize {
+    /// Records the tokens request `id` sampled after a step and must feed
+    /// next: the last one sampled, after any accepted tokens the cache
+    /// dropped (see [`Batcher::rollback`]). Returns the number of positions
+    /// the sequence then holds (cache plus these), for the caller's length
+    /// check.
+    pub fn sampled(&mut self, id: u64, tokens: &[u32]) -> usize {
         match self.active.iter_mut().find(|a| a.id == id) {
             Some(a) => {
-                a.pending = Some(token);
-                a.tokens.len() + 1
+                a.pending = tokens.to_vec();
+                a.tokens.len() + tokens.len()
             }
             None => 0,
         }
@@ -296,6 +306,17 @@ impl Batcher {
     pub fn set_drafts(&mut self, id: u64, drafts: Vec<u32>) {
         if let Some(a) = self.active.iter_mut().find(|a| a.id == id) {
             a.drafts = drafts;
+            a.tree = None;
+        }
+    }
+
+    /// A token tree to verify after request `id`'s pending token in the
+    /// next step (its first nodes, in order, as many as the step has room
+    /// for: a prefix of a tree in preorder is a tree).
+    pub fn set_tree(&mut self, id: u64, tree: DraftTree) {
+        if let Some(a) = self.active.iter_mut().find(|a| a.id == id) {
+            a.drafts.clear();
+            a.tree = (!tree.is_empty()).then_some(tree);
         }
     }
 
@@ -322,20 +343,30 @@ impl Batcher {
         self.start_shares(&mut plan, &mut sim);
         self.admit(&mut plan, &mut sim);
 
-        // decode tokens first, then prompt chunks in arrival order
+        // decode tokens first, then prompt chunks in arrival order; a
+        // sequence with tokens to feed again waits for a step with room for
+        // them (every sequence has room for one: n_batch >= parallel)
         let mut room = self.n_batch;
+        let mut ones = self.active.iter().filter(|a| a.pending.len() == 1).count();
         for a in &self.active {
-            if let (Some(t), false) = (a.pending, a.prefilling()) {
-                plan.feeds.push(Feed {
-                    id: a.id,
-                    seq: a.seq,
-                    pos: a.tokens.len(),
-                    tokens: vec![t],
-                    logits: true,
-                    drafts: 0,
-                });
-                room -= 1;
+            if a.pending.is_empty() || a.prefilling() {
+                continue;
             }
+            let n = a.pending.len();
+            if n > 1 && n > room.saturating_sub(ones) {
+                continue;
+            }
+            ones -= usize::from(n == 1);
+            plan.feeds.push(Feed {
+                id: a.id,
+                seq: a.seq,
+                pos: a.tokens.len(),
+                tokens: a.pending.clone(),
+                logits: true,
+                drafts: 0,
+                tree: None,
+            });
+            room -= n;
         }
         // drafts ride along where the step has room
         for f in plan.feeds.iter_mut() {
@@ -347,6 +378,15 @@ impl Batcher {
             f.tokens.extend_from_slice(&d[..n]);
             f.drafts = n;
             room -= n;
+            if let Some(mut t) = a.tree.take() {
+                t.truncate(room);
+                if !t.is_empty() {
+                    f.tokens.extend(t.nodes.iter().map(|n| n.token));
+                    f.drafts = t.len();
+                    room -= t.len();
+                    f.tree = Some(t);
+                }
+            }
         }
         for a in &self.active {
             if room == 0 {
@@ -364,6 +404,7 @@ impl Batcher {
                 tokens: a.prompt[pos..pos + n].to_vec(),
                 logits: pos + n == a.prompt.len(),
                 drafts: 0,
+                tree: None,
             });
             room -= n;
         }
@@ -382,8 +423,8 @@ impl Batcher {
             if let Some(a) = self.active.iter_mut().find(|a| a.id == f.id) {
                 debug_assert_eq!(a.tokens.len(), f.pos);
                 if !a.prefilling() {
-                    // a decode feed: its token was the pending one
-                    a.pending = None;
+                    // a decode feed: its tokens were the pending ones
+                    a.pending.clear();
                 }
                 a.tokens.extend_from_slice(&f.tokens);
             }
@@ -435,8 +476,9 @@ impl Batcher {
                 seq,
                 prompt: w.prompt,
                 tokens: Vec::new(),
-                pending: None,
+                pending: Vec::new(),
                 drafts: Vec::new(),
+                tree: None,
                 wait_for: None,
             };
             if let Some(b) = best {
@@ -605,13 +647,71 @@ mod tests {
             (p.feeds[0].pos, p.feeds[0].tokens.len(), p.feeds[0].logits),
             (8, 4, true)
         );
-        b.sampled(1, 7);
+        b.sampled(1, &[7]);
         b.enqueue(2, (200..220).collect()).unwrap();
         let p = run(&mut b, &mut cells);
         assert_eq!(p.feeds[0].tokens, vec![7]);
         assert_eq!(p.feeds[0].pos, 12);
         assert_eq!((p.feeds[1].id, p.feeds[1].tokens.len()), (2, 7));
         assert_eq!(p.n_tokens(), 8);
+    }
+
+    /// A tree rides along as its first nodes the step has room for; an
+    /// accepted side branch, dropped from the cache, is fed again before
+    /// the last sampled token, in a step with room for it beside every
+    /// other sequence's token.
+    #[test]
+    fn trees_ride_along_and_side_branches_are_fed_again() {
+        let mut b = Batcher::new(64, 6, 2).unwrap();
+        let mut cells = KvCells::new(64);
+        b.enqueue(1, vec![10, 11]).unwrap();
+        b.enqueue(2, vec![20, 21]).unwrap();
+        run(&mut b, &mut cells);
+        b.sampled(1, &[12]);
+        b.sampled(2, &[22]);
+        // request 1: a tree of 5 nodes (root children 30 and 31, 30's
+        // children 32 and 33, 32's child 34), in preorder
+        let mut t = DraftTree::default();
+        let a = t.add(None, 30, 0.0);
+        let c = t.add(a, 32, 0.0);
+        t.add(c, 34, 0.0);
+        t.add(a, 33, 0.0);
+        t.add(None, 31, 0.0);
+        b.set_tree(1, t.clone());
+        let p = run(&mut b, &mut cells);
+        // 2 decode tokens, room for 4 of the 5 nodes
+        let f = &p.feeds[0];
+        assert_eq!((f.id, f.pos, f.drafts), (1, 2, 4));
+        assert_eq!(f.tokens, vec![12, 30, 32, 34, 33]);
+        let mut first4 = t.clone();
+        first4.truncate(4);
+        assert_eq!(f.tree.as_ref(), Some(&first4));
+        assert_eq!((p.feeds[1].id, p.feeds[1].tokens.len()), (2, 1));
+        // node 3 (33, off the chain cells) was accepted: the tree leaves
+        // the cache, 30 and 33 are fed again before the token after them
+        let base = f.pos + f.tokens.len() - f.drafts;
+        cells.truncate_seq(f.seq, base as i32);
+        b.rollback(1, base);
+        assert_eq!(b.sampled(1, &[30, 33, 40]), 6);
+        // request 2's token alone leaves room for 3 more: both fit
+        b.sampled(2, &[23]);
+        let p = run(&mut b, &mut cells);
+        assert_eq!(p.feeds[0].tokens, vec![30, 33, 40]);
+        assert_eq!((p.feeds[0].pos, p.feeds[0].drafts), (3, 0));
+        assert_eq!(p.feeds[1].tokens, vec![23]);
+        // a refeed with no room beside the others' tokens waits a step
+        let mut b = Batcher::new(64, 3, 2).unwrap();
+        let mut cells = KvCells::new(64);
+        b.enqueue(1, vec![10]).unwrap();
+        b.enqueue(2, vec![20]).unwrap();
+        run(&mut b, &mut cells);
+        b.sampled(1, &[11, 12, 13]);
+        b.sampled(2, &[21]);
+        let p = run(&mut b, &mut cells);
+        assert_eq!(p.feeds.len(), 1);
+        assert_eq!(p.feeds[0].id, 2);
+        let p = run(&mut b, &mut cells);
+        assert_eq!(p.feeds[0].tokens, vec![11, 12, 13]);
     }
 
     #[test]
@@ -629,7 +729,7 @@ mod tests {
             let p = run(&mut b, &mut cells);
             computed += p.n_tokens();
             for f in p.feeds.iter().filter(|f| f.logits) {
-                b.sampled(f.id, 5);
+                b.sampled(f.id, &[5]);
             }
         }
         // 22 tokens for the first, 2 for each other, then decode tokens
@@ -758,7 +858,7 @@ mod tests {
                         b.rollback(f.id, keep);
                         seq_tokens.get_mut(&f.seq).unwrap().truncate(keep);
                     }
-                    let n = b.sampled(f.id, 9);
+                    let n = b.sampled(f.id, &[9]);
                     left[i].1 -= 1;
                     if left[i].1 == 0 || n >= b.n_ctx_seq() {
                         b.finish(f.id, Finish::Stop);

@@ -38,6 +38,8 @@ pub struct Metrics {
     /// Draft tokens verified, and those accepted (prompt lookup).
     pub draft_tokens: AtomicU64,
     pub draft_accepted: AtomicU64,
+    /// Accepted draft tokens of a token tree's side branch, fed again.
+    pub draft_refed: AtomicU64,
     pub steps: AtomicU64,
     pub step_tokens: AtomicU64,
     /// Sum of step wall times, microseconds.
@@ -161,7 +163,7 @@ impl Metrics {
         one(
             "strata_draft_tokens_total",
             "counter",
-            "Draft tokens verified (prompt lookup).",
+            "Draft tokens verified (prompt lookup or a draft model; a tree's nodes).",
             g(&self.draft_tokens),
         );
         one(
@@ -169,6 +171,12 @@ impl Metrics {
             "counter",
             "Draft tokens accepted.",
             g(&self.draft_accepted),
+        );
+        one(
+            "strata_draft_refed_total",
+            "counter",
+            "Accepted draft tokens of a token tree's side branch, fed again in position order.",
+            g(&self.draft_refed),
         );
         one(
             "strata_steps_total",

@@ -32,7 +32,9 @@ use crate::llama::{GrammarSampler, LlamaModel};
 use crate::round::{self, Drawn};
 use crate::sample::logprobs::TokenLogprob;
 use crate::sample::{SampleError, Sampler};
-use crate::speculative::{DraftModel, DraftRequest, Drafter, NgramLookup, SpecConfig, Speculator};
+use crate::speculative::{
+    DraftModel, DraftRequest, DraftTree, Drafter, NgramLookup, SpecConfig, Speculator,
+};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -372,24 +374,30 @@ impl Worker {
         m.streamed_bytes.fetch_add(bytes, Relaxed);
 
         let n_vocab = rows.n_vocab;
-        // each sampling feed's rows: its pending token's and its drafts'
-        let feed_rows: Vec<(u64, &[f32], &[u32])> = plan
+        // each sampling feed's rows: its last pending token's and its
+        // drafts' (a chain, or a tree's nodes)
+        let feed_rows: Vec<FeedRows> = plan
             .feeds
             .iter()
             .zip(&feeds)
             .enumerate()
             .filter(|(_, (_, v))| v.sample)
-            .map(|(i, (f, v))| (f.id, rows.of(i), v.drafted()))
+            .map(|(i, (f, v))| FeedRows {
+                id: f.id,
+                rows: rows.of(i),
+                drafts: v.drafted(),
+                tree: f.tree.as_ref(),
+            })
             .collect();
         let drawn = self.draw(&feed_rows, n_vocab);
         let mut sampled = 0;
         for (id, toks) in drawn {
             // feeds and drawn tokens are matched by request, not by order
-            let Some(f) = plan.feeds.iter().find(|f| f.id == id) else {
+            let Some(i) = plan.feeds.iter().position(|f| f.id == id) else {
                 continue;
             };
             sampled += toks.as_ref().map_or(0, |t| t.tokens.len());
-            self.emit(id, toks, f, secs);
+            self.emit(id, toks, &plan.feeds[i], rows.cells_of(i), secs);
         }
         self.run_drafts();
         self.recent.push_back((Instant::now(), sampled));
@@ -418,7 +426,7 @@ impl Worker {
     /// milliseconds on one core).
     fn draw(
         &mut self,
-        rows: &[(u64, &[f32], &[u32])],
+        rows: &[FeedRows<'_>],
         n_vocab: usize,
     ) -> Vec<(u64, Result<Drawn, SampleError>)> {
         struct Work<'a> {
@@ -426,21 +434,22 @@ impl Worker {
             sampler: &'a mut Sampler,
             rows: &'a [f32],
             drafts: &'a [u32],
+            tree: Option<&'a DraftTree>,
             /// alternatives, when the request wants logprobs
             logprobs: Option<usize>,
             out: Option<Result<Drawn, SampleError>>,
         }
-        let index: HashMap<u64, (&[f32], &[u32])> =
-            rows.iter().map(|&(id, r, d)| (id, (r, d))).collect();
+        let index: HashMap<u64, &FeedRows> = rows.iter().map(|r| (r.id, r)).collect();
         let mut work: Vec<Work> = self
             .seqs
             .iter_mut()
             .filter_map(|(id, s)| {
-                index.get(id).map(|&(rows, drafts)| Work {
+                index.get(id).map(|r| Work {
                     id: *id,
                     sampler: &mut s.sampler,
-                    rows,
-                    drafts,
+                    rows: r.rows,
+                    drafts: r.drafts,
+                    tree: r.tree,
                     logprobs: s.logprobs.as_ref().map(EntryQueue::top),
                     out: None,
                 })
@@ -448,14 +457,12 @@ impl Worker {
             .collect();
         let verify = |w: &mut Work| {
             // logprobs: from the distribution each token was drawn from
-            w.out = Some(round::draw(
-                w.sampler,
-                w.rows,
-                n_vocab,
-                w.drafts,
-                w.logprobs,
-                |_, _| true,
-            ));
+            w.out = Some(match w.tree {
+                Some(t) => round::draw_tree(w.sampler, w.rows, n_vocab, t, w.logprobs, |_, _| true),
+                None => round::draw(w.sampler, w.rows, n_vocab, w.drafts, w.logprobs, |_, _| {
+                    true
+                }),
+            });
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = cores.min(work.len() / 8).max(1);
@@ -474,16 +481,24 @@ impl Worker {
             .filter_map(|w| Some((w.id, w.out?)))
             .collect();
         rows.iter()
-            .filter_map(|(id, _, _)| by_id.remove(id).map(|r| (*id, r)))
+            .filter_map(|r| by_id.remove(&r.id).map(|d| (r.id, d)))
             .collect()
     }
 
     /// Takes request `id`'s tokens from feed `f` (the first, then each
     /// verified draft's successor), sends their text, drops rejected
-    /// drafts from the cache, and drafts the next round.
-    fn emit(&mut self, id: u64, drawn: Result<Drawn, SampleError>, f: &Feed, step_s: f64) {
-        let (toks, mut lps) = match drawn {
-            Ok(d) => (d.tokens, d.logprobs.into_iter()),
+    /// drafts from the cache (`cells`: the feed's, in a step with a tree),
+    /// and drafts the next round.
+    fn emit(
+        &mut self,
+        id: u64,
+        drawn: Result<Drawn, SampleError>,
+        f: &Feed,
+        cells: &[u32],
+        step_s: f64,
+    ) {
+        let (toks, mut lps, path) = match drawn {
+            Ok(d) => (d.tokens, d.logprobs.into_iter(), d.path),
             Err(e) => {
                 self.forget_draft(id);
                 if let Some(s) = self.seqs.remove(&id) {
@@ -507,16 +522,24 @@ impl Worker {
         self.metrics
             .draft_accepted
             .fetch_add(accepted as u64, Relaxed);
+        // a tree's accepted side branch sits in cells out of position
+        // order: its nodes leave the cache with the rejected ones and its
+        // tokens are fed again, so the cache is what plain decoding's
+        // would be (`DraftTree::in_chain_cells`)
+        let side = f.tree.is_some() && !DraftTree::in_chain_cells(&path);
+        let kept = if side { 0 } else { accepted };
+        if side {
+            self.metrics.draft_refed.fetch_add(accepted as u64, Relaxed);
+        }
         for (j, &tok) in toks.iter().enumerate() {
             if let Some(why) = self.take_token(id, tok, lps.next()) {
-                self.drop_drafts(f, base + j);
+                self.drop_drafts(f, cells, &path, base + j.min(kept));
                 self.finish_seq(id, why);
                 return;
             }
         }
-        self.drop_drafts(f, base + accepted);
-        let last = *toks.last().expect("a feed's first row is always sampled");
-        let held = self.batcher.sampled(id, last);
+        self.drop_drafts(f, cells, &path, base + kept);
+        let held = self.batcher.sampled(id, &toks[kept..]);
         if held >= self.batcher.n_ctx_seq() {
             return self.finish_seq(id, Finish::Length);
         }
@@ -539,7 +562,11 @@ impl Worker {
         let max = room.min(s.max_tokens.saturating_sub(s.generated + 1));
         if matches!(spec.drafter, Drafter::Shared) {
             // the draft model drafts for every sequence after the step
-            let k = spec.length(max);
+            let k = if spec.cfg.tree > 0 {
+                max.min(spec.cfg.draft_max)
+            } else {
+                spec.length(max)
+            };
             if k > 0 {
                 self.to_draft.push((id, f.seq, k));
             } else {
@@ -547,7 +574,11 @@ impl Worker {
             }
             return;
         }
-        if let Ok(d) = spec.draft(&s.history, max) {
+        if spec.cfg.tree > 0 {
+            if let Ok(t) = spec.draft_round(&s.history, max) {
+                self.batcher.set_tree(id, t);
+            }
+        } else if let Ok(d) = spec.draft(&s.history, max) {
             self.batcher.set_drafts(id, d);
         }
     }
@@ -576,6 +607,9 @@ impl Worker {
         if reqs.is_empty() {
             return;
         }
+        if self.spec.is_some_and(|c| c.tree > 0) {
+            return self.run_draft_trees(&ids);
+        }
         let t = Instant::now();
         match dm.draft_many(&reqs) {
             Ok(drafts) => {
@@ -598,6 +632,35 @@ impl Worker {
         }
     }
 
+    /// The draft model grows a token tree for each of this step's requests
+    /// `(request, KV seq, depth)`, one after another (a tree's levels are
+    /// steps of their own); each request's tree goes to the batcher.
+    fn run_draft_trees(&mut self, ids: &[(u64, u32, usize)]) {
+        let Some(dm) = self.draft.as_mut() else {
+            return;
+        };
+        for &(id, seq, depth) in ids {
+            let Some(s) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            let Some(spec) = s.spec.as_mut() else {
+                continue;
+            };
+            let t = Instant::now();
+            match dm.draft_tree(seq, &s.history, spec.tree_shape(depth), depth) {
+                Ok(tree) => {
+                    let tree = spec.take_tree(tree, t.elapsed());
+                    self.batcher.set_tree(id, tree);
+                }
+                Err(e) => {
+                    tracing::warn!("the draft model failed; this round verifies no drafts: {e}");
+                    dm.forget(seq);
+                    self.draft_seqs.remove(&id);
+                }
+            }
+        }
+    }
+
     /// Request `id` ended: the draft model forgets its sequence.
     fn forget_draft(&mut self, id: u64) {
         if let (Some(seq), Some(dm)) = (self.draft_seqs.remove(&id), self.draft.as_mut()) {
@@ -606,9 +669,24 @@ impl Worker {
     }
 
     /// Drafts of feed `f` beyond the first `keep` cached tokens leave the
-    /// cache.
-    fn drop_drafts(&mut self, f: &Feed, keep: usize) {
-        if round::rollback(&mut self.engine, f.seq, f.pos + f.tokens.len(), keep) {
+    /// cache; of a tree, every node off the accepted `path` too (`cells`:
+    /// the feed's cells).
+    fn drop_drafts(&mut self, f: &Feed, cells: &[u32], path: &[usize], keep: usize) {
+        let held = f.pos + f.tokens.len();
+        let dropped = match &f.tree {
+            Some(t) if !cells.is_empty() => {
+                // nodes past `keep` leave by position, the others by cell
+                let base = held - f.drafts;
+                let on: Vec<usize> = path
+                    .iter()
+                    .copied()
+                    .take(keep.saturating_sub(base))
+                    .collect();
+                round::rollback_tree(&mut self.engine, f.seq, t, cells, &on, held, keep)
+            }
+            _ => round::rollback(&mut self.engine, f.seq, held, keep),
+        };
+        if dropped {
             self.batcher.rollback(f.id, keep);
         }
     }
@@ -742,6 +820,14 @@ impl Worker {
     }
 }
 
+/// A sampling feed's logit rows and the drafts they verify.
+struct FeedRows<'a> {
+    id: u64,
+    rows: &'a [f32],
+    drafts: &'a [u32],
+    tree: Option<&'a DraftTree>,
+}
+
 /// A step plan's feed as the shared decode round sees it.
 fn view(f: &Feed) -> round::Feed<'_> {
     round::Feed {
@@ -750,6 +836,6 @@ fn view(f: &Feed) -> round::Feed<'_> {
         tokens: &f.tokens,
         drafts: f.drafts,
         sample: f.logits,
-        tree: None,
+        tree: f.tree.as_ref(),
     }
 }

@@ -281,15 +281,28 @@ impl Speculator {
         if depth == 0 {
             return Ok(DraftTree::default());
         }
-        let t = Instant::now();
-        let mut tree = match &mut self.drafter {
+        let (t, shape) = (Instant::now(), self.tree_shape(depth));
+        let tree = match &mut self.drafter {
             Drafter::Lookup(l) => l.draft_tree(context, depth, self.cfg.tree),
-            Drafter::Model(m) => {
-                m.draft_tree(0, context, TreeShape::of(self.cfg.tree, depth), depth)?
-            }
+            Drafter::Model(m) => m.draft_tree(0, context, shape, depth)?,
             Drafter::Shared => DraftTree::default(),
         };
-        let spent = t.elapsed();
+        Ok(self.take_tree(tree, t.elapsed()))
+    }
+
+    /// The shape of this round's tree at most `depth` deep (`cfg.tree`
+    /// nodes); for a shared draft model, which the caller runs.
+    pub fn tree_shape(&self, depth: usize) -> TreeShape {
+        TreeShape::of(self.cfg.tree, depth.min(self.cfg.draft_max))
+    }
+
+    /// The round's drafted `tree`, which took `spent` to grow: with
+    /// `adaptive`, its first nodes that pay best; empty when fewer than
+    /// `draft_min` nodes; in preorder (the likeliest path in the cells a
+    /// chain would take).
+    pub fn take_tree(&mut self, mut tree: DraftTree, spent: Duration) -> DraftTree {
+        self.predicted = None;
+        self.shadow = None;
         self.last_draft = spent;
         self.stats.draft_time += spent;
         let probs: Vec<f64> = tree.nodes.iter().map(|n| f64::from(n.logp).exp()).collect();
@@ -300,8 +313,7 @@ impl Speculator {
             tree = DraftTree::default();
         }
         self.predicted = Some(probs[..tree.len()].iter().sum());
-        // the likeliest path in the cells a chain would take
-        Ok(tree.preorder().0)
+        tree.preorder().0
     }
 
     /// Up to `max` (and at most `draft_max`; with `adaptive`, the length

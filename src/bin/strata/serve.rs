@@ -81,7 +81,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if !(a.shutdown_grace.is_finite() && a.shutdown_grace >= 0.0) {
         anyhow::bail!("--shutdown-grace must be a number of seconds >= 0");
     }
-    let spec = crate::spec::serve_config(&a.spec)?;
+    let spec = crate::spec::serve_config(&a.spec, a.model.step_size(), a.parallel)?;
     let secs = |flag: &str, v: f64| {
         if v.is_finite() && v > 0.0 && v <= 86400.0 {
             Ok(Duration::from_secs_f64(v))

@@ -191,11 +191,22 @@ fn spec_config(s: &SpecArgs) -> SpecConfig {
 pub const MAX_TREE: usize = 1024;
 
 /// The server's drafting parameters, when `-md FILE` or `--lookup N` asks
-/// for drafting.
-pub fn serve_config(s: &SpecArgs) -> Result<Option<SpecConfig>> {
+/// for drafting. With token trees, a step of `step` tokens must hold every
+/// sequence's token and one sequence's accepted side branch fed again
+/// (at most a tree's depth, --draft-max).
+pub fn serve_config(s: &SpecArgs, step: u32, parallel: usize) -> Result<Option<SpecConfig>> {
     s.validate()?;
-    if s.draft_tree.is_some() {
-        bail!("--draft-tree is for `run` and `bench`: the server drafts chains");
+    let cfg = s.enabled().then(|| spec_config(s));
+    if let Some(c) = cfg.filter(|c| c.tree > 0) {
+        let need = parallel + c.draft_max;
+        if (step as usize) < need {
+            bail!(
+                "--draft-tree: a step of {step} tokens (--ubatch-size / --batch-size) has no room for \
+                 --parallel {parallel} sequences and a tree's accepted path fed again \
+                 (--draft-max {}): use steps of at least {need} tokens",
+                c.draft_max
+            );
+        }
     }
-    Ok(s.enabled().then(|| spec_config(s)))
+    Ok(cfg)
 }
