@@ -11,8 +11,10 @@
 #   bash tools/device/bench-70b.sh batch64  # 12G, 64 sequences: the plan's hybrid split of 64-token steps
 #                                           # against --hybrid off (every 64-token step on the bus)
 #   bash tools/device/bench-70b.sh kv32k    # 12G, 32k context, KV tiered, decode beside llama.cpp with its
-#                                           # default KV placement (ngl=${KV_NGL:-16}: weights and KV of its
-#                                           # layers on the GPU) and with -nkvo (ngl=${NKVO_NGL:-26})
+#                                           # default KV placement (ngl=${KV_NGL:-19}, a list allowed: weights
+#                                           # and KV of its layers on the GPU; 19 is the most under 12 GB) and
+#                                           # with -nkvo (ngl=${NKVO_NGL:-26}), each with its defaults and with
+#                                           # --no-mmap -ub 2048 (--llama-best)
 # Several may be named in one call (default: strata). Results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,10 +46,11 @@ case $what in
     done
     ;;
   kv32k)
-    timeout 300 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --kv-budget 0 -c 32768 --depth 32000 \
-      -p 0 -n 8 -B 0 -r 2 --llama-ngl "${KV_NGL:-16}" 2>&1 | quiet | tee "$out/bench_70b_kv32k.txt"
+    timeout 330 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --kv-budget 0 -c 32768 --depth 32000 \
+      -p 0 -n 8 -B 0 -r 2 --llama-ngl "${KV_NGL:-19}" --llama-best 2>&1 | quiet | tee "$out/bench_70b_kv32k.txt"
     timeout 200 $bin/strata bench -m "$m" --device gpu --no-strata -c 32768 --depth 32000 \
-      -p 0 -n 8 -B 0 -r 2 --llama-ngl "${NKVO_NGL:-26}" --llama-nkvo 2>&1 | quiet | tee -a "$out/bench_70b_kv32k.txt"
+      -p 0 -n 8 -B 0 -r 2 --llama-ngl "${NKVO_NGL:-26}" --llama-nkvo --llama-best 2>&1 | quiet \
+      | tee -a "$out/bench_70b_kv32k.txt"
     ;;
   *) echo "bench-70b.sh: unknown mode $what (strata, llama, decode, batch64, kv32k)" >&2; exit 2 ;;
 esac
