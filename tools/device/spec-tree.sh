@@ -11,7 +11,8 @@
 #                                           # acceptance of each trace in $TRACES (recorded on the
 #                                           # Qwen2.5-Coder pair by `bench --spec-accept --spec-record`);
 #                                           # llama.cpp's own speculative decoding at ngl 24 / 44 with
-#                                           # the same draft, at $LLAMA_TRACE's acceptance (chains)
+#                                           # the same draft, at $LLAMA_TRACE's acceptance (chains),
+#                                           # with its defaults and with --no-mmap (--llama-best)
 # Several may be named in one call. REPS (default 3) repetitions per step.
 # N (default 64) tokens per category per replay. Results under $OUT.
 set -uo pipefail
@@ -43,9 +44,9 @@ replay|replay12|replay24)
       echo "== $b, draft resident: plain decode and speculative decoding at each trace's acceptance"
       $bin/strata bench -m "$m" --device gpu --gpu-budget $b -md "$d" -p 0 -n 0 -B 0 \
         --spec-replay "$(echo $TRACES | tr ' ' ',')" --spec-replay-n $N 2>&1 | quiet | grep -E "spec replay|^plan|^memory|^draft|error"
-      echo "== llama.cpp ngl=$ngl with its defaults, the same draft all on the GPU: verify step, speculative decoding at $LLAMA_TRACE's acceptance"
+      echo "== llama.cpp ngl=$ngl with its defaults and with --no-mmap, the same draft all on the GPU: verify step, speculative decoding at $LLAMA_TRACE's acceptance"
       $bin/strata bench -m "$m" --device gpu --no-strata -md "$d" -p 0 -n 0 -B 0 -r $R --spec-k 0,1,4,8,16 \
-        --spec-replay "$LLAMA_TRACE" --spec-replay-n $N --llama-ngl $ngl 2>&1 | quiet
+        --spec-replay "$LLAMA_TRACE" --spec-replay-n $N --llama-ngl $ngl --llama-best 2>&1 | quiet
     } 2>&1 | tee "$out/replay_$b.txt"
   done ;;
 *) echo "spec-tree.sh: unknown mode $what (curve replay replay12 replay24)" >&2; exit 2 ;;

@@ -93,7 +93,8 @@ pub struct BenchArgs {
     /// them that used no more GPU memory than strata. On a mixture of
     /// experts with --llama-n-cpu-moe N (or --llama-cpu-moe), also every
     /// layer on the GPU but those experts (ngl 99 --n-cpu-moe N), under
-    /// both settings.
+    /// both settings. With --spec-replay, llama.cpp's speculative decoding
+    /// runs with its defaults and with --no-mmap.
     #[arg(long = "llama-best")]
     pub llama_best: bool,
     /// Skip strata (time llama.cpp only).
@@ -807,24 +808,35 @@ fn llama_spec(a: &BenchArgs, cfg: &EngineConfig, gpu: Option<strata::ggml::Devic
         return Ok(());
     };
     let trace = super::bench_spec::read_trace(f)?;
-    strata::engine::reset_matmul_path();
-    let free0 = free_mib(gpu);
-    super::bench_llama_spec::run(
-        &super::bench_llama_spec::LlamaSpec {
-            target: &a.model.model,
-            draft,
-            ngl,
-            trace: &trace,
-            n: a.spec_replay_n,
-            depth: a.depth.max(64),
-            spec_k: &a.spec_k,
-            reps: a.reps,
-            n_ctx: cfg.n_ctx,
-            n_threads: cfg.n_threads as i32,
-            json: a.json,
-        },
-        || used_mib(gpu, free0),
-    )
+    // the flags' configuration, and with --llama-best also --no-mmap (its
+    // steps of up to 17 tokens are below the batch ggml offloads to the
+    // GPU, so -ub does not matter here)
+    let mut mmaps = vec![!a.llama_no_mmap];
+    if a.llama_best && !a.llama_no_mmap {
+        mmaps.push(false);
+    }
+    for mmap in mmaps {
+        strata::engine::reset_matmul_path();
+        let free0 = free_mib(gpu);
+        super::bench_llama_spec::run(
+            &super::bench_llama_spec::LlamaSpec {
+                target: &a.model.model,
+                draft,
+                ngl,
+                mmap,
+                trace: &trace,
+                n: a.spec_replay_n,
+                depth: a.depth.max(64),
+                spec_k: &a.spec_k,
+                reps: a.reps,
+                n_ctx: cfg.n_ctx,
+                n_threads: cfg.n_threads as i32,
+                json: a.json,
+            },
+            || used_mib(gpu, free0),
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(not(feature = "reference"))]

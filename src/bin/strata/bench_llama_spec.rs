@@ -1,7 +1,8 @@
 //! llama.cpp's own speculative decoding as the anchor of `strata bench
 //! --spec-replay FILE --llama-ngl N -md DRAFT`: the target at N layers on
 //! the GPU and the draft all on it, both through libllama with its default
-//! settings, in the loop its speculative example runs (the draft decodes
+//! settings (and, with `--llama-best`, with `--no-mmap` too: its host
+//! weights in pinned memory), in the loop its speculative example runs (the draft decodes
 //! greedily one token a step, the target verifies the pending token and the
 //! drafts in one batch, rejected drafts leave both caches by
 //! `llama_memory_seq_rm`). Its verifying step is timed for each `--spec-k`,
@@ -21,6 +22,8 @@ pub struct LlamaSpec<'a> {
     pub target: &'a std::path::Path,
     pub draft: &'a std::path::Path,
     pub ngl: i32,
+    /// Memory-map the files (llama.cpp's default); false: `--no-mmap`.
+    pub mmap: bool,
     pub trace: &'a AcceptTrace,
     pub n: usize,
     pub depth: u32,
@@ -33,11 +36,11 @@ pub struct LlamaSpec<'a> {
 
 /// Runs the anchor; `gpu_mib` measures the GPU memory both models took.
 pub fn run(s: &LlamaSpec, gpu_mib: impl Fn() -> Option<f64>) -> Result<()> {
-    // llama.cpp's defaults: repacking on, memory-mapped
+    // llama.cpp's defaults: repacking on, memory-mapped unless --no-mmap
     let defaults = |ngl| LoadOptions {
         n_gpu_layers: ngl,
         repack: true,
-        mmap: true,
+        mmap: s.mmap,
         cpu_experts: CpuExperts::None,
     };
     let lt = LlamaModel::load_with_options(s.target, false, &defaults(s.ngl))
@@ -58,8 +61,9 @@ pub fn run(s: &LlamaSpec, gpu_mib: impl Fn() -> Option<f64>) -> Result<()> {
         Reference::new_default_settings(&ld, &rc(512)).context("llama.cpp draft context")?;
     let mib = gpu_mib().map_or("?".to_string(), |m| format!("{m:.0}"));
     let label = format!(
-        "llama.cpp ngl={} + draft all on the GPU, defaults ({mib} MiB of GPU memory)",
-        s.ngl
+        "llama.cpp ngl={} + draft all on the GPU, {} ({mib} MiB of GPU memory)",
+        s.ngl,
+        if s.mmap { "defaults" } else { "--no-mmap" }
     );
     let n_vocab = lt.n_vocab();
     let tok = |i: u32| (i.wrapping_mul(2654435761) >> 7) % n_vocab.max(1);
