@@ -783,10 +783,11 @@ mod tests {
     }
 
     proptest! {
-        /// Random arrivals, prompt families, lengths and cancellations:
-        /// every step fits the batch and the cache, every sequence's cells
-        /// hold exactly its tokens at positions 0..n, and every request
-        /// finishes.
+        /// Random arrivals, prompt families, lengths and cancellations,
+        /// drafts as chains and as trees whose accepted side branches are
+        /// fed again: every step fits the batch and the cache, every
+        /// sequence's cells hold exactly its tokens at positions 0..n after
+        /// verification, and every request finishes.
         #[test]
         fn random_traffic_keeps_the_invariants(
             reqs in proptest::collection::vec((0u32..3, 1usize..40, 1usize..12, 0u8..8, 0usize..6), 1..40),
@@ -841,24 +842,31 @@ mod tests {
                     prop_assert_eq!(t.len(), f.pos);
                     t.extend_from_slice(&f.tokens);
                 }
-                // every sequence's cells hold positions 0..n, once each
-                for (&s, t) in &seq_tokens {
-                    let pos: Vec<i32> = cells.seq_cells(s).iter().map(|c| c.1).collect();
-                    let mut sorted = pos.clone();
-                    sorted.sort();
-                    prop_assert_eq!(sorted, (0..t.len() as i32).collect::<Vec<_>>());
-                }
                 for f in plan.feeds.iter().filter(|f| f.logits) {
                     let Some(i) = left.iter().position(|l| l.0 == f.id) else { continue };
-                    // verification keeps a pseudo-random share of the drafts
-                    let accepted = if f.drafts > 0 { (f.id as usize + step) % (f.drafts + 1) } else { 0 };
-                    let keep = f.pos + f.tokens.len() - f.drafts + accepted;
+                    // verification keeps a pseudo-random share of the
+                    // drafts; of a tree, a path down its first nodes (the
+                    // chain cells), or a side branch that leaves the cache
+                    // and is fed again (the nodes sit at positions in feed
+                    // order here: either way the first nodes' cells stay)
+                    let r = f.id as usize + step;
+                    let base = f.pos + f.tokens.len() - f.drafts;
+                    let (keep, refeed) = match &f.tree {
+                        Some(t) if (r / 3) % 2 == 0 && !t.is_chain() => (base, (r % t.depth()) + 1),
+                        Some(t) => {
+                            let chain = (0..t.len())
+                                .take_while(|&j| t.nodes[j].parent == j.checked_sub(1))
+                                .count();
+                            (base + r % (chain + 1), 0)
+                        }
+                        None => (base + if f.drafts > 0 { r % (f.drafts + 1) } else { 0 }, 0),
+                    };
                     if keep < f.pos + f.tokens.len() {
                         cells.truncate_seq(f.seq, keep as i32);
                         b.rollback(f.id, keep);
                         seq_tokens.get_mut(&f.seq).unwrap().truncate(keep);
                     }
-                    let n = b.sampled(f.id, &[9]);
+                    let n = b.sampled(f.id, &vec![9; refeed + 1]);
                     left[i].1 -= 1;
                     if left[i].1 == 0 || n >= b.n_ctx_seq() {
                         b.finish(f.id, Finish::Stop);
@@ -867,7 +875,28 @@ mod tests {
                     } else if (f.id + step as u64).is_multiple_of(3) {
                         let room = b.n_ctx_seq() - n - 1;
                         b.set_drafts(f.id, vec![7; room.min(4)]);
+                    } else if (f.id + step as u64) % 3 == 1 {
+                        // a tree at most as deep as the step's spare room
+                        // (the server's rule: steps of parallel + depth)
+                        let depth = (b.n_ctx_seq() - n - 1).min(n_batch - parallel).min(6);
+                        let mut t = DraftTree::default();
+                        let mut at = None;
+                        for d in 0..depth {
+                            let a = t.add(at, 7, 0.0);
+                            if d == 0 {
+                                t.add(None, 8, 0.0);
+                            }
+                            at = a;
+                        }
+                        b.set_tree(f.id, t.preorder().0);
                     }
+                }
+                // every sequence's cells hold positions 0..n, once each
+                for (&s, t) in &seq_tokens {
+                    let pos: Vec<i32> = cells.seq_cells(s).iter().map(|c| c.1).collect();
+                    let mut sorted = pos.clone();
+                    sorted.sort();
+                    prop_assert_eq!(sorted, (0..t.len() as i32).collect::<Vec<_>>());
                 }
                 for l in left.iter_mut() {
                     if let Some(c) = l.2.as_mut() {
