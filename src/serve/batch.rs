@@ -852,7 +852,7 @@ mod tests {
                     let r = f.id as usize + step;
                     let base = f.pos + f.tokens.len() - f.drafts;
                     let (keep, refeed) = match &f.tree {
-                        Some(t) if (r / 3) % 2 == 0 && !t.is_chain() => (base, (r % t.depth()) + 1),
+                        Some(t) if (r / 3).is_multiple_of(2) && !t.is_chain() => (base, (r % t.depth()) + 1),
                         Some(t) => {
                             let chain = (0..t.len())
                                 .take_while(|&j| t.nodes[j].parent == j.checked_sub(1))
