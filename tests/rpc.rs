@@ -7,7 +7,7 @@
 //! without --allow-remote. Two servers: the model's layers split across
 //! their devices (`--devices 0,1`) give one device's tokens, plain and
 //! streamed, with the KV cache tiered, and a server lost mid-run ends the
-//! run with an error.
+//! run with an error; token trees over either split equal plain decoding.
 
 mod common;
 
@@ -210,6 +210,52 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
         assert!(
             e.contains("row split") && e.contains("1 KV heads") && e.contains("--split-mode layer"),
             "{e}"
+        );
+    }
+}
+
+/// Token trees across devices: a draft model's trees (SmolLM2 drafting
+/// for itself on the local CPU), verified in steps whose tree mask every
+/// part (a layer range, or a share of every layer's heads) applies, and
+/// rolled back on every part, give the tokens plain greedy decoding gives
+/// on the same split (sampling is tests/tree.rs's); trees branch and
+/// drafts are accepted.
+#[test]
+fn token_trees_over_split_devices_equal_plain_decoding() {
+    use strata::sample::SamplerConfig;
+    use strata::speculative::{DraftModel, Drafter, SpecConfig, Speculator};
+    let Some(path) = model(common::SMOLLM2) else {
+        return;
+    };
+    let vocab = LlamaModel::load(&path, true, 0).expect("vocabulary");
+    let (a, b) = (Server::start(), Server::start());
+    let sc = SamplerConfig::greedy();
+    for mode in [
+        strata::engine::SplitMode::Layer,
+        strata::engine::SplitMode::Row,
+    ] {
+        let mut cfg = two_remote(&a, &b, false, None);
+        cfg.split_mode = mode;
+        let mut e = Engine::load(&path, &cfg).expect("engine on two remote devices");
+        let de = Engine::load(&path, &common::cpu_cfg()).expect("draft engine");
+        let tree = SpecConfig {
+            draft_max: 6,
+            draft_min: 0,
+            adaptive: false,
+            tree: 10,
+        };
+        let mut spec = Speculator::new(Drafter::Model(Box::new(DraftModel::new(de, 0.0))), tree);
+        for p in &common::SPEC_PROMPTS[1..] {
+            let want = common::generate(&mut e, &vocab, &sc, p, 16, None);
+            let got = common::generate(&mut e, &vocab, &sc, p, 16, Some(&mut spec));
+            assert_eq!(got, want, "{mode:?}, {p:?}: {}", spec.stats.summary());
+        }
+        let st = &spec.stats;
+        // more nodes than a chain of --draft-max holds: the trees branched
+        assert!(
+            st.accepted > 0 && st.drafted > st.rounds * 6,
+            "{mode:?}: {}",
+            st.summary()
         );
     }
 }
