@@ -589,6 +589,9 @@ impl Worker {
     /// context full) costs the round its drafts, nothing else.
     fn run_drafts(&mut self) {
         let todo = std::mem::take(&mut self.to_draft);
+        if self.spec.is_some_and(|c| c.tree > 0) {
+            return self.run_draft_trees(&todo);
+        }
         let Some(dm) = self.draft.as_mut() else {
             return;
         };
@@ -606,9 +609,6 @@ impl Worker {
         }
         if reqs.is_empty() {
             return;
-        }
-        if self.spec.is_some_and(|c| c.tree > 0) {
-            return self.run_draft_trees(&ids);
         }
         let t = Instant::now();
         match dm.draft_many(&reqs) {
@@ -646,6 +646,7 @@ impl Worker {
             let Some(spec) = s.spec.as_mut() else {
                 continue;
             };
+            self.draft_seqs.insert(id, seq);
             let t = Instant::now();
             match dm.draft_tree(seq, &s.history, spec.tree_shape(depth), depth) {
                 Ok(tree) => {

@@ -1,10 +1,10 @@
 //! llama.cpp's own speculative decoding as the anchor of `strata bench
 //! --spec-replay FILE --llama-ngl N -md DRAFT`: the target at N layers on
 //! the GPU and the draft all on it, both through libllama with its default
-//! settings (and, with `--llama-best`, with `--no-mmap` too: its host
-//! weights in pinned memory), in the loop its speculative example runs (the draft decodes
-//! greedily one token a step, the target verifies the pending token and the
-//! drafts in one batch, rejected drafts leave both caches by
+//! settings (with `--llama-best` also with `--no-mmap`: its host weights in
+//! pinned memory), in the loop its speculative example runs (the draft
+//! decodes greedily one token a step, the target verifies the pending token
+//! and the drafts in one batch, rejected drafts leave both caches by
 //! `llama_memory_seq_rm`). Its verifying step is timed for each `--spec-k`,
 //! then its tokens per second are measured at the acceptance FILE
 //! recorded: each round drafts as many tokens as the recorded chain held
