@@ -18,9 +18,45 @@
 # WIN_QD, WIN_WORKERS, WIN_CHUNK override; COMPARE_ROUNDS (default 1; 0
 # skips) sets fio-compare.sh's rounds, each of which reads the whole ~38 GB
 # file twice. Results under $OUT.
+#
+#   bash tools/device/dram.sh llama   # the SSD tier beside llama.cpp instead:
+# both engines decode the 70B-shaped model with ${CAP_G:-24} GiB of host
+# memory between them and the page cache (the rest of the machine's memory
+# held by a resident filler process, the page cache dropped first), strata
+# at --gpu-budget 12G --dram-budget 18G, llama.cpp at ngl=${LLAMA_NGL:-20}
+# with its defaults (mmap: the weights it does not offload are read from
+# the file through the page cache). Its --no-mmap cannot run there: it
+# copies the whole file into host memory.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/lib.sh
+if [ "${1:-}" = llama ]; then
+  dev_70b || exit 1
+  cap=$(( ${CAP_G:-24} * 1024 * 1024 ))   # KiB
+  {
+    echo "== host memory for both engines: ${CAP_G:-24} GiB (process and page cache)"
+    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && echo "page cache dropped" \
+      || echo "(page cache could not be dropped: the filler evicts it)"
+    swapon --show 2>/dev/null | grep -q . && echo "WARNING: swap is on; the filler may be swapped out"
+    avail=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+    fill=$(( avail - cap ))
+    echo "MemAvailable $((avail / 1048576)) GiB; filler $((fill / 1048576)) GiB"
+    rm -f /root/filler.ok
+    python3 -c "import sys,time; b=bytearray(b'\x01')*(int(sys.argv[1])*1024); open('/root/filler.ok','w').close(); time.sleep(3600)" $fill &
+    filler=$!
+    while [ ! -f /root/filler.ok ] && kill -0 $filler 2>/dev/null; do sleep 1; done
+    [ -f /root/filler.ok ] && echo "filler resident" || echo "filler died"
+    free -g | head -2
+    t="-b 64 -c 1536 -p 64 -n 4 -B 0 -r 1"
+    $bin/strata bench -m "$m" --device gpu --gpu-budget 12G --dram-budget 18G $t 2>&1 | quiet
+    free -g | head -2
+    timeout "${LLAMA_S:-330}" $bin/strata bench -m "$m" --device gpu $t --no-strata --llama-ngl "${LLAMA_NGL:-20}" 2>&1 | quiet
+    [ "${PIPESTATUS[0]}" = 124 ] && echo "llama.cpp did not finish within ${LLAMA_S:-330} s"
+    free -g | head -2
+    kill $filler; wait $filler 2>/dev/null
+  } 2>&1 | tee "$out/bench_ssd_llama.txt"
+  exit 0
+fi
 dev_machine
 dev_module_start
 s8=$(dev_synth llama3-8b 8)
