@@ -279,23 +279,11 @@ fn expert_stats_see_the_synthetic_router_skew() {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let file = |router_skew: f32| {
-        let path = dir.path().join(format!("qwen3moe-tiny-{router_skew}.gguf"));
-        let s = Synth {
-            preset: "qwen3moe-tiny",
-            ty: "q8_0",
-            router_skew,
-            ..Synth::default()
-        };
-        common::synth(&path, &vocab, s);
-        path
-    };
-    let (uniform, skewed) = (file(0.0), file(1.0));
-    let g = strata::gguf::GgufFile::open(&skewed).expect("open");
-    let ranks = match g.get("strata.synth.expert_rank") {
-        Some(strata::gguf::Value::Array(strata::gguf::Array::U32(r))) => r.clone(),
-        other => panic!("expert_rank is {other:?}"),
-    };
+    let (uniform, skewed) = (
+        common::synth_moe(dir.path(), &vocab, 0.0),
+        common::synth_moe(dir.path(), &vocab, 1.0),
+    );
+    let ranks = common::expert_ranks(&skewed);
     let lm = LlamaModel::load(&skewed, true, 0).expect("vocab");
     let text = "The river runs past old stone mills where the town keeps its grain and its stories of floods and dry years alike. ".repeat(6);
     let prompt = lm.tokenize(&text, true, true).expect("tokenize");
@@ -323,6 +311,103 @@ fn expert_stats_see_the_synthetic_router_skew() {
     eprintln!("share of picks to the file's top-2 experts: uniform {u:.3}, skewed {s:.3}");
     assert!(s > 0.18, "skewed file: {s:.3}");
     assert!(u < 0.16, "uniform file: {u:.3}");
+}
+
+/// Hot experts re-chosen from the router's picks counted as the engine
+/// runs (`Engine::refresh_hot`, what `strata serve` does between
+/// requests): on a skewed file, sets forced without counts (the first
+/// experts of each layer) move to the experts the router picks most, catch more
+/// of the counted picks than before, and the engine still equals the
+/// resident one afterwards (the refilled pool holds the right experts).
+#[test]
+fn hot_experts_follow_the_router_counted_online() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::synth_moe(dir.path(), &vocab, 1.0);
+    let ranks = common::expert_ranks(&path);
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let plain = EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    };
+    let mut resident = Engine::load(&path, &plain).expect("resident engine");
+    let hp = resident.spec.hp.clone();
+    let (n_layer, n_exp) = (hp.n_layer as usize, hp.n_expert as usize);
+    // every group on the host: every mixture layer may keep hot experts
+    let mut cfg = hybrid_cfg(2 * n_layer, false);
+    cfg.paging.hot = strata::paging::HotExperts::Force(2);
+    let mut hot = Engine::load(&path, &cfg).expect("hot engine");
+    let before = hot.hot_plan().expect("a hot plan").clone();
+    let hot_layers: Vec<usize> = (0..n_layer)
+        .filter(|&l| !before.sets[2 * l + 1].is_empty())
+        .collect();
+    assert!(!hot_layers.is_empty(), "{:?}", before.sets);
+    for &l in &hot_layers {
+        // no counts: the first experts (at least a token's)
+        let set = &before.sets[2 * l + 1];
+        assert_eq!(*set, (0..set.len() as u32).collect::<Vec<_>>());
+    }
+    let text = "The river runs past old stone mills where the town keeps its grain and its stories of floods and dry years alike. ".repeat(4);
+    let prompt = lm.tokenize(&text, true, true).expect("tokenize");
+    let a = run_strata(&mut resident, &prompt, 16).expect("resident run");
+    let b = run_strata(&mut hot, &prompt, 16).expect("hot run");
+    assert_eq!(compare(&b, &a).1, None, "tokens differ before the refresh");
+    // nothing is counted on the device side without --expert-stats; the
+    // host computed every layer here
+    let counts = hot
+        .router_counts()
+        .expect("the host counts its picks")
+        .clone();
+    assert!(counts.picks() > 0);
+    let caught = |sets: &[Vec<u32>]| -> f64 {
+        let (mut c, mut t) = (0u64, 0u64);
+        for &l in &hot_layers {
+            c += sets[2 * l + 1]
+                .iter()
+                .map(|&e| counts.count(l, e as usize))
+                .sum::<u64>();
+            t += counts.layer_picks(l);
+        }
+        c as f64 / t as f64
+    };
+    let r = hot
+        .refresh_hot()
+        .expect("refresh")
+        .expect("a pool to refresh");
+    let after = hot.hot_plan().expect("a hot plan").clone();
+    eprintln!(
+        "refresh: {} layers, {} bytes; counted picks caught {:.3} -> {:.3}",
+        r.groups,
+        r.bytes,
+        caught(&before.sets),
+        caught(&after.sets)
+    );
+    assert!(r.groups > 0 && r.bytes > 0, "{r:?}");
+    assert!(caught(&after.sets) > caught(&before.sets) + 0.05);
+    // the file's most popular expert of most hot layers is in its set now
+    let top = hot_layers
+        .iter()
+        .filter(|&&l| after.sets[2 * l + 1].contains(&ranks[l * n_exp]))
+        .count();
+    assert!(2 * top >= hot_layers.len(), "{:?}", after.sets);
+    for (x, y) in before.sets.iter().zip(&after.sets) {
+        assert_eq!(x.len(), y.len(), "a set changed size");
+    }
+    // the refilled pool computes what the resident engine does
+    for p in PROMPTS {
+        let prompt = lm.tokenize(p, true, true).expect("tokenize");
+        let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+        let b = run_strata(&mut hot, &prompt, 12).expect("hot run");
+        let (worst, diff) = compare(&b, &a);
+        assert!(worst < 1e-8, "NMSE {worst} after the refresh");
+        assert_eq!(diff, None, "tokens differ after the refresh");
+        assert!(hot.last_step.host.hot_picks > 0);
+    }
+    // the same counts again: nothing moves
+    let again = hot.refresh_hot().expect("refresh").expect("pool");
+    assert!(again.groups <= r.groups);
 }
 
 /// Expert split on the CPU (`--expert-split`): for steps of many tokens

@@ -1956,3 +1956,64 @@ fn response_format_json_object() {
     let (_, v) = post(d.port, cmpl_path, &jc);
     assert_eq!(text_of(&v).0, t);
 }
+
+/// A mixture with hot experts (`--hot-experts 2`, forced without counts:
+/// the first experts of each layer): the host's layers count the router's
+/// picks as requests run, the server re-chooses the hot sets from them
+/// once it is idle (the metrics count the layers and bytes), answers the
+/// same prompt alike before and after, and on SIGTERM adds the counts to
+/// the file beside the model.
+#[test]
+fn hot_experts_are_rechosen_between_requests_and_counts_saved() {
+    let Some(vocab) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::synth_moe(dir.path(), &vocab, 1.0);
+    let counts = dir.path().join("counts.json");
+    let s = Server::start(
+        &path,
+        &[
+            "--device",
+            "cpu",
+            "--stream-all",
+            "--hybrid",
+            "4",
+            "--no-repack",
+            "--hot-experts",
+            "2",
+            "--expert-counts",
+            counts.to_str().unwrap(),
+            "-c",
+            "1024",
+        ],
+    );
+    let p = "The river runs past old stone mills where the town keeps its grain";
+    let first = ask_greedy(s.port, p);
+    let t0 = Instant::now();
+    while s.metric("strata_hot_refreshes_total") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no refresh: {}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(s.metric("strata_hot_refresh_bytes_total") > 0.0);
+    assert!(s.metric("strata_expert_picks_total") > 0.0);
+    assert_eq!(ask_greedy(s.port, p), first, "{}", s.log_text());
+    assert!(s.metric("strata_expert_hot_picks_total") > 0.0);
+    assert!(!counts.exists(), "counts written before the server stopped");
+    let mut s = s;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "exit {status:?}: {}", s.log_text());
+    let log = s.log_text();
+    assert!(log.contains("router counts saved to"), "{log}");
+    let c = strata::paging::routing::RouterCounts::from_json(
+        &std::fs::read_to_string(&counts).expect("counts file"),
+    )
+    .expect("counts parse");
+    assert!(c.picks() > 0);
+}

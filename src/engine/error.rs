@@ -44,4 +44,8 @@ pub enum EngineError {
     BadDevices(String),
     #[error("router counts {0}: {1}")]
     BadCounts(String, crate::paging::routing::RoutingError),
+    #[error(
+        "router counts {0} are another model's ({1}): remove the file or pass --expert-counts"
+    )]
+    OtherModelCounts(String, crate::paging::routing::RoutingError),
 }

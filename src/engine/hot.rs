@@ -184,4 +184,78 @@ impl Engine {
         );
         Ok(())
     }
+
+    /// Re-chooses the hot experts of this part and the parts after it from
+    /// the router's picks: the counts the plan was made from and those
+    /// counted since (`paging::refresh_hot`: each set keeps its size, so
+    /// the pool's memory and graphs stay). Between steps, never inside
+    /// one; `strata serve` calls it when no request is running. None
+    /// where no part holds hot experts.
+    pub fn refresh_hot(&mut self) -> Result<Option<HotRefresh>, EngineError> {
+        let mut report: Option<HotRefresh> = None;
+        let mut e = Some(self);
+        while let Some(part) = e {
+            if let Some(r) = part.refresh_hot_part()? {
+                let t = report.get_or_insert_with(HotRefresh::default);
+                t.groups += r.groups;
+                t.bytes += r.bytes;
+                t.expected_hit = r.expected_hit.or(t.expected_hit);
+            }
+            e = part.next.as_deref_mut();
+        }
+        Ok(report)
+    }
+
+    fn refresh_hot_part(&mut self) -> Result<Option<HotRefresh>, EngineError> {
+        let (Some(pool), Some(seen)) = (self.hot.as_mut(), self.routing.as_ref()) else {
+            return Ok(None);
+        };
+        let mut counts = seen.clone();
+        if let Some(c) = &pool.counted {
+            counts.merge(c)?;
+        }
+        let (next, changed) = crate::paging::refresh_hot(&pool.plan, &counts);
+        let expected_hit = next.expected_hit;
+        let bytes = if changed.is_empty() {
+            pool.plan = next;
+            0
+        } else {
+            // nothing queued may still read the pool
+            self.backend.synchronize();
+            let t0 = Instant::now();
+            let b = pool.refill(&self.spec, &self.file, next, &changed)?;
+            tracing::info!(
+                "hot experts refreshed: {} layers, {:.1} MiB copied in {:.0} ms{}",
+                changed.len(),
+                b as f64 / (1u64 << 20) as f64,
+                t0.elapsed().as_secs_f64() * 1e3,
+                expected_hit.map_or(String::new(), |x| format!(
+                    ", {:.1}% of the counted picks",
+                    100.0 * x
+                ))
+            );
+            b
+        };
+        Ok(Some(HotRefresh {
+            groups: changed.len(),
+            bytes,
+            expected_hit,
+        }))
+    }
+
+    /// The hot experts' plan of this part (None: it keeps none).
+    pub fn hot_plan(&self) -> Option<&HotPlan> {
+        self.hot.as_ref().map(|h| &h.plan)
+    }
+}
+
+/// What [`Engine::refresh_hot`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HotRefresh {
+    /// Layers whose hot set changed.
+    pub groups: usize,
+    /// Expert bytes copied to the device.
+    pub bytes: u64,
+    /// The share of the counted picks the hot sets now catch.
+    pub expected_hit: Option<f64>,
 }

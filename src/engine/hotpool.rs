@@ -15,6 +15,9 @@ use std::collections::HashMap;
 /// graphs.
 pub struct HotPool {
     pub plan: HotPlan,
+    /// The router counts the plan was made from (read beside the model),
+    /// which a refresh adds to what the engine counted since.
+    pub(super) counted: Option<crate::paging::routing::RouterCounts>,
     /// The expert tensors of every hot group, compact (its hot experts
     /// only, in ascending order), three per group in the group's order.
     pub(super) weights: Option<TensorArena>,
@@ -78,20 +81,7 @@ impl HotPool {
         };
         if let Some(arena) = &weights {
             for (&gi, &i0) in &first {
-                let set = &plan.sets[gi];
-                let ws = spec.groups[gi]
-                    .weights
-                    .iter()
-                    .filter(|w| w.role.is_some_and(|r| r.is_expert()));
-                for (j, w) in ws.enumerate() {
-                    let bytes = file.bytes(w);
-                    let per = bytes.len() / w.ne[2].max(1) as usize;
-                    let t = arena.tensor(i0 + j);
-                    for (k, &e) in set.iter().enumerate() {
-                        let e = e as usize;
-                        t.set_bytes(&bytes[e * per..(e + 1) * per], k * per)?;
-                    }
-                }
+                copy_set(spec, file, arena, gi, i0, &plan.sets[gi])?;
             }
         }
         let e = spec.hp.n_embd as i64;
@@ -106,6 +96,7 @@ impl HotPool {
         )?;
         Ok(HotPool {
             plan,
+            counted: None,
             weights,
             first,
             io,
@@ -115,4 +106,61 @@ impl HotPool {
             out: Vec::new(),
         })
     }
+
+    /// Replaces the hot sets with `next`'s (`paging::refresh_hot`: the
+    /// same sizes), copying the experts of the `changed` groups from the
+    /// model file. The device must not be computing with the pool.
+    pub(super) fn refill(
+        &mut self,
+        spec: &ModelSpec,
+        file: &ModelFile,
+        next: HotPlan,
+        changed: &[usize],
+    ) -> Result<u64, EngineError> {
+        let mut bytes = 0u64;
+        if let Some(arena) = &self.weights {
+            for &gi in changed {
+                let (Some(&i0), Some(set)) = (self.first.get(&gi), next.sets.get(gi)) else {
+                    continue;
+                };
+                if set.len() != self.plan.sets[gi].len() {
+                    return Err(EngineError::Unsupported(
+                        "a refreshed hot set must keep its size",
+                    ));
+                }
+                bytes += copy_set(spec, file, arena, gi, i0, set)?;
+            }
+        }
+        self.plan = next;
+        Ok(bytes)
+    }
+}
+
+/// Copies the experts `set` (ascending) of group `gi` from the model file
+/// into its compact tensors, the first at `i0` of `arena`. Returns the
+/// bytes copied.
+fn copy_set(
+    spec: &ModelSpec,
+    file: &ModelFile,
+    arena: &TensorArena,
+    gi: usize,
+    i0: usize,
+    set: &[u32],
+) -> Result<u64, EngineError> {
+    let mut n = 0u64;
+    let ws = spec.groups[gi]
+        .weights
+        .iter()
+        .filter(|w| w.role.is_some_and(|r| r.is_expert()));
+    for (j, w) in ws.enumerate() {
+        let bytes = file.bytes(w);
+        let per = bytes.len() / w.ne[2].max(1) as usize;
+        let t = arena.tensor(i0 + j);
+        for (k, &e) in set.iter().enumerate() {
+            let e = e as usize;
+            t.set_bytes(&bytes[e * per..(e + 1) * per], k * per)?;
+            n += per as u64;
+        }
+    }
+    Ok(n)
 }

@@ -403,6 +403,7 @@ impl Engine {
         }
         let mut cpu_cal = None;
         let mut hot: Option<crate::paging::HotPlan> = None;
+        let mut hot_counted = None;
         let cpu = match &like {
             Some(p) => p.cpu.clone(),
             None => probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
@@ -420,8 +421,8 @@ impl Engine {
             input.cpu = Some(c.clone());
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
-            let counts = hot_counts(&spec, cfg)?;
-            let counts = counts.as_ref();
+            hot_counted = hot_counts(&spec, cfg)?;
+            let counts = hot_counted.as_ref();
             if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, counts, None) {
                 // the CPU's share of those groups falls by the hot sets'
                 set_hot_shares(&mut input.groups, &h);
@@ -483,9 +484,17 @@ impl Engine {
                     n_ctx,
                     ffn_rows: hb,
                 };
+                // the host's mixture layers keep their picks readable, so
+                // they are counted in every run (`count_routed`): on the
+                // CPU that costs nothing, and they are the layers hot
+                // experts serve
+                let host_dims = Dims {
+                    read_routing: spec.hp.is_moe(),
+                    ..dims.clone()
+                };
                 let hc = host::HostCompute::new(
                     &spec,
-                    &dims,
+                    &host_dims,
                     hl,
                     &h.host,
                     &file,
@@ -580,7 +589,8 @@ impl Engine {
         let hot = match hot.filter(|h| !h.is_empty()) {
             Some(h) => {
                 let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
-                let pool = super::hotpool::HotPool::load(&spec, &file, device, h, most)?;
+                let mut pool = super::hotpool::HotPool::load(&spec, &file, device, h, most)?;
+                pool.counted = hot_counted;
                 tracing::info!(
                     "hot experts: {} in {} layers on the device ({:.1} MiB){}",
                     pool.plan.n_experts(),
@@ -618,6 +628,7 @@ impl Engine {
             compute: measured_compute,
             cpu: input.cpu.clone(),
         };
+        let count_routing = dims.read_routing || (host.is_some() && dims.hp.is_moe());
         Ok(Engine {
             probes,
             spec,
@@ -641,7 +652,8 @@ impl Engine {
             rec,
             auto_budgets: budgets,
             cpu_cal,
-            routing: dims.read_routing.then(|| {
+            count_device: dims.read_routing,
+            routing: count_routing.then(|| {
                 crate::paging::routing::RouterCounts::new(
                     dims.hp.n_layer as usize,
                     dims.hp.n_expert as usize,

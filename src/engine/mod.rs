@@ -60,8 +60,9 @@ pub use config::{
     PagingOptions, SplitMode,
 };
 pub use error::EngineError;
+pub use hot::HotRefresh;
 pub use kvcache::KvCache;
-pub use model_file::{read_router_counts, ModelFile, COUNTS_MAX_BYTES};
+pub use model_file::{read_router_counts, save_router_counts, ModelFile, COUNTS_MAX_BYTES};
 pub use pager::PagerStats;
 pub use probe::{measure_h2d, reset_matmul_path};
 pub use state::Engine;

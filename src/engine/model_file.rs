@@ -71,3 +71,28 @@ pub fn read_router_counts(
         .map(Some)
         .map_err(|e| EngineError::BadCounts(path.display().to_string(), e))
 }
+
+/// Adds `r` to the router counts kept at `path` (a file that is not there
+/// starts from zero; counts of another model are refused), written whole
+/// to a temporary file first and renamed over it, so a failed write
+/// leaves the old counts. Returns the picks the file holds now.
+pub fn save_router_counts(
+    path: &Path,
+    r: &crate::paging::routing::RouterCounts,
+) -> Result<u64, EngineError> {
+    let mut all = r.clone();
+    if let Some(old) = read_router_counts(path)? {
+        all.merge(&old)
+            .map_err(|e| EngineError::OtherModelCounts(path.display().to_string(), e))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    std::fs::write(&tmp, all.to_json())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            EngineError::Io(path.display().to_string(), e)
+        })?;
+    Ok(all.picks())
+}

@@ -84,8 +84,13 @@ pub struct Engine {
     pub(super) cpu_cal: Option<crate::paging::CpuCalibration>,
     /// The CPU's thread count, step by step (`EngineConfig::tune_threads`).
     pub(super) threads: Option<super::threads::ThreadTuner>,
-    /// The experts the router picked (`EngineConfig::expert_stats`).
+    /// The experts the router picked: in the layers the host CPU
+    /// computes (hybrid decode, always on a mixture), and in every layer
+    /// with `EngineConfig::expert_stats`.
     pub(super) routing: Option<crate::paging::routing::RouterCounts>,
+    /// Whether the device's mixture layers are counted too
+    /// (`EngineConfig::expert_stats`: the device waits for each).
+    pub(super) count_device: bool,
     /// The next device's part of the model, where it is split across
     /// devices (`Engine::load`): it takes this part's residual stream and
     /// computes the layers after it. Its KV cells mirror this part's.

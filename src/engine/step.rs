@@ -676,7 +676,7 @@ impl Engine {
         );
         self.backend.compute_async(&t.graph())?;
         drop(rec);
-        if kind == GroupKind::Ffn && self.routing.is_some() {
+        if kind == GroupKind::Ffn && self.count_device {
             // a measuring mode: the device finishes the layer first
             self.backend.synchronize();
             let ids = self.templates.get(&key)?.read_routed()?;

@@ -194,6 +194,52 @@ pub fn plan_hot(
     plan
 }
 
+/// How much more of a layer's counted picks a refreshed hot set must catch
+/// than the set the device holds before it replaces it (a changed set is
+/// copied to the device whole).
+pub const REFRESH_GAIN: f64 = 0.05;
+
+/// The hot sets `plan`'s pool should hold now that `counts` (every pick
+/// counted, by the model's layer, group index / 2) say more: each group
+/// keeps its set's size, so the pool's bytes and graphs stay, and takes
+/// its layer's most picked experts where they catch at least
+/// [`REFRESH_GAIN`] more of the layer's picks than its set does. Between
+/// requests, never inside a step. Returns the new plan and the groups
+/// whose set changed, ascending.
+pub fn refresh_hot(plan: &HotPlan, counts: &RouterCounts) -> (HotPlan, Vec<usize>) {
+    let mut next = plan.clone();
+    let mut changed = Vec::new();
+    let (mut caught, mut total) = (0u64, 0u64);
+    for (gi, set) in plan.sets.iter().enumerate() {
+        let layer = gi / 2;
+        if set.is_empty() || layer >= counts.n_layer() {
+            continue;
+        }
+        let t = counts.layer_picks(layer);
+        if t == 0 {
+            continue;
+        }
+        let catch = |s: &[u32]| -> u64 { s.iter().map(|&e| counts.count(layer, e as usize)).sum() };
+        let mut best = counts.hot(layer, set.len());
+        best.sort_unstable();
+        let (now, then) = (catch(set), catch(&best));
+        let pick = if then as f64 >= now as f64 + REFRESH_GAIN * t as f64 {
+            changed.push(gi);
+            next.sets[gi] = best;
+            then
+        } else {
+            now
+        };
+        next.hit[gi] = pick as f64 / t as f64;
+        caught += pick;
+        total += t;
+    }
+    if total > 0 {
+        next.expected_hit = Some(caught as f64 / total as f64);
+    }
+    (next, changed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::groups::Experts;
@@ -315,6 +361,75 @@ mod tests {
         only_first[1] = true;
         let p = plan_hot(&g, &only_first, None, HotExperts::Force(4), u64::MAX);
         assert_eq!(p.n_groups(), 1);
+    }
+
+    #[test]
+    fn refresh_moves_a_set_to_the_most_picked_experts() {
+        let g = mixture(2, 16, 2);
+        let el = ffn_eligible(&g);
+        // forced without counts: experts 0-3 of each layer
+        let p = plan_hot(&g, &el, None, HotExperts::Force(4), u64::MAX);
+        assert_eq!(p.sets[1], vec![0, 1, 2, 3]);
+        // then the router picks 12-15 in layer 0, 0-3 in layer 1
+        let mut c = RouterCounts::new(2, 16, 2);
+        for _ in 0..50 {
+            c.add(0, &[12, 13, 14, 15]).unwrap();
+            c.add(1, &[0, 1, 2, 3]).unwrap();
+        }
+        let (r, changed) = refresh_hot(&p, &c);
+        assert_eq!(changed, vec![1]);
+        assert_eq!(r.sets[1], vec![12, 13, 14, 15]);
+        assert_eq!(r.sets[3], p.sets[3]);
+        assert_eq!(r.bytes, p.bytes);
+        assert_eq!((r.hit[1], r.hit[3]), (1.0, 1.0));
+        assert_eq!(r.expected_hit, Some(1.0));
+        // again: nothing to move
+        let (r2, changed) = refresh_hot(&r, &c);
+        assert!(changed.is_empty());
+        assert_eq!(r2, r);
+        // a gain under REFRESH_GAIN moves nothing
+        let mut d = RouterCounts::new(2, 16, 2);
+        for i in 0..100 {
+            let x = if i < 52 { [4, 5] } else { [0, 1] };
+            d.add(0, &x).unwrap();
+        }
+        let near = plan_hot(&g, &el, None, HotExperts::Force(2), u64::MAX);
+        let (_, changed) = refresh_hot(&near, &d);
+        assert!(changed.is_empty(), "{changed:?}");
+    }
+
+    proptest! {
+        /// A refresh keeps every set's size and the pool's bytes, keeps
+        /// each set valid, never catches fewer of the counted picks than
+        /// before, and a second refresh with the same counts moves
+        /// nothing.
+        #[test]
+        fn refresh_keeps_the_pool_and_never_loses_picks(
+            layers in 1usize..5,
+            n_expert in 3u32..24,
+            k in 1u32..12,
+            picks in proptest::collection::vec((0usize..5, 0usize..24), 0..300),
+        ) {
+            let g = mixture(layers, n_expert, 1);
+            let el = ffn_eligible(&g);
+            let p = plan_hot(&g, &el, None, HotExperts::Force(k), u64::MAX);
+            let mut c = RouterCounts::new(layers, n_expert as usize, 1);
+            for &(l, e) in &picks {
+                c.add(l % layers, &[(e % n_expert as usize) as i32]).unwrap();
+            }
+            let (r, changed) = refresh_hot(&p, &c);
+            prop_assert_eq!(r.bytes, p.bytes);
+            for (gi, (a, b)) in p.sets.iter().zip(&r.sets).enumerate() {
+                prop_assert_eq!(a.len(), b.len());
+                prop_assert!(b.windows(2).all(|w| w[0] < w[1]));
+                prop_assert!(b.iter().all(|&e| e < n_expert));
+                prop_assert_eq!(a != b, changed.contains(&gi));
+                let catch = |s: &[u32]| -> u64 { s.iter().map(|&e| c.count(gi / 2, e as usize)).sum() };
+                prop_assert!(catch(b) >= catch(a));
+            }
+            let (_, again) = refresh_hot(&r, &c);
+            prop_assert!(again.is_empty());
+        }
     }
 
     proptest! {

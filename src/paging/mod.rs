@@ -19,7 +19,7 @@ mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use devices::{split_layers, split_rows, DeviceSplitError, RowSplit};
-pub use experts::{plan_hot, HotExperts, HotPlan};
+pub use experts::{plan_hot, refresh_hot, HotExperts, HotPlan};
 pub use gemm::{choose_mmq_max_rows, PathTiming};
 pub use groups::{Experts, GroupInfo, Where};
 pub use hybrid::{

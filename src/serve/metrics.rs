@@ -40,6 +40,13 @@ pub struct Metrics {
     pub draft_accepted: AtomicU64,
     /// Accepted draft tokens of a token tree's side branch, fed again.
     pub draft_refed: AtomicU64,
+    /// Routed picks of the mixture layers with hot experts the host
+    /// computed, and those the GPU's hot experts took.
+    pub expert_picks: AtomicU64,
+    pub expert_hot_picks: AtomicU64,
+    /// Hot expert sets re-chosen between requests, and the bytes copied.
+    pub hot_refreshes: AtomicU64,
+    pub hot_refresh_bytes: AtomicU64,
     pub steps: AtomicU64,
     pub step_tokens: AtomicU64,
     /// Sum of step wall times, microseconds.
@@ -177,6 +184,30 @@ impl Metrics {
             "counter",
             "Accepted draft tokens of a token tree's side branch, fed again in position order.",
             g(&self.draft_refed),
+        );
+        one(
+            "strata_expert_picks_total",
+            "counter",
+            "Routed picks of the mixture layers with hot experts that the host CPU computed.",
+            g(&self.expert_picks),
+        );
+        one(
+            "strata_expert_hot_picks_total",
+            "counter",
+            "Of those, picks the GPU's hot experts computed (over the above: the hit rate).",
+            g(&self.expert_hot_picks),
+        );
+        one(
+            "strata_hot_refreshes_total",
+            "counter",
+            "Layers whose hot experts were re-chosen from the router's counts between requests.",
+            g(&self.hot_refreshes),
+        );
+        one(
+            "strata_hot_refresh_bytes_total",
+            "counter",
+            "Expert bytes copied to the GPU by those refreshes.",
+            g(&self.hot_refresh_bytes),
         );
         one(
             "strata_steps_total",

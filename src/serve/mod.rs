@@ -80,6 +80,9 @@ pub struct ServeConfig {
     /// (prompt lookup from its own text, or the draft model `load` gives),
     /// verified in its decode steps.
     pub spec: Option<crate::speculative::SpecConfig>,
+    /// Where the router's counts (a mixture's host-computed layers) are
+    /// added when the server stops (None: not kept).
+    pub router_counts: Option<std::path::PathBuf>,
 }
 
 /// What the server's `load` gives: the target, its vocabulary, and the
@@ -114,6 +117,7 @@ where
     let (tx, rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready, ServeError>>();
     let (m, s, parallel, spec) = (metrics.clone(), shutdown.clone(), cfg.parallel, cfg.spec);
+    let counts_path = cfg.router_counts.clone();
     let handle = std::thread::Builder::new()
         .name("strata-engine".into())
         .spawn(move || {
@@ -154,6 +158,7 @@ where
                     }));
                     worker::Worker::new(engine, vocab, b, rx, m, s)
                         .with_drafting(spec, draft)
+                        .with_counts(counts_path)
                         .run();
                 }
                 Err(e) => {

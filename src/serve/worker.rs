@@ -140,6 +140,11 @@ pub struct Worker {
     draft_seqs: HashMap<u64, u32>,
     /// This step's requests waiting for drafts: (request, KV seq, tokens).
     to_draft: Vec<(u64, u32, usize)>,
+    /// Where the router's counts are added when the loop ends (None: not
+    /// kept).
+    counts_path: Option<std::path::PathBuf>,
+    /// Router picks counted when the hot experts were last re-chosen.
+    hot_seen: u64,
 }
 
 impl Worker {
@@ -167,7 +172,16 @@ impl Worker {
             draft: None,
             draft_seqs: HashMap::new(),
             to_draft: Vec::new(),
+            counts_path: None,
+            hot_seen: 0,
         }
+    }
+
+    /// The router counts this run makes are added to the file at `path`
+    /// when the loop ends (`ServeConfig::router_counts`).
+    pub fn with_counts(mut self, path: Option<std::path::PathBuf>) -> Worker {
+        self.counts_path = path;
+        self
     }
 
     /// Each sequence drafts, and every decode step verifies its drafts:
@@ -189,8 +203,11 @@ impl Worker {
                 self.update_rate();
                 match self.rx.recv_timeout(Duration::from_millis(200)) {
                     Ok(s) => self.intake(s),
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.refresh_hot();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return self.save_counts(),
                 }
             }
             while let Ok(s) = self.rx.try_recv() {
@@ -372,6 +389,9 @@ impl Worker {
         let bytes = self.engine.last_step.pager.bytes;
         m.last_step_bytes.store(bytes, Relaxed);
         m.streamed_bytes.fetch_add(bytes, Relaxed);
+        let h = self.engine.last_step.host;
+        m.expert_picks.fetch_add(h.picks, Relaxed);
+        m.expert_hot_picks.fetch_add(h.hot_picks, Relaxed);
 
         let n_vocab = rows.n_vocab;
         // each sampling feed's rows: its last pending token's and its
@@ -778,6 +798,51 @@ impl Worker {
                 self.metrics.failed.fetch_add(1, Relaxed);
             }
             self.batcher.finish(f.id, Finish::Cancelled);
+        }
+    }
+
+    /// Nothing runs: re-chooses the hot experts (`Engine::refresh_hot`)
+    /// where the router picked more since the last time.
+    fn refresh_hot(&mut self) {
+        let seen: u64 = self
+            .engine
+            .parts()
+            .filter_map(|p| p.router_counts())
+            .map(|r| r.picks())
+            .sum();
+        if seen == self.hot_seen {
+            return;
+        }
+        self.hot_seen = seen;
+        match self.engine.refresh_hot() {
+            Ok(Some(r)) if r.groups > 0 => {
+                self.metrics
+                    .hot_refreshes
+                    .fetch_add(r.groups as u64, Relaxed);
+                self.metrics.hot_refresh_bytes.fetch_add(r.bytes, Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("re-choosing the hot experts: {e}"),
+        }
+    }
+
+    /// Adds the router's counts to the file beside the model, where asked
+    /// and where this engine counted the whole model's layers.
+    fn save_counts(&self) {
+        let (Some(path), Some(r)) = (&self.counts_path, self.engine.router_counts()) else {
+            return;
+        };
+        let whole = self.engine.spec.hp.layer0 == 0
+            && (self.engine.next_part().is_none() || self.engine.spec.shard.is_some());
+        if r.picks() == 0 || !whole {
+            return;
+        }
+        match crate::engine::save_router_counts(path, r) {
+            Ok(n) => eprintln!(
+                "strata serve: router counts saved to {} ({n} picks in all)",
+                path.display()
+            ),
+            Err(e) => eprintln!("strata serve: router counts not saved: {e}"),
         }
     }
 

@@ -133,6 +133,34 @@ pub fn synth(
     synth::synth(&opts, out).expect("synth")
 }
 
+/// A tiny Qwen3-MoE (16 experts, 4 a token) in Q8_0 at `dir/NAME`, its
+/// router skewed by `router_skew` (`strata-convert synth --router-skew`).
+pub fn synth_moe(
+    dir: &std::path::Path,
+    vocab: &std::path::Path,
+    router_skew: f32,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("qwen3moe-tiny-{router_skew}.gguf"));
+    let s = Synth {
+        preset: "qwen3moe-tiny",
+        ty: "q8_0",
+        router_skew,
+        ..Synth::default()
+    };
+    synth(&path, vocab, s);
+    path
+}
+
+/// The experts of each layer of a file `synth --router-skew` wrote, most
+/// popular first, layer after layer (its `strata.synth.expert_rank`).
+pub fn expert_ranks(path: &std::path::Path) -> Vec<u32> {
+    let g = strata::gguf::GgufFile::open(path).expect("open");
+    match g.get("strata.synth.expert_rank") {
+        Some(strata::gguf::Value::Array(strata::gguf::Array::U32(r))) => r.clone(),
+        other => panic!("expert_rank is {other:?}"),
+    }
+}
+
 /// Prompts of the speculative tests: two whose continuations repeat their
 /// text (prompt lookup finds drafts) and one that does not.
 pub const SPEC_PROMPTS: [&str; 3] = [

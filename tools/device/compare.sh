@@ -12,6 +12,8 @@
 # ROUNDS: rounds (default 2); TESTS: the bench tests (default "-p 2048 -B 64");
 # HEADS: HEAD's variants, ';'-separated extra arguments (default: one plain
 # HEAD), e.g. HEADS="--hybrid off;--hybrid off --ffn-rows 2048".
+# STEP: the step flags (default "-b 2048 -ub 2048"; STEP= keeps bench's
+# defaults, as tools/device/gemm.sh batch runs 64 sequences).
 # Results in $OUT/compare.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,7 +43,7 @@ done
       # -b was the step before -ub existed
       ub=$($s bench --help | grep -q ubatch-size && echo "-ub 2048")
       echo "-- round $r: $n"
-      $s bench -m "$m" --device gpu --gpu-budget 12G $TESTS -b 2048 $ub -n 0 -r 2 $extra 2>&1 | quiet \
+      $s bench -m "$m" --device gpu --gpu-budget 12G $TESTS ${STEP--b 2048 $ub} -n 0 -r 2 $extra 2>&1 | quiet \
         | grep -e "^plan:" -e "pp[0-9]" -e batched -e rror
     done
   done

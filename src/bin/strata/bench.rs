@@ -100,6 +100,11 @@ pub struct BenchArgs {
     /// Skip strata (time llama.cpp only).
     #[arg(long = "no-strata")]
     pub no_strata: bool,
+    /// A mixture with hot experts: re-choose them from the router's
+    /// counts after each repetition, as `strata serve` does between
+    /// requests (`Engine::refresh_hot`), and say what moved.
+    #[arg(long = "hot-refresh")]
+    pub hot_refresh: bool,
     /// Print results as JSON lines.
     #[arg(long)]
     pub json: bool,
@@ -452,6 +457,21 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             for _ in 0..a.reps.max(1) {
                 let (tps, f, spans) = time_strata(&mut e, pre, run, bw.max(1.0))?;
                 all.push(tps);
+                if a.hot_refresh {
+                    if let Some(r) = e.refresh_hot()? {
+                        let hit = f.as_ref().map_or(0.0, |f| f.hot_hit);
+                        eprintln!(
+                            "{name}: {:.1}% of the picks on the GPU; hot experts re-chosen in {} layers ({:.1} MiB copied){}",
+                            100.0 * hit,
+                            r.groups,
+                            r.bytes as f64 / (1u64 << 20) as f64,
+                            r.expected_hit.map_or(String::new(), |x| format!(
+                                ", {:.1}% of the counted picks in the sets now",
+                                100.0 * x
+                            ))
+                        );
+                    }
+                }
                 fig = f;
                 if i == traced {
                     trace_spans = spans;
@@ -468,9 +488,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             });
             print_row(rows.last().expect("row"), json);
         }
-        if let Some(r) = e.router_counts() {
+        if let Some(r) = e.router_counts().filter(|r| r.picks() > 0) {
             println!("{r}");
-            super::save_router_counts(&a.model.counts_path(), r)?;
+            if a.model.saves_counts() {
+                super::save_router_counts(&a.model.counts_path(), r)?;
+            }
         }
         if let Some((n, moves, trials)) = e.thread_tuning().filter(|_| json.is_none()) {
             println!(

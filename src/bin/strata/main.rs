@@ -232,7 +232,10 @@ pub struct ModelArgs {
     /// (where that is at most a quarter of them), in at
     /// most half the GPU memory resident groups would hold; or a number of
     /// experts per layer (the most picked, or the first where nothing was
-    /// counted), in place of resident groups.
+    /// counted), in place of resident groups. The picks of the layers the
+    /// host computes are counted as it runs and added to the counts file
+    /// at exit; `serve` re-chooses the hot sets from them between
+    /// requests.
     #[arg(long = "hot-experts", default_value = "off", value_parser = parse_hot)]
     pub hot_experts: strata::paging::HotExperts,
     /// The fewest tokens a step splits its experts at (at least 2).
@@ -270,32 +273,17 @@ fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
     }
 }
 
-/// Adds `r` to the router counts kept at `path` (a file that is not
-/// there starts from zero; one for another model is refused), written
-/// whole to a temporary file first and then renamed over it.
+/// Adds `r` to the router counts kept at `path` (see
+/// `strata::engine::save_router_counts`), saying so.
 pub fn save_router_counts(
     path: &std::path::Path,
     r: &strata::paging::routing::RouterCounts,
 ) -> Result<()> {
-    let mut all = r.clone();
-    if let Some(old) = strata::engine::read_router_counts(path)? {
-        all.merge(&old).with_context(|| {
-            format!(
-                "router counts {} are another model's (remove the file or pass --expert-counts)",
-                path.display()
-            )
-        })?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, all.to_json())
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .with_context(|| format!("writing router counts {}", path.display()))?;
+    let all = strata::engine::save_router_counts(path, r)
+        .with_context(|| format!("saving router counts to {}", path.display()))?;
     eprintln!(
-        "router counts saved to {} ({} picks in all)",
-        path.display(),
-        all.picks()
+        "router counts saved to {} ({all} picks in all)",
+        path.display()
     );
     Ok(())
 }
@@ -559,6 +547,13 @@ impl ModelArgs {
     /// one (llama.cpp's n_ubatch = min(n_ubatch, n_batch)).
     pub fn step_size(&self) -> u32 {
         self.ubatch_size.min(self.batch_size)
+    }
+    /// Whether the router counts a run made are added to the file at
+    /// exit: with --expert-stats, and where hot experts are asked for
+    /// (the host CPU's mixture layers count their picks in every run;
+    /// the next load plans its hot sets from them).
+    pub fn saves_counts(&self) -> bool {
+        self.expert_stats || self.hot_experts != strata::paging::HotExperts::Off
     }
     /// Where this model's router counts are kept (--expert-counts).
     pub fn counts_path(&self) -> PathBuf {
@@ -826,9 +821,11 @@ fn run(mut a: RunArgs) -> Result<()> {
         if let Some(s) = &spec {
             eprintln!("{}", s.stats.summary());
         }
-        if let Some(r) = session.engine.router_counts() {
-            eprintln!("{r}");
-            save_router_counts(&a.model.counts_path(), r)?;
+        if let Some(r) = session.engine.router_counts().filter(|r| r.picks() > 0) {
+            if a.model.saves_counts() {
+                eprintln!("{r}");
+                save_router_counts(&a.model.counts_path(), r)?;
+            }
         }
         if let Some(p) = &a.save_session {
             let n = session

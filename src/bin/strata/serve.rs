@@ -140,6 +140,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         max_connections: a.max_connections,
         health_stall,
         aliases: a.alias.clone(),
+        router_counts: a.model.saves_counts().then(|| a.model.counts_path()),
     };
     let mut ecfg = crate::engine_config(&a.model, true);
     ecfg.batch_invariant = a.batch_invariant;
