@@ -21,6 +21,9 @@
 #   TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-split  # the 30B shape at 8G, 64 sequences: --expert-split
 #                                       # off, auto and forced (SPLITS="..."), then auto beside
 #                                       # llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults, best)
+#   SKEW=1 TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-refresh  # the 30B shape at 8G: hot experts
+#                                       # chosen online (--hot-experts 24 --hot-refresh from no counts), then
+#                                       # auto from the counts that run saved, and off
 #   [SKEW=1] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-hot  # the 30B shape at 8G: router counts
 #                                       # from a 2048-token prompt (--expert-stats), then tg16 and 64
 #                                       # sequences with --hot-experts off, auto and HOTS="..."; LLAMA=1:
@@ -152,6 +155,21 @@ case $what in
       timeout ${BENCH_TIMEOUT:-360} $bin/strata bench $common -p 2048 -n 16 -B 64 -r 2 --hot-experts auto \
         --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
     fi
+    ;;
+  qwen3moe-refresh)
+    # hot experts chosen online: no counts file, 24 experts a layer forced
+    # (the first ones), re-chosen from the router's picks after each
+    # repetition (--hot-refresh, what serve does between requests); the
+    # counts the run made are saved, and a second load plans --hot-experts
+    # auto from them; the pool off beside them
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_refresh$sk.txt
+    rm -f "$s.experts.json"
+    echo "$routing" | tee "$f"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 0 -n 16 -B 0"
+    for x in "24 --hot-refresh -r ${R:-5}" "auto -r 3" "off -r 3"; do
+      echo "== strata bench $common --hot-experts $x" | tee -a "$f"
+      timeout 200 $bin/strata bench $common --hot-experts $x 2>&1 | quiet | tee -a "$f"
+    done
     ;;
   gemma3)
     s=$(SKEW= dev_synth gemma3-27b)
