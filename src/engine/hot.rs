@@ -216,6 +216,10 @@ impl Engine {
         }
         let (next, changed) = crate::paging::refresh_hot(&pool.plan, &counts);
         let expected_hit = next.expected_hit;
+        // the predictions see the sets' new share of the picks
+        if let Some(c) = self.cpu_cal.as_mut() {
+            c.set_hot(&next.hit);
+        }
         let bytes = if changed.is_empty() {
             pool.plan = next;
             0

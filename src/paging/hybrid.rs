@@ -511,6 +511,18 @@ impl CpuCalibration {
         }
     }
 
+    /// The share of each group's picks its hot experts take now (per
+    /// group index, as `HotPlan::hit`), after the sets were re-chosen
+    /// (`experts::refresh_hot`): the CPU's part of those groups shrinks or
+    /// grows with it.
+    pub fn set_hot(&mut self, hit: &[f64]) {
+        for (g, &x) in self.groups.iter_mut().zip(hit) {
+            if let Some(e) = g.experts.as_mut() {
+                e.hot = x;
+            }
+        }
+    }
+
     /// A step of `n` tokens in which the CPU computed its part of `plan`
     /// (whole groups, split groups' host experts) in `secs`.
     pub fn observe(&mut self, n: u32, plan: &HybridPlan, secs: f64) {
@@ -811,6 +823,44 @@ mod tests {
         // 32-token steps read most experts: the CPU's share shrinks
         assert!(p.per_size[31].cpu_groups <= n_ffn);
         assert!(p.per_size[31].predicted.step_s() > step);
+    }
+
+    /// Hot sets re-chosen to catch more of the picks: the calibration's
+    /// prediction of the same split falls with the CPU's share, and comes
+    /// back when the share does.
+    #[test]
+    fn calibration_follows_refreshed_hot_shares() {
+        let mib = |x: f64| (x * 1048576.0) as u64;
+        let g: Vec<GroupInfo> = layers(8, mib(10.6), mib(340.5))
+            .into_iter()
+            .map(|g| GroupInfo {
+                experts: (g.kind == GroupKind::Ffn).then_some(super::super::groups::Experts {
+                    bytes: mib(340.0),
+                    n_expert: 128,
+                    n_used: 8,
+                    hot: 0.2,
+                }),
+                ..g
+            })
+            .collect();
+        let streamed = vec![true; g.len()];
+        let c = h100_cpu();
+        let p = plan_hybrid(&g, &streamed, (4, 3), 55e9, &c).expect("hybrid pays");
+        let mut cal = CpuCalibration::new(c, g.clone(), streamed, (4, 3), 55e9);
+        let before = cal.predict(&p, 1);
+        let hit: Vec<f64> = g
+            .iter()
+            .map(|x| if x.experts.is_some() { 0.9 } else { 0.0 })
+            .collect();
+        cal.set_hot(&hit);
+        let after = cal.predict(&p, 1);
+        assert!(after < 0.8 * before, "{after} against {before}");
+        let back: Vec<f64> = hit
+            .iter()
+            .map(|&x| if x > 0.0 { 0.2 } else { 0.0 })
+            .collect();
+        cal.set_hot(&back);
+        assert!((cal.predict(&p, 1) - before).abs() < 1e-12);
     }
 
     /// The first `resident` groups resident, `k` of the streamed FFN groups
