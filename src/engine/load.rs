@@ -320,7 +320,18 @@ impl Engine {
         let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
         // which kernels multiply large steps; before the compute probe,
         // which then measures the chosen path
+        let free0 = device.has_gemm_switch().then(|| device.memory().0);
         let paths = probe::matmul_paths(&spec, device, n_batch, cfg.paging.gemm)?;
+        // what the probe leaves on the device once its backends are gone
+        // (the BLAS library's state and kernels, loaded for good): the
+        // budget holds it too
+        let probe_kept = free0.map_or(0, |f| f.saturating_sub(device.memory().0) as u64);
+        if probe_kept > 0 {
+            tracing::info!(
+                "the matmul path probe left {:.1} MiB in use on the device (counted in the plan's fixed memory)",
+                probe_kept as f64 / (1u64 << 20) as f64
+            );
+        }
         let gemm = paths.map(|p| GemmPlan {
             mmq_max_rows: p.mmq_max_rows,
             scratch_bytes: gemm::scratch_bytes(&dims.hp, n_batch, p.elements),
@@ -332,7 +343,7 @@ impl Engine {
                 .zip(&layouts)
                 .map(|(g, l)| group_info(g, l.bytes as u64, &spec.hp))
                 .collect(),
-            fixed_bytes: head_bytes + persistent_bytes,
+            fixed_bytes: head_bytes + persistent_bytes + probe_kept,
             activations,
             kv: KvShape {
                 n_layer,
