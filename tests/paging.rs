@@ -242,7 +242,8 @@ fn timeline_records_each_group_and_upload() {
 
 /// The plan reserves activation memory before any graph exists; the one
 /// buffer every graph shares must never outgrow that reserve, at a decode
-/// step, at the largest step, and with logits for every row.
+/// step, at the largest step, with logits for every row, and with up to 64
+/// sequences in a step (their prompts, then a token each).
 #[test]
 fn activation_reserve_covers_the_largest_graph() {
     for name in [common::SMOLLM2, common::QWEN2] {
@@ -271,6 +272,29 @@ fn activation_reserve_covers_the_largest_graph() {
                 logits: true,
             };
             e.decode(&[last]).expect("decode step");
+            // many sequences in one step (a batch of 64 sequences' prompts
+            // and their decode step): each token sees its own sequence
+            e.clear();
+            let seqs = 64.min(n_batch);
+            let per = (n_batch / seqs).max(1);
+            let many: Vec<_> = (0..seqs * per)
+                .map(|i| strata::engine::BatchToken {
+                    token: 100 + i % 50,
+                    pos: (i % per) as i32,
+                    seq: i / per,
+                    logits: i % per == per - 1,
+                })
+                .collect();
+            e.decode(&many).expect("many sequences");
+            let next: Vec<_> = (0..seqs)
+                .map(|s| strata::engine::BatchToken {
+                    token: 9,
+                    pos: per as i32,
+                    seq: s,
+                    logits: true,
+                })
+                .collect();
+            e.decode(&next).expect("many sequences' decode step");
             let (used, reserve) = (e.activation_bytes(), e.activation_reserve());
             eprintln!("{name} b={n_batch}: activations {used} of {reserve} reserved");
             assert!(used > 0, "{name} b={n_batch}: no activations allocated");
