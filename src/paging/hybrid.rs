@@ -257,13 +257,16 @@ pub fn simulate(
                 t += d;
             }
             Where::Cpu => {
-                // with hot experts, their rows' round trip to the device
-                let hot_trip = if g.hot_share() > 0.0 && n <= super::experts::HOT_MAX_TOKENS {
-                    c.hop_s
+                let hot = g.hot_share();
+                let d = if hot > 0.0 && n <= super::experts::HOT_MAX_TOKENS {
+                    // hot experts: the device computes their picks in a
+                    // graph of its own while the CPU computes the others',
+                    // and their rows go up and come back (a second hop)
+                    let gpu = g.read_bytes(n) as f64 * hot * c.gpu_s_per_byte + c.gpu_group_s;
+                    2.0 * c.hop_s + gpu.max(c.group_s(g, n))
                 } else {
-                    0.0
+                    c.group_s(g, n) + c.hop_s
                 };
-                let d = c.group_s(g, n) + c.hop_s + hot_trip;
                 p.cpu_s += d;
                 t += d;
                 host = t;
