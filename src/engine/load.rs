@@ -436,7 +436,7 @@ impl Engine {
             let counts = hot_counted.as_ref();
             if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, counts, None) {
                 // the CPU's share of those groups falls by the hot sets'
-                set_hot_shares(&mut input.groups, &h);
+                crate::paging::set_hot_shares(&mut input.groups, &h.hit);
                 input.fixed_bytes += h.bytes + hot_io_bytes(&spec, n_batch);
                 plan = crate::paging::memory_plan(&input)?;
                 // the plan moved groups (spread residency shifts them all):
@@ -452,7 +452,7 @@ impl Engine {
                     Some(h.bytes),
                 )
                 .unwrap_or_default();
-                set_hot_shares(&mut input.groups, &h);
+                crate::paging::set_hot_shares(&mut input.groups, &h.hit);
                 hot = Some(h);
             }
             cpu_cal = plan.placement.hybrid.is_some().then(|| {
@@ -822,15 +822,6 @@ fn group_info(g: &crate::model::GroupSpec, bytes: u64, hp: &crate::model::Hparam
             n_used: hp.n_expert_used,
             hot: 0.0,
         }),
-    }
-}
-
-/// Each group's share of picks its hot experts take, for the plan.
-fn set_hot_shares(groups: &mut [GroupInfo], h: &crate::paging::HotPlan) {
-    for (g, &x) in groups.iter_mut().zip(&h.hit) {
-        if let Some(e) = g.experts.as_mut() {
-            e.hot = x;
-        }
     }
 }
 

@@ -41,6 +41,16 @@ pub struct Experts {
     pub hot: f64,
 }
 
+/// Sets each mixture group's share of the picks its hot experts take
+/// (`HotPlan::hit`, by group index), which the plan's CPU costs follow.
+pub fn set_hot_shares(groups: &mut [GroupInfo], hit: &[f64]) {
+    for (g, &x) in groups.iter_mut().zip(hit) {
+        if let Some(e) = g.experts.as_mut() {
+            e.hot = x;
+        }
+    }
+}
+
 impl GroupInfo {
     /// A group every token reads whole.
     pub fn dense(kind: GroupKind, bytes: u64) -> GroupInfo {

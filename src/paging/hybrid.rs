@@ -519,11 +519,7 @@ impl CpuCalibration {
     /// (`experts::refresh_hot`): the CPU's part of those groups shrinks or
     /// grows with it.
     pub fn set_hot(&mut self, hit: &[f64]) {
-        for (g, &x) in self.groups.iter_mut().zip(hit) {
-            if let Some(e) = g.experts.as_mut() {
-                e.hot = x;
-            }
-        }
+        super::groups::set_hot_shares(&mut self.groups, hit);
     }
 
     /// A step of `n` tokens in which the CPU computed its part of `plan`
@@ -769,6 +765,25 @@ mod tests {
         assert_eq!(p.stall_s, 1.0 + 1.0);
     }
 
+    /// `n` layers of Qwen3-30B-A3B's shape: 10.6 MiB of attention and an
+    /// FFN group of 340 MiB of experts, 8 of 128 per token, `hot` of
+    /// their picks on the device.
+    fn qwen3moe_30b(n: usize, hot: f64) -> Vec<GroupInfo> {
+        let mib = |x: f64| (x * 1048576.0) as u64;
+        layers(n, mib(10.6), mib(340.5))
+            .into_iter()
+            .map(|g| GroupInfo {
+                experts: (g.kind == GroupKind::Ffn).then_some(super::super::groups::Experts {
+                    bytes: mib(340.0),
+                    n_expert: 128,
+                    n_used: 8,
+                    hot,
+                }),
+                ..g
+            })
+            .collect()
+    }
+
     /// A mixture of experts at decode (Qwen3-30B-A3B's shape at 8 GB: 48
     /// layers of 10.6 MiB attention and 340 MiB of experts, 8 of 128 per
     /// token; the first 39 groups resident): a token reads 6% of an FFN
@@ -777,19 +792,7 @@ mod tests {
     /// bytes keeps most on the bus.
     #[test]
     fn mixture_decode_computes_every_streamed_expert_group_on_the_cpu() {
-        let mib = |x: f64| (x * 1048576.0) as u64;
-        let moe: Vec<GroupInfo> = layers(48, mib(10.6), mib(340.5))
-            .into_iter()
-            .map(|g| GroupInfo {
-                experts: (g.kind == GroupKind::Ffn).then_some(super::super::groups::Experts {
-                    bytes: mib(340.0),
-                    n_expert: 128,
-                    n_used: 8,
-                    hot: 0.0,
-                }),
-                ..g
-            })
-            .collect();
+        let moe = qwen3moe_30b(48, 0.0);
         let dense: Vec<GroupInfo> = moe
             .iter()
             .map(|g| GroupInfo::dense(g.kind, g.bytes))
@@ -833,19 +836,7 @@ mod tests {
     /// back when the share does.
     #[test]
     fn calibration_follows_refreshed_hot_shares() {
-        let mib = |x: f64| (x * 1048576.0) as u64;
-        let g: Vec<GroupInfo> = layers(8, mib(10.6), mib(340.5))
-            .into_iter()
-            .map(|g| GroupInfo {
-                experts: (g.kind == GroupKind::Ffn).then_some(super::super::groups::Experts {
-                    bytes: mib(340.0),
-                    n_expert: 128,
-                    n_used: 8,
-                    hot: 0.2,
-                }),
-                ..g
-            })
-            .collect();
+        let g = qwen3moe_30b(8, 0.2);
         let streamed = vec![true; g.len()];
         let c = h100_cpu();
         let p = plan_hybrid(&g, &streamed, (4, 3), 55e9, &c).expect("hybrid pays");
