@@ -30,6 +30,9 @@
 #                                       # auto beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults,
 #                                       # best) with pp2048 too; TRACE=1: a trace of each
 #                                       # configuration's tg16; B=0: no 64-sequence test
+#   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
+#                                       # sequences with N whole CPU groups forced (--hybrid N) and S
+#                                       # slots a ring (--slots S)
 #   [PP=512 SKIP_CHECK=1] bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
@@ -60,7 +63,7 @@ routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew
 [ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
-  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot) first=qwen3-30b-a3b ;;
+  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot|qwen3moe-b64) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3|gemma3-swa) first=gemma3-27b ;;
   qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
@@ -133,6 +136,22 @@ case $what in
     echo "== --expert-split auto beside llama.cpp" | tee -a "$f"
     timeout ${BENCH_TIMEOUT:-300} $bin/strata bench $common -p 0 -n 16 -B 64 -r 2 --llama-ngl ${NGL:-18} --llama-best \
       --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+    ;;
+  qwen3moe-b64)
+    # 64 sequences at 8G: whole CPU groups at the 64-token step (forced by
+    # --hybrid N: the plan gives the CPU no whole group above its probe's
+    # 16 tokens) against the FFN ring's depth (--slots S), to see whether
+    # the CPU's groups overlap the bus once the ring holds their time's
+    # uploads. GRID="N:S ..." (N off: no CPU group); TRACE=1: a trace of each
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_b64$sk.txt
+    echo "$routing" | tee "$f"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 0 -n 0 -B 64 -r 2"
+    for x in ${GRID:-off:3 off:5 6:3 6:5 6:7 4:5 8:5 8:7 10:7}; do
+      n=${x%:*}; sl=${x#*:}
+      echo "== strata bench $common --hybrid $n --slots $sl" | tee -a "$f"
+      timeout 150 $bin/strata bench $common --hybrid $n --slots $sl \
+        ${TRACE:+--trace $out/trace_b64$sk-$n-$sl.json} 2>&1 | quiet | tee -a "$f"
+    done
     ;;
   qwen3moe-hot)
     # hot experts at 8G: the router counts a 2048-token prompt of random
