@@ -410,6 +410,63 @@ fn hot_experts_follow_the_router_counted_online() {
     assert!(again.groups <= r.groups);
 }
 
+/// Look-ahead (`--look-ahead`): while the host computes a mixture layer,
+/// the next host layer's predicted experts go up into a slot and the
+/// device computes the picks they catch; the host computes the others.
+/// On a skewed tiny Qwen3-MoE with every FFN group on the host, alone and
+/// beside two hot experts a layer: logits within rounding of the resident
+/// engine's and equal tokens, with experts uploaded and picks caught (a
+/// slot computed without its upload would hold no weights).
+#[test]
+fn moe_look_ahead_equals_resident() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::synth_moe(dir.path(), &vocab, 1.0);
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let plain = EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    };
+    let mut resident = Engine::load(&path, &plain).expect("resident engine");
+    let hp = resident.spec.hp.clone();
+    let n_layer = hp.n_layer as usize;
+    for hot in [0, 2] {
+        let mut cfg = hybrid_cfg(2 * n_layer, false);
+        // half the experts: a guess from the layer before catches some
+        cfg.paging.look_ahead = 8;
+        if hot > 0 {
+            cfg.paging.hot = strata::paging::HotExperts::Force(hot);
+        }
+        let mut e = Engine::load(&path, &cfg).expect("look-ahead engine");
+        let mut st = strata::engine::host::HostStats::default();
+        for p in PROMPTS {
+            let prompt = lm.tokenize(p, true, true).expect("tokenize");
+            let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+            let b = run_strata(&mut e, &prompt, 12).expect("look-ahead run");
+            let (worst, diff) = compare(&b, &a);
+            assert!(worst < 1e-8, "hot {hot}: NMSE {worst}");
+            assert_eq!(diff, None, "hot {hot}: tokens differ");
+            // the last step was one token: every layer's picks on one
+            // side or the other, the first host layer's never predicted
+            let h = e.last_step.host;
+            assert_eq!(h.picks, (n_layer * hp.n_expert_used as usize) as u64);
+            assert!(h.ahead_picks <= h.picks - h.hot_picks);
+            st.ahead_picks += h.ahead_picks;
+            st.ahead_hits += h.ahead_hits;
+            st.ahead_experts += h.ahead_experts;
+            st.ahead_bytes += h.ahead_bytes;
+        }
+        eprintln!(
+            "hot {hot}: {} experts ({} bytes) uploaded ahead; {} of {} picks caught",
+            st.ahead_experts, st.ahead_bytes, st.ahead_hits, st.ahead_picks
+        );
+        assert!(st.ahead_experts > 0 && st.ahead_bytes > 0);
+        assert!(st.ahead_hits > 0, "hot {hot}: no pick caught");
+    }
+}
+
 /// Expert split on the CPU (`--expert-split`): for steps of many tokens
 /// each streamed mixture layer uploads only its first experts, which the
 /// device computes, while the host computes the picks of the others; both

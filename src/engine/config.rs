@@ -143,6 +143,11 @@ pub struct PagingOptions {
     /// device, computed there while the host CPU computes the others'
     /// picks (`paging::experts`; needs hybrid decode's host copies).
     pub hot: crate::paging::HotExperts,
+    /// A mixture's host-computed layers: while the host computes one,
+    /// this many of the next host layer's predicted experts go up over
+    /// the bus, and the device computes the picks they catch
+    /// (`paging::lookahead`); 0: off.
+    pub look_ahead: u32,
 }
 
 impl Default for PagingOptions {
@@ -156,6 +161,7 @@ impl Default for PagingOptions {
             gemm: Gemm::Auto,
             split: crate::paging::SplitInput::default(),
             hot: crate::paging::HotExperts::Off,
+            look_ahead: 0,
             relay: false,
         }
     }

@@ -31,6 +31,13 @@ pub struct HostStats {
     /// those the device computed (`paging::experts`).
     pub picks: u64,
     pub hot_picks: u64,
+    /// Look-ahead (`--look-ahead`): the picks of layers a slot held a
+    /// prediction for (beyond hot experts), those the slot caught, and the
+    /// experts and bytes uploaded.
+    pub ahead_picks: u64,
+    pub ahead_hits: u64,
+    pub ahead_experts: u64,
+    pub ahead_bytes: u64,
 }
 
 pub struct HostCompute {

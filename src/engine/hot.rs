@@ -137,8 +137,10 @@ impl Engine {
     }
 
     /// A mixture FFN group the host computes (hybrid decode) whose hot
-    /// experts are on the device: the router on the host, then both sides
-    /// at once (see the module notes). The residual rows are on the host.
+    /// experts are on the device, or whose experts the look-ahead
+    /// predicts (`engine::lookahead`): the router on the host, then both
+    /// sides at once (see the module notes). The residual rows are on the
+    /// host.
     pub(super) fn run_host_ffn_hot(&mut self, layer: u32, n: u32) -> Result<(), EngineError> {
         let gi = GroupId::new(layer, GroupKind::Ffn);
         let sig = self.spec.groups[gi.index()].signature();
@@ -161,8 +163,17 @@ impl Engine {
             // take turns on the cores
             self.host.as_ref().expect("checked").park_threads();
         }
+        if !self.has_hot(gi) {
+            // `queue_hot` counts the picks of the layers it serves
+            let host = self.host.as_mut().expect("checked");
+            host.stats.picks += picks.len() as u64;
+        }
         let (cold, hot) = self.queue_hot(gi, &cur, picks)?;
-        if shared_cores && !hot.is_empty() {
+        // those the look-ahead's slot caught, then the next host layer's
+        // predicted experts up while the CPU computes (`engine::lookahead`)
+        let (cold, ahead) = self.queue_ahead(gi, &cur, cold)?;
+        self.prefetch_after(gi, &cur)?;
+        if shared_cores && !(hot.is_empty() && ahead.is_empty()) {
             self.backend.synchronize();
             self.backend.park_threads();
         }
@@ -170,6 +181,7 @@ impl Engine {
         let mut sums = Vec::new();
         host.split_experts(gi, &sig, &cur, &cold, &mut sums)?;
         self.finish_hot(gi, &hot, &mut sums)?;
+        self.finish_ahead(gi, &ahead, &mut sums)?;
         let host = self.host.as_mut().expect("checked");
         host.add_rows(&sums)?;
         if shared_cores {

@@ -430,6 +430,15 @@ impl Engine {
         };
         if let Some(c) = cpu {
             input.cpu = Some(c.clone());
+            if cfg.paging.look_ahead > 0 && spec.hp.is_moe() {
+                // the look-ahead's slots and rows out of the budget
+                input.fixed_bytes += super::aheadslots::device_bytes(
+                    &spec,
+                    device,
+                    cfg.paging.look_ahead,
+                    crate::paging::experts::HOT_MAX_TOKENS.min(n_batch),
+                )?;
+            }
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
             hot_counted = hot_counts(&spec, cfg)?;
@@ -626,6 +635,32 @@ impl Engine {
         // what every graph's externals are bound to
         let mut ext = persistent.bindings.clone();
         ext.extend(store.rope_freqs.clone());
+        let ahead = match (&host, &plan.placement.hybrid) {
+            (Some(_), Some(h)) if cfg.paging.look_ahead > 0 => super::aheadslots::LookAhead::new(
+                &spec,
+                &dims,
+                lim,
+                ext.clone(),
+                &file,
+                &store,
+                &h.host,
+                device,
+                cfg.paging.look_ahead,
+                crate::paging::experts::HOT_MAX_TOKENS.min(lim.n_batch),
+            )?,
+            _ => None,
+        };
+        match &ahead {
+            Some(a) => tracing::info!(
+                "look-ahead: up to {} predicted experts of the next host layer uploaded ahead ({:.1} MiB on the device)",
+                a.most,
+                a.bytes() as f64 / (1u64 << 20) as f64
+            ),
+            None if cfg.paging.look_ahead > 0 && spec.hp.is_moe() => tracing::warn!(
+                "--look-ahead: none, it needs mixture layers the host CPU computes (hybrid decode) streamed from pinned memory"
+            ),
+            None => {}
+        }
         let mut kv = KvCache::new(
             KvCells::new(n_ctx as usize),
             KvStore::alloc(&dims, lim, device, kv_resident, n_layer)?,
@@ -650,6 +685,7 @@ impl Engine {
             pager,
             host,
             hot,
+            ahead,
             split,
             reduce,
             backend,

@@ -23,11 +23,15 @@
 //! - `hot`, `hotpool`: a mixture's most picked experts kept on the device
 //!   (their memory), which computes their picks while the host computes
 //!   the others';
+//! - `lookahead`, `aheadslots`: the next host layer's predicted experts
+//!   uploaded over the idle bus while the host computes (their memory),
+//!   the device computing the picks they catch;
 //! - `session`: KV caches saved to and restored from files;
 //! - `timeline`: the recorder behind `bench --trace`.
 //!
 //! Parts import siblings and lower layers, never this file.
 
+mod aheadslots;
 mod batch;
 mod buffers;
 mod config;
@@ -39,6 +43,7 @@ mod hotpool;
 mod kvcache;
 pub mod kvtier;
 mod load;
+mod lookahead;
 mod model_file;
 mod pager;
 mod probe;

@@ -67,6 +67,9 @@ pub struct Engine {
     /// Hot experts on the device (`paging::experts`), where the plan keeps
     /// any.
     pub(super) hot: Option<super::hotpool::HotPool>,
+    /// The next host layer's predicted experts, uploaded ahead
+    /// (`paging::lookahead`), where asked for.
+    pub(super) ahead: Option<super::aheadslots::LookAhead>,
     pub(super) backend: Backend,
     pub(super) store: WeightStore,
     pub(super) persistent: Persistent,

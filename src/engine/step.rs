@@ -363,6 +363,9 @@ impl Engine {
         if let Some(h) = self.host.as_mut() {
             h.stats = host::HostStats::default();
         }
+        if let Some(a) = self.ahead.as_mut() {
+            a.begin_step(&on_cpu);
+        }
         let gis: Vec<GroupId> = order
             .iter()
             .map(|(l, k, _)| GroupId::new(*l, *k))
@@ -717,7 +720,7 @@ impl Engine {
         *x_host = Some(shape.n_tokens);
         if kind == GroupKind::Ffn
             && shape.n_tokens <= crate::paging::experts::HOT_MAX_TOKENS
-            && self.has_hot(gi)
+            && (self.has_hot(gi) || self.has_ahead(gi))
         {
             return self.run_host_ffn_hot(layer, shape.n_tokens);
         }

@@ -8,6 +8,7 @@ pub mod experts;
 pub mod gemm;
 mod groups;
 mod hybrid;
+pub mod lookahead;
 mod memory;
 mod plan;
 mod ring;

@@ -33,6 +33,8 @@
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
 #                                       # sequences with N whole CPU groups forced (--hybrid N) and S
 #                                       # slots a ring (--slots S)
+#   [SKEW=1] [AHEADS="0 8"] [HOT=X] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-ahead  # the 30B
+#                                       # shape at 8G: tg16 with --look-ahead N for each N of AHEADS
 #   [PP=512 SKIP_CHECK=1] bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
@@ -63,7 +65,7 @@ routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew
 [ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
-  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot|qwen3moe-b64) first=qwen3-30b-a3b ;;
+  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot|qwen3moe-b64|qwen3moe-ahead) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3|gemma3-swa) first=gemma3-27b ;;
   qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
@@ -151,6 +153,21 @@ case $what in
       echo "== strata bench $common --hybrid $n --slots $sl" | tee -a "$f"
       timeout 150 $bin/strata bench $common --hybrid $n --slots $sl \
         ${TRACE:+--trace $out/trace_b64$sk-$n-$sl.json} 2>&1 | quiet | tee -a "$f"
+    done
+    ;;
+  qwen3moe-ahead)
+    # decode at 8G with the look-ahead: the next host layer's predicted
+    # experts uploaded while the host computes (--look-ahead N, N experts
+    # a layer at most), against it off; AHEADS="0 4 8 16" by default;
+    # HOT=X adds --hot-experts X (auto needs the counts qwen3moe-hot
+    # writes); TRACE=1: a trace of each
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_ahead$sk.txt
+    echo "$routing" | tee -a "$f"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 0 -n 16 -B 0 -r ${R:-3}"
+    for x in ${AHEADS:-0 4 8 16}; do
+      echo "== strata bench $common --look-ahead $x ${HOT:+--hot-experts $HOT}" | tee -a "$f"
+      timeout 150 $bin/strata bench $common --look-ahead $x ${HOT:+--hot-experts $HOT} \
+        ${TRACE:+--trace $out/trace_ahead$sk-$x.json} 2>&1 | quiet | tee -a "$f"
     done
     ;;
   qwen3moe-hot)

@@ -231,6 +231,13 @@ struct StepFigures {
     /// on the GPU, and the share of them the GPU computed (its hit rate).
     expert_picks: f64,
     hot_hit: f64,
+    /// Look-ahead: the share of the picks of predicted layers (beyond hot
+    /// experts) the prefetched experts caught, the share of all picks on
+    /// the GPU, and experts and MiB uploaded per step.
+    ahead_hit: f64,
+    gpu_share: f64,
+    ahead_experts: f64,
+    ahead_mib: f64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -277,6 +284,10 @@ fn time_strata(
         host.hops += h.hops;
         host.picks += h.picks;
         host.hot_picks += h.hot_picks;
+        host.ahead_picks += h.ahead_picks;
+        host.ahead_hits += h.ahead_hits;
+        host.ahead_experts += h.ahead_experts;
+        host.ahead_bytes += h.ahead_bytes;
         for c in b.chunks(e.n_batch() as usize) {
             // the parts of a model split across devices run in turn (a
             // layer range each), or at once (the row split)
@@ -343,6 +354,10 @@ fn time_strata(
         bus_probe_gbs: bus_probe / 1e9,
         expert_picks: host.picks as f64 / steps as f64,
         hot_hit: host.hot_picks as f64 / host.picks.max(1) as f64,
+        ahead_hit: host.ahead_hits as f64 / host.ahead_picks.max(1) as f64,
+        gpu_share: (host.hot_picks + host.ahead_hits) as f64 / host.picks.max(1) as f64,
+        ahead_experts: host.ahead_experts as f64 / steps as f64,
+        ahead_mib: host.ahead_bytes as f64 / steps as f64 / (1u64 << 20) as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -954,6 +969,12 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                 println!(
                     "{:<47} hot experts: {:.1} routed picks/step in their layers, {:.1}% of them on the GPU (its hit rate)",
                     "", f.expert_picks, 100.0 * f.hot_hit
+                );
+            }
+            if f.ahead_experts > 0.0 {
+                println!(
+                    "{:<47} look-ahead: {:.1} experts ({:.1} MiB) up per step; they caught {:.1}% of their layers' picks beyond hot experts; {:.1}% of all picks on the GPU",
+                    "", f.ahead_experts, f.ahead_mib, 100.0 * f.ahead_hit, 100.0 * f.gpu_share
                 );
             }
             if f.relayed_mib > 0.0 {

@@ -238,6 +238,17 @@ pub struct ModelArgs {
     /// requests.
     #[arg(long = "hot-experts", default_value = "off", value_parser = parse_hot)]
     pub hot_experts: strata::paging::HotExperts,
+    /// A mixture of experts at decode (steps of up to 16 tokens): while
+    /// the host CPU computes one of its layers, the next host layer's
+    /// router on the current rows predicts that layer's experts, and up
+    /// to this many of them (beyond hot experts) go up over the idle bus;
+    /// the GPU then computes the picks they catch while the CPU computes
+    /// the others. 0 (the default): off. Needs hybrid decode's host
+    /// copies in pinned memory; bench prints how often the prediction
+    /// caught a pick.
+    #[arg(long = "look-ahead", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub look_ahead: u32,
     /// The fewest tokens a step splits its experts at (at least 2).
     #[arg(long = "split-min-tokens", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(2..))]
@@ -620,6 +631,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             },
             relay: m.relay,
             hot: m.hot_experts,
+            look_ahead: m.look_ahead,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,

@@ -1,0 +1,215 @@
+//! Look-ahead, the execution side (`paging::lookahead` says what and why):
+//! while the host computes a mixture layer, the next host layer's
+//! predicted experts go up over the bus into a slot, and when that layer
+//! comes the device computes the picks the slot holds while the CPU
+//! computes the others.
+//!
+//! Two slots take turns: the prefetch for the next host layer goes into
+//! the slot the current layer does not read. A slot is written only by the
+//! host after the device's last graph over it completed (each host layer
+//! ends by draining the compute stream, `finish_ahead`), and read only
+//! after the compute stream waited for the slot's `loaded` event, recorded
+//! on the upload stream after its copies. The uploads go on a stream of
+//! their own, so they never queue behind the ring's, and the slots'
+//! graphs have an activation buffer of their own: a hot-expert graph
+//! queued just before holds its output in the engine's until read.
+
+use super::aheadslots::LookAhead;
+use super::error::EngineError;
+use super::host::{add_weighted, gather_rows, pad_picks, Pick};
+use super::state::Engine;
+use super::timeline;
+use crate::ggml::Binding;
+use crate::graph::BindId;
+use crate::model::GroupId;
+
+impl Engine {
+    /// Whether group `gi` has a look-ahead.
+    pub(super) fn has_ahead(&self, gi: GroupId) -> bool {
+        self.ahead.as_ref().is_some_and(|a| a.has(gi.index()))
+    }
+
+    /// Splits `picks` of group `gi` into those a slot holds, queued on the
+    /// device now, and the others, returned for the host. `cur`: the
+    /// router's normed rows F32 [n_embd, n_tokens].
+    pub(super) fn queue_ahead(
+        &mut self,
+        gi: GroupId,
+        cur: &[f32],
+        picks: Vec<Pick>,
+    ) -> Result<(Vec<Pick>, Vec<Pick>), EngineError> {
+        let Some(a) = self.ahead.as_mut() else {
+            return Ok((picks, Vec::new()));
+        };
+        let Some(s) = (0..2).find(|&s| a.slots[s].group == Some(gi.index())) else {
+            return Ok((picks, Vec::new()));
+        };
+        let (mut got, mut rest) = (Vec::new(), Vec::new());
+        for p in picks {
+            match a.slots[s].set.iter().position(|&x| x as i32 == p.expert) {
+                Some(k) => got.push(Pick {
+                    expert: k as i32,
+                    ..p
+                }),
+                None => rest.push(p),
+            }
+        }
+        if let Some(h) = self.host.as_mut() {
+            h.stats.ahead_picks += (got.len() + rest.len()) as u64;
+            h.stats.ahead_hits += got.len() as u64;
+        }
+        if got.is_empty() {
+            return Ok((rest, got));
+        }
+        let n = pad_picks(got.len() as u32);
+        if n > a.picks {
+            return Err(EngineError::Unsupported(
+                "more look-ahead picks than the device's rows hold",
+            ));
+        }
+        let e = self.spec.hp.n_embd as usize;
+        gather_rows(&got, cur, e, n as usize, &mut a.rows, &mut a.ids);
+        // nothing queued reads them: the last graph over them was waited
+        // for (`finish_ahead`) before these are written
+        a.io.tensor(0).set_bytes(bytemuck::cast_slice(&a.rows), 0)?;
+        a.io.tensor(1).set_i32(&a.ids)?;
+        let slot = &a.slots[s];
+        let base = slot.arena.offset(0);
+        let mut binds = a.offsets[&gi.index()]
+            .iter()
+            .map(|&o| Binding::at(slot.arena.buffer(), base + o))
+            .collect::<Result<Vec<_>, _>>()?;
+        binds.push(a.io.binding(0));
+        binds.push(a.io.binding(1));
+        if let Some(ev) = &slot.loaded {
+            // resident only once its copies completed
+            ev.wait_on(&self.backend);
+        }
+        let key = LookAhead::key(&self.spec, gi.index(), s, a.most, n);
+        let id = BindId {
+            group: Some(gi),
+            weight_slot: Some(s),
+            kv_window: None,
+        };
+        a.templates.get(&key)?.bind(id, &binds, None)?;
+        let t = a.templates.allocated(&key, &self.backend)?;
+        let layer = gi.layer() + self.spec.hp.layer0;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("ffn {layer} (prefetched experts)"),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        Ok((rest, got))
+    }
+
+    /// Waits for the device's look-ahead picks (`queue_ahead`) and adds
+    /// them, weighted, to `sums`.
+    pub(super) fn finish_ahead(
+        &mut self,
+        gi: GroupId,
+        got: &[Pick],
+        sums: &mut [f32],
+    ) -> Result<(), EngineError> {
+        if got.is_empty() {
+            return Ok(());
+        }
+        let a = self.ahead.as_mut().expect("queue_ahead found it");
+        let s = (0..2)
+            .find(|&s| a.slots[s].group == Some(gi.index()))
+            .expect("queue_ahead found the slot");
+        let n = pad_picks(got.len() as u32);
+        let key = LookAhead::key(&self.spec, gi.index(), s, a.most, n);
+        self.backend.synchronize();
+        let e = self.spec.hp.n_embd as usize;
+        a.out.resize(n as usize * e, 0.0);
+        a.templates.get(&key)?.out().get_f32(&mut a.out)?;
+        add_weighted(got, &a.out, e, sums);
+        Ok(())
+    }
+
+    /// Predicts the experts of this step's host layer after `gi` from
+    /// `cur` (layer `gi`'s normed rows) and uploads those the device does
+    /// not hold as hot experts into the slot layer `gi` does not read.
+    pub(super) fn prefetch_after(&mut self, gi: GroupId, cur: &[f32]) -> Result<(), EngineError> {
+        let Some(a) = self.ahead.as_mut() else {
+            return Ok(());
+        };
+        let Some(&next) = a.targets.iter().find(|&&t| t > gi.index()) else {
+            return Ok(());
+        };
+        let hp = &self.spec.hp;
+        let hot = self.hot.as_ref();
+        let set = crate::paging::lookahead::predict(
+            &a.routers[&next],
+            cur,
+            hp.n_embd as usize,
+            hp.n_expert_used as usize,
+            a.most as usize,
+            |e| hot.is_some_and(|h| h.plan.slot_of(next, e).is_some()),
+        );
+        // the slot the current layer does not read, else the older one
+        let s = if a.slots[a.last].group == Some(gi.index()) {
+            1 - a.last
+        } else if a.slots[1 - a.last].group == Some(gi.index()) {
+            a.last
+        } else {
+            1 - a.last
+        };
+        let slot = &mut a.slots[s];
+        if slot.group == Some(next) && slot.set == set {
+            a.last = s;
+            return Ok(());
+        }
+        // the slot's last reader finished: every host layer drains the
+        // compute stream before the next one begins
+        slot.group = None;
+        let src = self.store.host_extent(GroupId::from_index(next), || ())?;
+        let layout = &self.store.layouts[next].offsets;
+        let ws: Vec<_> = self.spec.groups[next]
+            .weights
+            .iter()
+            .zip(layout)
+            .filter(|(w, _)| w.role.is_some_and(|r| r.is_expert()))
+            .collect();
+        let t = slot.arena.tensor(0);
+        let mut bytes = 0u64;
+        let layer = GroupId::from_index(next).layer() + self.spec.hp.layer0;
+        let rec = self.rec.scope(
+            timeline::Stream::Copy,
+            &a.upload,
+            || format!("ffn {layer} (look-ahead, {} experts)", set.len()),
+            0,
+        );
+        for ((w, &from), &to) in ws.iter().zip(&a.offsets[&next]) {
+            let per = w.size as usize / w.ne[2].max(1) as usize;
+            for (k, &x) in set.iter().enumerate() {
+                let at = from + x as usize * per;
+                // SAFETY: the source is the group's pinned extent, written
+                // only at load; the slot's byte range lies inside its tensor
+                // (sized for `most` experts of every look-ahead group), and
+                // no graph reads it until the compute stream waited for the
+                // event recorded below.
+                unsafe {
+                    a.upload
+                        .tensor_set_async(t, &src[at..at + per], to + k * per)
+                };
+                bytes += per as u64;
+            }
+        }
+        drop(rec);
+        if let Some(ev) = &slot.loaded {
+            ev.record(&a.upload);
+        }
+        slot.group = Some(next);
+        slot.set = set;
+        a.last = s;
+        if let Some(h) = self.host.as_mut() {
+            h.stats.ahead_bytes += bytes;
+            h.stats.ahead_experts += slot.set.len() as u64;
+        }
+        Ok(())
+    }
+}
