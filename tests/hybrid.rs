@@ -413,8 +413,8 @@ fn hot_experts_follow_the_router_counted_online() {
 /// Look-ahead (`--look-ahead`): while the host computes a mixture layer,
 /// the next host layer's predicted experts go up into a slot and the
 /// device computes the picks they catch; the host computes the others.
-/// On a skewed tiny Qwen3-MoE with every FFN group on the host, alone and
-/// beside two hot experts a layer: logits within rounding of the resident
+/// On a skewed tiny Qwen3-MoE with every FFN group on the host, one and
+/// two layers ahead, alone and beside two hot experts a layer: logits within rounding of the resident
 /// engine's and equal tokens, with experts uploaded and picks caught (a
 /// slot computed without its upload would hold no weights).
 #[test]
@@ -432,10 +432,11 @@ fn moe_look_ahead_equals_resident() {
     let mut resident = Engine::load(&path, &plain).expect("resident engine");
     let hp = resident.spec.hp.clone();
     let n_layer = hp.n_layer as usize;
-    for hot in [0, 2] {
+    for (hot, depth) in [(0, 1), (0, 2), (2, 2)] {
         let mut cfg = hybrid_cfg(2 * n_layer, false);
-        // half the experts: a guess from the layer before catches some
+        // half the experts: a guess from the layers before catches some
         cfg.paging.look_ahead = 8;
+        cfg.paging.look_ahead_layers = depth;
         if hot > 0 {
             cfg.paging.hot = strata::paging::HotExperts::Force(hot);
         }
@@ -459,7 +460,7 @@ fn moe_look_ahead_equals_resident() {
             st.ahead_bytes += h.ahead_bytes;
         }
         eprintln!(
-            "hot {hot}: {} experts ({} bytes) uploaded ahead; {} of {} picks caught",
+            "hot {hot}, {depth} layers ahead: {} experts ({} bytes) uploaded; {} of {} picks caught",
             st.ahead_experts, st.ahead_bytes, st.ahead_hits, st.ahead_picks
         );
         assert!(st.ahead_experts > 0 && st.ahead_bytes > 0);

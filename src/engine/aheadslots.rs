@@ -1,6 +1,6 @@
 //! The look-ahead's device memory (`engine::lookahead` computes with it,
-//! `paging::lookahead` says what and why): two slots for the next host
-//! layer's predicted experts, the routers that predict them, the rows and
+//! `paging::lookahead` says what and why): a ring of slots for the next
+//! host layers' predicted experts, the routers that predict them, the rows and
 //! ids of the slots' graphs and the stream their uploads go on.
 
 use super::error::EngineError;
@@ -38,9 +38,12 @@ pub struct LookAhead {
     pub(super) templates: TemplateCache,
     /// Experts a layer prefetched at most.
     pub most: u32,
-    pub(super) slots: [Slot; 2],
-    /// The slot written last.
-    pub(super) last: usize,
+    /// depth + 1 slots.
+    pub(super) slots: Vec<Slot>,
+    /// Host layers predicted ahead.
+    pub(super) depth: usize,
+    /// This step's host layers predicted so far (an index into `targets`).
+    pub(super) issued: usize,
     /// Per look-ahead group index: its router as F32 [n_embd, n_expert],
     /// and the offsets of its expert tensors in a slot.
     pub(super) routers: HashMap<usize, Vec<f32>>,
@@ -96,14 +99,15 @@ fn moe_groups(spec: &ModelSpec) -> impl Iterator<Item = usize> + '_ {
     })
 }
 
-/// Device bytes the look-ahead takes for `most` experts a layer: two slots
-/// of the largest mixture layer's, and the rows and activations of a step
+/// Device bytes the look-ahead takes for `most` experts a layer `depth`
+/// layers ahead: depth + 1 slots of the largest mixture layer's, and the rows and activations of a step
 /// of `n_tokens` (each pick's input and output rows and its gate, up and
 /// product rows, in F32).
 pub fn device_bytes(
     spec: &ModelSpec,
     dev: Device,
     most: u32,
+    depth: u32,
     n_tokens: u32,
 ) -> Result<u64, EngineError> {
     let mut slot = 0usize;
@@ -112,13 +116,13 @@ pub fn device_bytes(
     }
     let picks = u64::from(pad_picks(n_tokens * spec.hp.n_expert_used));
     let (e, f) = (u64::from(spec.hp.n_embd), u64::from(spec.hp.n_ff_exp));
-    Ok(2 * slot as u64 + picks * (e * 4 + 4) + picks * (2 * e + 3 * f) * 4)
+    Ok((u64::from(depth) + 1) * slot as u64 + picks * (e * 4 + 4) + picks * (2 * e + 3 * f) * 4)
 }
 
 impl LookAhead {
     /// The look-ahead of the groups marked in `host` (the host's copies)
     /// that are mixture layers streamed from pinned memory: their routers
-    /// read from the file, two slots and the rows on `dev`. None where no
+    /// read from the file, depth + 1 slots and the rows on `dev`. None where no
     /// group qualifies.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -131,6 +135,7 @@ impl LookAhead {
         host: &[bool],
         dev: Device,
         most: u32,
+        depth: u32,
         most_tokens: u32,
     ) -> Result<Option<LookAhead>, EngineError> {
         let e = spec.hp.n_embd as usize;
@@ -203,8 +208,9 @@ impl LookAhead {
         Ok(Some(LookAhead {
             templates: TemplateCache::new(dims.clone(), lim, ext, dev),
             most,
-            slots: [new_slot()?, new_slot()?],
-            last: 1,
+            slots: (0..=depth).map(|_| new_slot()).collect::<Result<_, _>>()?,
+            depth: depth as usize,
+            issued: 0,
             routers,
             offsets,
             targets: Vec::new(),
@@ -228,6 +234,7 @@ impl LookAhead {
         self.targets = (0..on_cpu.len())
             .filter(|&gi| on_cpu[gi] && self.routers.contains_key(&gi))
             .collect();
+        self.issued = 0;
     }
 
     /// Whether group `gi` takes part.

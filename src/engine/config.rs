@@ -148,6 +148,8 @@ pub struct PagingOptions {
     /// the bus, and the device computes the picks they catch
     /// (`paging::lookahead`); 0: off.
     pub look_ahead: u32,
+    /// How many host layers ahead the look-ahead predicts (at least 1).
+    pub look_ahead_layers: u32,
 }
 
 impl Default for PagingOptions {
@@ -162,6 +164,7 @@ impl Default for PagingOptions {
             split: crate::paging::SplitInput::default(),
             hot: crate::paging::HotExperts::Off,
             look_ahead: 0,
+            look_ahead_layers: 2,
             relay: false,
         }
     }

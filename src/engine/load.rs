@@ -436,6 +436,7 @@ impl Engine {
                     &spec,
                     device,
                     cfg.paging.look_ahead,
+                    cfg.paging.look_ahead_layers,
                     crate::paging::experts::HOT_MAX_TOKENS.min(n_batch),
                 )?;
             }
@@ -646,14 +647,16 @@ impl Engine {
                 &h.host,
                 device,
                 cfg.paging.look_ahead,
+                cfg.paging.look_ahead_layers,
                 crate::paging::experts::HOT_MAX_TOKENS.min(lim.n_batch),
             )?,
             _ => None,
         };
         match &ahead {
             Some(a) => tracing::info!(
-                "look-ahead: up to {} predicted experts of the next host layer uploaded ahead ({:.1} MiB on the device)",
+                "look-ahead: up to {} predicted experts of each of the next {} host layers uploaded ahead ({:.1} MiB on the device)",
                 a.most,
+                a.depth,
                 a.bytes() as f64 / (1u64 << 20) as f64
             ),
             None if cfg.paging.look_ahead > 0 && spec.hp.is_moe() => tracing::warn!(

@@ -4,10 +4,12 @@
 //! comes the device computes the picks the slot holds while the CPU
 //! computes the others.
 //!
-//! Two slots take turns: the prefetch for the next host layer goes into
-//! the slot the current layer does not read. A slot is written only by the
-//! host after the device's last graph over it completed (each host layer
-//! ends by draining the compute stream, `finish_ahead`), and read only
+//! The prefetches run `depth` host layers ahead (`--look-ahead-layers`),
+//! through a ring of depth + 1 slots: the j-th host layer of a step uses
+//! slot j modulo depth + 1, so a prefetch never writes the slot the
+//! current layer reads. A slot is written only by the host after the
+//! device's last graph over it completed (each host layer ends by
+//! draining the compute stream, `finish_ahead`), and read only
 //! after the compute stream waited for the slot's `loaded` event, recorded
 //! on the upload stream after its copies. The uploads go on a stream of
 //! their own, so they never queue behind the ring's, and the slots'
@@ -41,7 +43,7 @@ impl Engine {
         let Some(a) = self.ahead.as_mut() else {
             return Ok((picks, Vec::new()));
         };
-        let Some(s) = (0..2).find(|&s| a.slots[s].group == Some(gi.index())) else {
+        let Some(s) = (0..a.slots.len()).find(|&s| a.slots[s].group == Some(gi.index())) else {
             return Ok((picks, Vec::new()));
         };
         let (mut got, mut rest) = (Vec::new(), Vec::new());
@@ -117,7 +119,7 @@ impl Engine {
             return Ok(());
         }
         let a = self.ahead.as_mut().expect("queue_ahead found it");
-        let s = (0..2)
+        let s = (0..a.slots.len())
             .find(|&s| a.slots[s].group == Some(gi.index()))
             .expect("queue_ahead found the slot");
         let n = pad_picks(got.len() as u32);
@@ -130,16 +132,37 @@ impl Engine {
         Ok(())
     }
 
-    /// Predicts the experts of this step's host layer after `gi` from
-    /// `cur` (layer `gi`'s normed rows) and uploads those the device does
-    /// not hold as hot experts into the slot layer `gi` does not read.
+    /// Predicts the experts of the next `depth` host layers of this step
+    /// from `cur` (layer `gi`'s normed rows), those not predicted yet, and
+    /// uploads each one's (but those the device holds as hot experts)
+    /// into its slot: the j-th host layer of the step uses slot j modulo
+    /// depth + 1, never the one layer `gi` reads.
     pub(super) fn prefetch_after(&mut self, gi: GroupId, cur: &[f32]) -> Result<(), EngineError> {
-        let Some(a) = self.ahead.as_mut() else {
+        let Some(a) = self.ahead.as_ref() else {
             return Ok(());
         };
-        let Some(&next) = a.targets.iter().find(|&&t| t > gi.index()) else {
+        let Some(i) = a.targets.iter().position(|&t| t == gi.index()) else {
             return Ok(());
         };
+        let last = (i + a.depth).min(a.targets.len().saturating_sub(1));
+        for j in a.issued.max(i + 1)..=last {
+            self.prefetch(gi, j, cur)?;
+        }
+        Ok(())
+    }
+
+    /// Predicts and uploads the experts of this step's `j`-th host layer
+    /// (see `prefetch_after`).
+    fn prefetch(&mut self, gi: GroupId, j: usize, cur: &[f32]) -> Result<(), EngineError> {
+        let a = self.ahead.as_mut().expect("checked by the caller");
+        let next = a.targets[j];
+        a.issued = j + 1;
+        let s = j % a.slots.len();
+        if a.slots[s].group == Some(gi.index()) {
+            // a slot kept from an earlier step that the current layer
+            // reads: not overwritten under it
+            return Ok(());
+        }
         let hp = &self.spec.hp;
         let hot = self.hot.as_ref();
         let set = crate::paging::lookahead::predict(
@@ -150,22 +173,20 @@ impl Engine {
             a.most as usize,
             |e| hot.is_some_and(|h| h.plan.slot_of(next, e).is_some()),
         );
-        // the slot the current layer does not read, else the older one
-        let s = if a.slots[a.last].group == Some(gi.index()) {
-            1 - a.last
-        } else if a.slots[1 - a.last].group == Some(gi.index()) {
-            a.last
-        } else {
-            1 - a.last
-        };
-        let slot = &mut a.slots[s];
-        if slot.group == Some(next) && slot.set == set {
-            a.last = s;
+        if a.slots[s].group == Some(next) && a.slots[s].set == set {
             return Ok(());
         }
+        // one slot per group: another one holding it (kept from an
+        // earlier step) is not read before this one is filled
+        for o in a.slots.iter_mut() {
+            if o.group == Some(next) {
+                o.group = None;
+            }
+        }
         // the slot's last reader finished: every host layer drains the
-        // compute stream before the next one begins
-        slot.group = None;
+        // compute stream before the next one begins, and its last reader
+        // was at least one host layer before this one
+        let slot = &mut a.slots[s];
         let src = self.store.host_extent(GroupId::from_index(next), || ())?;
         let layout = &self.store.layouts[next].offsets;
         let ws: Vec<_> = self.spec.groups[next]
@@ -205,7 +226,6 @@ impl Engine {
         }
         slot.group = Some(next);
         slot.set = set;
-        a.last = s;
         if let Some(h) = self.host.as_mut() {
             h.stats.ahead_bytes += bytes;
             h.stats.ahead_experts += slot.set.len() as u64;

@@ -33,8 +33,9 @@
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
 #                                       # sequences with N whole CPU groups forced (--hybrid N) and S
 #                                       # slots a ring (--slots S)
-#   [SKEW=1] [AHEADS="0 8"] [HOT=X] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-ahead  # the 30B
-#                                       # shape at 8G: tg16 with --look-ahead N for each N of AHEADS
+#   [SKEW=1] [AHEADS="0 8:1 8:2"] [HOT=X] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-ahead  # the
+#                                       # 30B shape at 8G: tg16 with --look-ahead N (--look-ahead-layers D)
+#                                       # for each N:D of AHEADS, beside --hot-experts X if given
 #   [PP=512 SKIP_CHECK=1] bash tools/device/zoo.sh qwen3moe-235b  # Qwen3-235B-A22B shape, Q2_K (77 GB: the two-GPU
 #                                       # machine's disk and memory): decode and pp2048 at 24G on the
 #                                       # first GPU beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-71}, then
@@ -156,18 +157,25 @@ case $what in
     done
     ;;
   qwen3moe-ahead)
-    # decode at 8G with the look-ahead: the next host layer's predicted
+    # decode at 8G with the look-ahead: the next host layers' predicted
     # experts uploaded while the host computes (--look-ahead N, N experts
-    # a layer at most), against it off; AHEADS="0 4 8 16" by default;
-    # HOT=X adds --hot-experts X (auto needs the counts qwen3moe-hot
-    # writes); TRACE=1: a trace of each
-    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_ahead$sk.txt
+    # a layer at most, D layers ahead: AHEADS="N:D ...", N alone for the
+    # default depth; 0: off); HOT=X adds --hot-experts X (auto: router
+    # counts from a 2048-token prompt first, as qwen3moe-hot); TRACE=1: a
+    # trace of each
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_ahead$sk${HOT:+-hot$HOT}.txt
     echo "$routing" | tee -a "$f"
-    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 0 -n 16 -B 0 -r ${R:-3}"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+    if [ "${HOT:-}" = auto ] && [ ! -f "$s.experts.json" ]; then
+      echo "== router counts: strata bench $common -p 2048 -n 0 -B 0 -r 1 --expert-stats" | tee -a "$f"
+      timeout 200 $bin/strata bench $common -p 2048 -n 0 -B 0 -r 1 --expert-stats 2>&1 | quiet | tee -a "$f"
+    fi
     for x in ${AHEADS:-0 4 8 16}; do
-      echo "== strata bench $common --look-ahead $x ${HOT:+--hot-experts $HOT}" | tee -a "$f"
-      timeout 150 $bin/strata bench $common --look-ahead $x ${HOT:+--hot-experts $HOT} \
-        ${TRACE:+--trace $out/trace_ahead$sk-$x.json} 2>&1 | quiet | tee -a "$f"
+      n=${x%:*}; d=; [ "$x" = "$n" ] || d=${x#*:}
+      flags="--look-ahead $n ${d:+--look-ahead-layers $d} ${HOT:+--hot-experts $HOT}"
+      echo "== strata bench $common -p 0 -n 16 -B 0 -r ${R:-3} $flags" | tee -a "$f"
+      timeout 150 $bin/strata bench $common -p 0 -n 16 -B 0 -r ${R:-3} $flags \
+        ${TRACE:+--trace $out/trace_ahead$sk${HOT:+-hot$HOT}-$n-${d:-def}.json} 2>&1 | quiet | tee -a "$f"
     done
     ;;
   qwen3moe-hot)

@@ -249,6 +249,11 @@ pub struct ModelArgs {
     #[arg(long = "look-ahead", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=256))]
     pub look_ahead: u32,
+    /// How many host layers ahead --look-ahead predicts and uploads: 1, the
+    /// next one (the best guess, the least time for its upload), or more.
+    #[arg(long = "look-ahead-layers", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub look_ahead_layers: u32,
     /// The fewest tokens a step splits its experts at (at least 2).
     #[arg(long = "split-min-tokens", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(2..))]
@@ -632,6 +637,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             relay: m.relay,
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
+            look_ahead_layers: m.look_ahead_layers,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,
