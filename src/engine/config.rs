@@ -164,7 +164,7 @@ impl Default for PagingOptions {
             split: crate::paging::SplitInput::default(),
             hot: crate::paging::HotExperts::Off,
             look_ahead: 0,
-            look_ahead_layers: 2,
+            look_ahead_layers: 1,
             relay: false,
         }
     }

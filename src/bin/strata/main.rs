@@ -243,15 +243,17 @@ pub struct ModelArgs {
     /// router on the current rows predicts that layer's experts, and up
     /// to this many of them (beyond hot experts) go up over the idle bus;
     /// the GPU then computes the picks they catch while the CPU computes
-    /// the others. 0 (the default): off. Needs hybrid decode's host
+    /// the others. 0 (the default): off; on the H100 machine it did not
+    /// pay (BENCHMARKS.md, "Look-ahead"). Needs hybrid decode's host
     /// copies in pinned memory; bench prints how often the prediction
     /// caught a pick.
     #[arg(long = "look-ahead", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=256))]
     pub look_ahead: u32,
     /// How many host layers ahead --look-ahead predicts and uploads: 1, the
-    /// next one (the best guess, the least time for its upload), or more.
-    #[arg(long = "look-ahead-layers", default_value_t = 2,
+    /// next one (the best guess, the least time for its upload: faster on
+    /// the H100 machine, run 98), or more.
+    #[arg(long = "look-ahead-layers", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=8))]
     pub look_ahead_layers: u32,
     /// The fewest tokens a step splits its experts at (at least 2).
