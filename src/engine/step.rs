@@ -48,6 +48,7 @@ impl Engine {
                 }
                 return Err(e);
             }
+            self.log_device_memory(chunk.len());
         }
         Ok(out)
     }
@@ -80,6 +81,24 @@ impl Engine {
         let mut out = Vec::new();
         let cells = self.step(tokens, Some(tree), &mut out)?;
         Ok((out, cells))
+    }
+
+    /// With debug logging: the device's memory in use after a step of `n`
+    /// tokens, beside the plan's and the activation buffer's, to find
+    /// what a workload takes beyond the plan (`-vv`).
+    fn log_device_memory(&self, n: usize) {
+        if self.device.is_cpu() || !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let (free, total) = self.device.memory();
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        tracing::debug!(
+            "after a step of {n} tokens: device {:.1} MiB in use (plan {:.1} MiB; activations {:.1} MiB now, {:.1} planned)",
+            mib(total.saturating_sub(free) as u64),
+            mib(self.plan.device_bytes()),
+            mib(self.templates.activation_bytes()),
+            mib(self.plan.activation_bytes)
+        );
     }
 
     /// Gives every part back the cells of `snaps` (one per part, in order).
