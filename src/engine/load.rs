@@ -322,13 +322,33 @@ impl Engine {
         // which then measures the chosen path
         let free0 = device.has_gemm_switch().then(|| device.memory().0);
         let paths = probe::matmul_paths(&spec, device, n_batch, cfg.paging.gemm)?;
-        // what the probe leaves on the device once its backends are gone
+        // the compute rate, measured where anything may stream (the plan's
+        // floor then includes compute: prefill is compute-bound). On a GPU
+        // on a backend of its own: what the path takes from ggml's memory
+        // pool (GEMM's dequantized matrix) goes with it, so the engine's
+        // pool holds only what the plan reserves. On the engine's backend
+        // the probe's 448 MiB stayed there for good, also where the plan
+        // then dropped GEMM and reserved nothing for it: 64 sequences at
+        // 12G took 12868 MiB (docs/device-runs.md, run 99).
+        let compute = if let Some(p) = &like {
+            p.compute
+        } else if !device.is_cpu() || cfg.budgets.gpu.is_some() || cfg.paging.stream_all {
+            if device.is_cpu() {
+                probe::device_compute(&spec, device, &backend, n_batch)?
+            } else {
+                let own = device.init_backend()?;
+                probe::device_compute(&spec, device, &own, n_batch)?
+            }
+        } else {
+            None
+        };
+        // what the probes leave on the device once their backends are gone
         // (the BLAS library's state and kernels, loaded for good): the
         // budget holds it too
         let probe_kept = free0.map_or(0, |f| f.saturating_sub(device.memory().0) as u64);
         if probe_kept > 0 {
             tracing::info!(
-                "the matmul path probe left {:.1} MiB in use on the device (counted in the plan's fixed memory)",
+                "the matmul probes left {:.1} MiB in use on the device (counted in the plan's fixed memory)",
                 probe_kept as f64 / (1u64 << 20) as f64
             );
         }
@@ -374,15 +394,7 @@ impl Engine {
             },
             cpu: None,
             gemm,
-            // measured where anything may stream: the plan's floor then
-            // includes compute (prefill is compute-bound)
-            compute: if let Some(p) = &like {
-                p.compute
-            } else if !device.is_cpu() || cfg.budgets.gpu.is_some() || cfg.paging.stream_all {
-                probe::device_compute(&spec, device, &backend, n_batch)?
-            } else {
-                None
-            },
+            compute,
         };
         let measured_compute = input.compute;
         let mut plan = crate::paging::memory_plan(&input)?;
