@@ -51,6 +51,9 @@ fn out_of_range_flags_are_refused_naming_them() {
             "use auto, off or a number of experts per layer",
         ),
         ("--resident", "auto", "use spread or first"),
+        ("--look-ahead", "257", "--look-ahead"),
+        ("--look-ahead-layers", "0", "--look-ahead-layers"),
+        ("--look-ahead-layers", "9", "--look-ahead-layers"),
     ] {
         let (ok, _, err) = strata(&[
             "run", "-m", m, "--device", "cpu", "-p", "hi", "-n", "1", flag, value,

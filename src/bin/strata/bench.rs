@@ -965,7 +965,8 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                     "", f.copy_gbs, f.bus_probe_gbs, f.rates_predicted_ms, f.step_ms / f.rates_predicted_ms.max(1e-9)
                 );
             }
-            if f.expert_picks > 0.0 {
+            // (the look-ahead alone counts picks too: no hot line then)
+            if f.expert_picks > 0.0 && (f.hot_hit > 0.0 || f.ahead_experts == 0.0) {
                 println!(
                     "{:<47} hot experts: {:.1} routed picks/step in their layers, {:.1}% of them on the GPU (its hit rate)",
                     "", f.expert_picks, 100.0 * f.hot_hit
