@@ -4,7 +4,7 @@
 //! ids of the slots' graphs and the stream their uploads go on.
 
 use super::error::EngineError;
-use super::host::pad_picks;
+use super::host::{pad_picks, PickRows};
 use super::hotpool::expert_sig;
 use super::store::{Location, WeightStore};
 use super::templates::TemplateCache;
@@ -50,12 +50,8 @@ pub struct LookAhead {
     pub(super) offsets: HashMap<usize, Vec<usize>>,
     /// This step's look-ahead groups the host computes, in order.
     pub(super) targets: Vec<usize>,
-    /// Rows F32 [n_embd, 1, picks] and compact ids I32 [1, picks].
-    pub(super) io: TensorArena,
-    pub(super) picks: u32,
-    pub(super) rows: Vec<f32>,
-    pub(super) ids: Vec<i32>,
-    pub(super) out: Vec<f32>,
+    /// The picks' rows and compact ids, and the rows back.
+    pub(super) io: PickRows,
     pub(super) upload: Backend,
 }
 
@@ -196,15 +192,7 @@ impl LookAhead {
             })
         };
         let picks = pad_picks(most_tokens * spec.hp.n_expert_used);
-        let io = TensorArena::new(
-            buft,
-            BufferUsage::Compute,
-            &[
-                TensorSpec::new(GgmlType::F32, &[e as i64, 1, i64::from(picks)])
-                    .named("ahead_rows"),
-                TensorSpec::new(GgmlType::I32, &[1, i64::from(picks)]).named("ahead_ids"),
-            ],
-        )?;
+        let io = PickRows::alloc(buft, spec.hp.n_embd, picks, "ahead")?;
         Ok(Some(LookAhead {
             templates: TemplateCache::new(dims.clone(), lim, ext, dev),
             most,
@@ -215,17 +203,13 @@ impl LookAhead {
             offsets,
             targets: Vec::new(),
             io,
-            picks,
-            rows: Vec::new(),
-            ids: Vec::new(),
-            out: Vec::new(),
             upload: dev.init_backend()?,
         }))
     }
 
     /// Device bytes of the slots and rows.
     pub fn bytes(&self) -> u64 {
-        (self.slots.iter().map(|s| s.arena.bytes()).sum::<usize>() + self.io.bytes()) as u64
+        (self.slots.iter().map(|s| s.arena.bytes()).sum::<usize>() + self.io.arena.bytes()) as u64
     }
 
     /// The groups a step computes on the host (`on_cpu`, by group index):

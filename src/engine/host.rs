@@ -12,7 +12,11 @@ use super::buffers::{self, Persistent};
 use super::cpuweights::CpuWeights;
 use super::error::EngineError;
 use super::model_file::ModelFile;
-use crate::ggml::{Backend, BufferType, Device, GraphAllocator, Tensor};
+use crate::dtype::GgmlType;
+use crate::ggml::{
+    Backend, Binding, BufferType, BufferUsage, Device, GraphAllocator, Tensor, TensorArena,
+    TensorSpec,
+};
 use crate::graph::{BindId, Dims, Limits, Template, TemplateKey};
 use crate::model::{GroupId, ModelSpec};
 use indicatif::ProgressBar;
@@ -55,18 +59,85 @@ pub struct HostCompute {
     pub lim: Limits,
     x: Vec<f32>,
     /// An expert split's inputs (rows, expert ids) and its rows out.
-    split: Option<SplitIo>,
+    split: Option<PickRows>,
     pub stats: HostStats,
 }
 
-/// Host memory for the picks of an expert split: rows F32 [n_embd, 1,
-/// most] and ids I32 [1, most], `most` the picks of a full host step.
-struct SplitIo {
-    arena: crate::ggml::TensorArena,
-    most: u32,
+/// The inputs of a graph over (token, expert) picks, rows F32 [n_embd, 1,
+/// most] and compact expert ids I32 [1, most] in `arena`, and what it
+/// computed, added back per token: the host's side of an expert split,
+/// the device's hot experts (`engine::hot`) and look-ahead slots
+/// (`engine::lookahead`).
+pub struct PickRows {
+    pub arena: TensorArena,
+    pub most: u32,
     rows: Vec<f32>,
     ids: Vec<i32>,
     out: Vec<f32>,
+}
+
+impl PickRows {
+    /// Room for `most` picks of rows `n_embd` wide in `buft`; `name`
+    /// prefixes the tensors' names.
+    pub fn alloc(
+        buft: BufferType,
+        n_embd: u32,
+        most: u32,
+        name: &str,
+    ) -> Result<PickRows, EngineError> {
+        let specs = [
+            TensorSpec::new(GgmlType::F32, &[i64::from(n_embd), 1, i64::from(most)])
+                .named(&format!("{name}_rows")),
+            TensorSpec::new(GgmlType::I32, &[1, i64::from(most)]).named(&format!("{name}_ids")),
+        ];
+        Ok(PickRows {
+            arena: TensorArena::new(buft, BufferUsage::Compute, &specs)?,
+            most,
+            rows: Vec::new(),
+            ids: Vec::new(),
+            out: Vec::new(),
+        })
+    }
+
+    /// Writes the rows of `picks` (each its token's row of `cur`, F32
+    /// [e, n_tokens]) and their ids, padded to `n` (`gather_rows`).
+    /// Nothing queued may read them: the last graph over them finished.
+    pub fn write(
+        &mut self,
+        picks: &[Pick],
+        cur: &[f32],
+        e: usize,
+        n: u32,
+    ) -> Result<(), EngineError> {
+        gather_rows(picks, cur, e, n as usize, &mut self.rows, &mut self.ids);
+        self.arena
+            .tensor(0)
+            .set_bytes(bytemuck::cast_slice(&self.rows), 0)?;
+        self.arena.tensor(1).set_i32(&self.ids)?;
+        Ok(())
+    }
+
+    /// The rows and ids, as a graph over picks binds them after its
+    /// weights.
+    pub fn bindings(&self) -> [Binding; 2] {
+        [self.arena.binding(0), self.arena.binding(1)]
+    }
+
+    /// Adds the output of `t` (a graph over `n` padded picks, finished),
+    /// each pick's row weighted, to its token's row of `sums`.
+    pub fn add_out(
+        &mut self,
+        t: &Template,
+        picks: &[Pick],
+        e: usize,
+        n: u32,
+        sums: &mut [f32],
+    ) -> Result<(), EngineError> {
+        self.out.resize(n as usize * e, 0.0);
+        t.out().get_f32(&mut self.out)?;
+        add_weighted(picks, &self.out, e, sums);
+        Ok(())
+    }
 }
 
 /// One (token, expert) pick of the host's side of an expert split.
@@ -270,24 +341,12 @@ impl HostCompute {
         let most = (self.lim.n_batch * self.dims.hp.n_expert_used).next_multiple_of(32);
         if self.split.is_none() {
             let cpu = crate::ggml::cpu_device()?;
-            let specs = [
-                crate::ggml::TensorSpec::new(
-                    crate::dtype::GgmlType::F32,
-                    &[e as i64, 1, most as i64],
-                ),
-                crate::ggml::TensorSpec::new(crate::dtype::GgmlType::I32, &[1, most as i64]),
-            ];
-            self.split = Some(SplitIo {
-                arena: crate::ggml::TensorArena::new(
-                    cpu.buffer_type(),
-                    crate::ggml::BufferUsage::Compute,
-                    &specs,
-                )?,
+            self.split = Some(PickRows::alloc(
+                cpu.buffer_type(),
+                self.dims.hp.n_embd,
                 most,
-                rows: Vec::new(),
-                ids: Vec::new(),
-                out: Vec::new(),
-            });
+                "split",
+            )?);
         }
         let io = self.split.as_mut().expect("made above");
         // padded (a few templates serve every step) to a power of two up
@@ -299,18 +358,13 @@ impl HostCompute {
                 "an expert split of more picks than a host step holds",
             ));
         }
-        gather_rows(picks, cur, e, n as usize, &mut io.rows, &mut io.ids);
-        io.arena
-            .tensor(0)
-            .set_bytes(bytemuck::cast_slice(&io.rows), 0)?;
-        io.arena.tensor(1).set_i32(&io.ids)?;
+        io.write(picks, cur, e, n)?;
         let key = TemplateKey::HostExperts {
             sig: sig.to_vec(),
             picks: n,
         };
         let mut binds = self.weights.sets[set].clone();
-        binds.push(io.arena.binding(0));
-        binds.push(io.arena.binding(1));
+        binds.extend(io.bindings());
         if !self.templates.contains_key(&key) {
             let mut t = Template::build(&key, &self.dims, self.lim)?;
             t.bind_externals(&self.persistent.bindings)?;
@@ -330,9 +384,7 @@ impl HostCompute {
         let t = self.templates.get(&key).expect("kept above");
         let t0 = Instant::now();
         self.backend.compute(&t.graph())?;
-        io.out.resize(n as usize * e, 0.0);
-        t.out().get_f32(&mut io.out)?;
-        add_weighted(picks, &io.out, e, out);
+        io.add_out(t, picks, e, n, out)?;
         self.stats.compute += t0.elapsed();
         self.stats.groups += 1;
         // the weights read: each expert picked once (the group's bytes

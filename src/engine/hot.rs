@@ -13,7 +13,7 @@
 //!    host's sums, which go to the residual as before.
 
 use super::error::EngineError;
-use super::host::{add_weighted, gather_rows, pad_picks, picks_of, Pick};
+use super::host::{pad_picks, picks_of, Pick};
 use super::hotpool::expert_sig;
 use super::state::Engine;
 use super::timeline;
@@ -75,28 +75,23 @@ impl Engine {
         }
         // padded as the host's rows are (a few templates serve every step)
         let n = pad_picks(hot.len() as u32);
-        if n > pool.most {
+        if n > pool.io.most {
             return Err(EngineError::Unsupported(
                 "more hot expert picks than the device's rows hold",
             ));
         }
         let e = self.spec.hp.n_embd as usize;
-        gather_rows(&hot, cur, e, n as usize, &mut pool.rows, &mut pool.ids);
         // nothing queued reads them: the device's last hot graph was waited
         // for (`finish_hot`) before these are written
-        pool.io
-            .tensor(0)
-            .set_bytes(bytemuck::cast_slice(&pool.rows), 0)?;
-        pool.io.tensor(1).set_i32(&pool.ids)?;
+        pool.io.write(&hot, cur, e, n)?;
         let arena = pool.weights.as_ref().expect("a hot group has tensors");
         let i0 = pool.first[&gi.index()];
-        let binds = vec![
+        let mut binds = vec![
             arena.binding(i0),
             arena.binding(i0 + 1),
             arena.binding(i0 + 2),
-            pool.io.binding(0),
-            pool.io.binding(1),
         ];
+        binds.extend(pool.io.bindings());
         let key = hot_key(&self.spec, &pool.plan, gi, n);
         self.templates
             .get(&key)?
@@ -130,10 +125,8 @@ impl Engine {
         let key = hot_key(&self.spec, &pool.plan, gi, n);
         self.backend.synchronize();
         let e = self.spec.hp.n_embd as usize;
-        pool.out.resize(n as usize * e, 0.0);
-        self.templates.get(&key)?.out().get_f32(&mut pool.out)?;
-        add_weighted(hot, &pool.out, e, sums);
-        Ok(())
+        let t = self.templates.get(&key)?;
+        pool.io.add_out(t, hot, e, n, sums)
     }
 
     /// A mixture FFN group the host computes (hybrid decode) whose hot

@@ -23,12 +23,8 @@ pub struct HotPool {
     pub(super) weights: Option<TensorArena>,
     /// Group index -> index of its first tensor in `weights`.
     pub(super) first: HashMap<usize, usize>,
-    /// Rows F32 [n_embd, 1, most] and compact ids I32 [1, most].
-    pub(super) io: TensorArena,
-    pub(super) most: u32,
-    pub(super) rows: Vec<f32>,
-    pub(super) ids: Vec<i32>,
-    pub(super) out: Vec<f32>,
+    /// The picks' rows and compact ids, and the rows back.
+    pub(super) io: super::host::PickRows,
 }
 
 /// The roles and types of a group's expert tensors, in its order.
@@ -43,7 +39,7 @@ pub(super) fn expert_sig(spec: &ModelSpec, gi: usize) -> Vec<(Role, GgmlType)> {
 impl HotPool {
     /// Device bytes: the experts and the rows.
     pub fn bytes(&self) -> u64 {
-        (self.weights.as_ref().map_or(0, |w| w.bytes()) + self.io.bytes()) as u64
+        (self.weights.as_ref().map_or(0, |w| w.bytes()) + self.io.arena.bytes()) as u64
     }
 
     /// Copies the hot experts `plan` names from the model file to `dev`.
@@ -84,26 +80,14 @@ impl HotPool {
                 copy_set(spec, file, arena, gi, i0, &plan.sets[gi])?;
             }
         }
-        let e = spec.hp.n_embd as i64;
         let most = super::host::pad_picks(most_tokens * spec.hp.n_expert_used);
-        let io = TensorArena::new(
-            dev.buffer_type(),
-            BufferUsage::Compute,
-            &[
-                TensorSpec::new(GgmlType::F32, &[e, 1, most as i64]).named("hot_rows"),
-                TensorSpec::new(GgmlType::I32, &[1, most as i64]).named("hot_ids"),
-            ],
-        )?;
+        let io = super::host::PickRows::alloc(dev.buffer_type(), spec.hp.n_embd, most, "hot")?;
         Ok(HotPool {
             plan,
             counted: None,
             weights,
             first,
             io,
-            most,
-            rows: Vec::new(),
-            ids: Vec::new(),
-            out: Vec::new(),
         })
     }
 

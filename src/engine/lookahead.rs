@@ -18,7 +18,7 @@
 
 use super::aheadslots::LookAhead;
 use super::error::EngineError;
-use super::host::{add_weighted, gather_rows, pad_picks, Pick};
+use super::host::{pad_picks, Pick};
 use super::state::Engine;
 use super::timeline;
 use crate::ggml::Binding;
@@ -64,25 +64,22 @@ impl Engine {
             return Ok((rest, got));
         }
         let n = pad_picks(got.len() as u32);
-        if n > a.picks {
+        if n > a.io.most {
             return Err(EngineError::Unsupported(
                 "more look-ahead picks than the device's rows hold",
             ));
         }
         let e = self.spec.hp.n_embd as usize;
-        gather_rows(&got, cur, e, n as usize, &mut a.rows, &mut a.ids);
         // nothing queued reads them: the last graph over them was waited
         // for (`finish_ahead`) before these are written
-        a.io.tensor(0).set_bytes(bytemuck::cast_slice(&a.rows), 0)?;
-        a.io.tensor(1).set_i32(&a.ids)?;
+        a.io.write(&got, cur, e, n)?;
         let slot = &a.slots[s];
         let base = slot.arena.offset(0);
         let mut binds = a.offsets[&gi.index()]
             .iter()
             .map(|&o| Binding::at(slot.arena.buffer(), base + o))
             .collect::<Result<Vec<_>, _>>()?;
-        binds.push(a.io.binding(0));
-        binds.push(a.io.binding(1));
+        binds.extend(a.io.bindings());
         if let Some(ev) = &slot.loaded {
             // resident only once its copies completed
             ev.wait_on(&self.backend);
@@ -126,10 +123,8 @@ impl Engine {
         let key = LookAhead::key(&self.spec, gi.index(), s, a.most, n);
         self.backend.synchronize();
         let e = self.spec.hp.n_embd as usize;
-        a.out.resize(n as usize * e, 0.0);
-        a.templates.get(&key)?.out().get_f32(&mut a.out)?;
-        add_weighted(got, &a.out, e, sums);
-        Ok(())
+        let t = a.templates.get(&key)?;
+        a.io.add_out(t, got, e, n, sums)
     }
 
     /// Predicts the experts of the next `depth` host layers of this step
