@@ -11,7 +11,7 @@ use super::templates::TemplateCache;
 use crate::dtype::GgmlType;
 use crate::ggml::{Backend, Binding, BufferUsage, Context, Device, Event, TensorArena, TensorSpec};
 use crate::graph::{Dims, Limits, TemplateKey};
-use crate::model::{GroupKind, ModelSpec, Role};
+use crate::model::{GroupKind, ModelSpec, Role, WeightSpec};
 use std::collections::HashMap;
 
 /// Template instances of the slots' graphs start here (the hot pool's
@@ -38,10 +38,8 @@ pub struct LookAhead {
     pub(super) templates: TemplateCache,
     /// Experts a layer prefetched at most.
     pub most: u32,
-    /// depth + 1 slots.
+    /// depth + 1 slots, for the host layers predicted ahead (`depth`).
     pub(super) slots: Vec<Slot>,
-    /// Host layers predicted ahead.
-    pub(super) depth: usize,
     /// This step's host layers predicted so far (an index into `targets`).
     pub(super) issued: usize,
     /// Per look-ahead group index: its router as F32 [n_embd, n_expert],
@@ -84,15 +82,13 @@ fn role_bytes(
         .collect())
 }
 
-/// The mixture FFN groups of `spec`.
-fn moe_groups(spec: &ModelSpec) -> impl Iterator<Item = usize> + '_ {
-    (0..spec.groups.len()).filter(|&gi| {
-        spec.groups[gi].kind == GroupKind::Ffn
-            && spec.groups[gi]
-                .weights
-                .iter()
-                .any(|w| w.role == Some(Role::GateInp))
-    })
+/// The mixture FFN groups of `spec`, each with its router.
+fn moe_groups(spec: &ModelSpec) -> impl Iterator<Item = (usize, &WeightSpec)> + '_ {
+    spec.groups
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.kind == GroupKind::Ffn)
+        .filter_map(|(gi, g)| Some((gi, g.weight(Role::GateInp)?)))
 }
 
 /// Device bytes the look-ahead takes for `most` experts a layer `depth`
@@ -107,7 +103,7 @@ pub fn device_bytes(
     n_tokens: u32,
 ) -> Result<u64, EngineError> {
     let mut slot = 0usize;
-    for gi in moe_groups(spec) {
+    for (gi, _) in moe_groups(spec) {
         slot = slot.max(role_bytes(spec, dev, gi, most)?.iter().sum());
     }
     let picks = u64::from(pad_picks(n_tokens * spec.hp.n_expert_used));
@@ -138,16 +134,11 @@ impl LookAhead {
         let mut routers = HashMap::new();
         let mut offsets = HashMap::new();
         let mut slot = 0usize;
-        for gi in moe_groups(spec) {
+        for (gi, w) in moe_groups(spec) {
             let pinned = matches!(store.groups[gi], Location::Streamed { host: Some(_), .. });
             if !host.get(gi).copied().unwrap_or(false) || !pinned {
                 continue;
             }
-            let w = spec.groups[gi]
-                .weights
-                .iter()
-                .find(|w| w.role == Some(Role::GateInp))
-                .expect("a mixture group has a router");
             let n_expert = w.ne[1] as usize;
             let bytes = file.bytes(w);
             let row = crate::ggml::row_size(w.ty, e as i64);
@@ -156,20 +147,14 @@ impl LookAhead {
                 crate::ggml::dequantize_row(w.ty, &bytes[x * row..(x + 1) * row], out)?;
             }
             routers.insert(gi, r);
+            // each expert tensor after the one before it
             let sizes = role_bytes(spec, dev, gi, most)?;
-            let mut off = 0;
-            offsets.insert(
-                gi,
-                sizes
-                    .iter()
-                    .map(|s| {
-                        let o = off;
-                        off += s;
-                        o
-                    })
-                    .collect(),
-            );
-            slot = slot.max(off);
+            let starts: Vec<usize> = sizes
+                .iter()
+                .scan(0, |end, s| Some(std::mem::replace(end, *end + s)))
+                .collect();
+            slot = slot.max(sizes.iter().sum());
+            offsets.insert(gi, starts);
         }
         if routers.is_empty() {
             return Ok(None);
@@ -197,7 +182,6 @@ impl LookAhead {
             templates: TemplateCache::new(dims.clone(), lim, ext, dev),
             most,
             slots: (0..=depth).map(|_| new_slot()).collect::<Result<_, _>>()?,
-            depth: depth as usize,
             issued: 0,
             routers,
             offsets,
@@ -205,6 +189,11 @@ impl LookAhead {
             io,
             upload: dev.init_backend()?,
         }))
+    }
+
+    /// Host layers predicted ahead.
+    pub fn depth(&self) -> usize {
+        self.slots.len() - 1
     }
 
     /// Device bytes of the slots and rows.

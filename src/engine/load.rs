@@ -668,7 +668,7 @@ impl Engine {
             Some(a) => tracing::info!(
                 "look-ahead: up to {} predicted experts of each of the next {} host layers uploaded ahead ({:.1} MiB on the device)",
                 a.most,
-                a.depth,
+                a.depth(),
                 a.bytes() as f64 / (1u64 << 20) as f64
             ),
             None if cfg.paging.look_ahead > 0 && spec.hp.is_moe() => tracing::warn!(

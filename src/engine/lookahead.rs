@@ -139,7 +139,7 @@ impl Engine {
         let Some(i) = a.targets.iter().position(|&t| t == gi.index()) else {
             return Ok(());
         };
-        let last = (i + a.depth).min(a.targets.len().saturating_sub(1));
+        let last = (i + a.depth()).min(a.targets.len().saturating_sub(1));
         for j in a.issued.max(i + 1)..=last {
             self.prefetch(gi, j, cur)?;
         }
