@@ -144,16 +144,6 @@ impl KvCache {
         self.cells = cells;
         self.release_empty();
     }
-    /// Fills the attention mask of the batch `sp` over the first `n_kv` cells.
-    pub(super) fn fill_mask(
-        &self,
-        sp: &[(u32, i32)],
-        n_kv: usize,
-        window: Option<u32>,
-        mask: &mut Vec<u16>,
-    ) {
-        self.cells.fill_mask(sp, n_kv, window, mask);
-    }
 
     /// Brings the blocks of the sequences in `mask` into the tier's frames
     /// (a no-op without windowed layers) and plans the step's KV copies.

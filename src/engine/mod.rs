@@ -7,7 +7,8 @@
 //! - `load`: [`Engine::load`], from file and configuration to a placed model;
 //! - `probe`: the machine measured at load (copy rate, CPU and device speed);
 //! - `state`: the [`Engine`] value, its accessors and KV operations;
-//! - `step`: [`Engine::decode`], the forward step;
+//! - `step`: [`Engine::decode`], the forward step; `inputs`: its host-side
+//!   inputs (embedding rows, masks);
 //! - `batch`: a step's tokens and statistics;
 //! - `templates`: the cache of built group graphs and their activations;
 //! - `store`, `model_file`, `window`, `cpuweights`: where weights live
@@ -40,6 +41,7 @@ mod error;
 pub mod host;
 mod hot;
 mod hotpool;
+mod inputs;
 mod kvcache;
 pub mod kvtier;
 mod load;

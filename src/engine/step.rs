@@ -1,7 +1,8 @@
 //! The forward step: tokens in, logits out, one group graph at a time.
 //!
-//! A step embeds its tokens on the host (ggml's own dequantizer, identical to
-//! `get_rows`) into the persistent residual stream, then for every layer
+//! A step queues its first uploads, embeds its tokens on the host into the
+//! persistent residual stream and writes its masks (`inputs`), then for
+//! every layer
 //! runs the attention template bound to that layer's weights and KV cache,
 //! then the FFN template, and finally the output head on the rows that want
 //! logits. Groups the placement keeps resident are bound in place; streamed
@@ -17,7 +18,6 @@ use super::state::Engine;
 use super::state::Pending;
 use super::store::Location;
 use super::timeline;
-use crate::ggml;
 use crate::graph::BindId;
 use crate::graph::StepShape;
 use crate::graph::TemplateKey;
@@ -280,35 +280,6 @@ impl Engine {
             .collect();
         let n_out = out_ids.len() as u32;
 
-        // inputs: synchronous writes (both streams drained in `begin_part`);
-        // a later device's part gets its residual from the part before
-        if self.spec.embeds() {
-            self.embed(toks)?;
-        }
-        let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
-        self.persistent.tensor(buffers::POS).set_i32(&pos)?;
-        // the full-context mask, then the sliding-window layers' after it
-        self.mask.clear();
-        self.kv.fill_mask(&sp, n_kv as usize, None, &mut self.mask);
-        let n_swa = self.spec.hp.n_swa;
-        if n_swa > 0 {
-            self.kv
-                .fill_mask(&sp, n_kv as usize, Some(n_swa), &mut self.mask);
-        }
-        if let Some(t) = tree {
-            // each token sees, of the tree's cells, only its ancestors
-            for m in self.mask.chunks_mut(n_kv as usize * toks.len()) {
-                t.hide(cells, n_kv as usize, m);
-            }
-        }
-        self.persistent
-            .tensor(buffers::MASK)
-            .set_bytes(bytemuck::cast_slice(&self.mask), 0)?;
-        let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
-        self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
-        if n_out > 0 {
-            self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
-        }
         // a mixture's expert split at this step size: the groups it splits
         // and the device's experts of each (steps whose FFN rows are
         // chunked do not split)
@@ -401,13 +372,30 @@ impl Engine {
         self.plan_partial_uploads(&split);
         self.pager.relay_step = n >= super::pager::RELAY_MIN_TOKENS;
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
-        let t_window = Instant::now();
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
+
+        // inputs, while the first uploads run: synchronous writes of
+        // buffers no stream touches now (both drained in `begin_part`; the
+        // uploads fill slots and KV frames); a later device's part gets
+        // its residual from the part before
+        let t_inputs = Instant::now();
+        if self.spec.embeds() {
+            let ids: Vec<u32> = toks.iter().map(|t| t.token).collect();
+            self.embed(&ids)?;
+        }
+        let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
+        self.persistent.tensor(buffers::POS).set_i32(&pos)?;
+        self.write_masks(&sp, n_kv as usize, tree.map(|t| (t, cells)))?;
+        let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
+        self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
+        if n_out > 0 {
+            self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
+        }
         tracing::debug!(
-            "step of {n} tokens: inputs written in {:.2} ms, the first uploads enqueued in {:.2} ms",
-            (t_window - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
-            t_window.elapsed().as_secs_f64() * 1e3
+            "step of {n} tokens: the first uploads enqueued after {:.2} ms, inputs written in {:.2} ms",
+            (t_inputs - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
+            t_inputs.elapsed().as_secs_f64() * 1e3
         );
         // after the step's last CPU group its pool sleeps: spinning, it
         // would take the cores the thread driving the GPU and the driver's
@@ -599,28 +587,6 @@ impl Engine {
         if h.groups > 0 {
             cal.observe(n, plan, h.compute.as_secs_f64());
         }
-    }
-
-    /// Host-side embedding of the step's tokens into x[:, :n].
-    fn embed(&mut self, toks: &[BatchToken]) -> Result<(), EngineError> {
-        let e = self.spec.hp.n_embd as usize;
-        let w = &self.spec.tok_embd;
-        let row = ggml::row_size(w.ty, e as i64);
-        self.embd.resize(e * toks.len(), 0.0);
-        let bytes = self.file.bytes(w);
-        for (i, t) in toks.iter().enumerate() {
-            let r = &bytes[t.token as usize * row..(t.token as usize + 1) * row];
-            ggml::dequantize_row(w.ty, r, &mut self.embd[i * e..(i + 1) * e])?;
-        }
-        let scale = self.spec.hp.embd_scale;
-        if scale != 1.0 {
-            // Gemma: as llama.cpp's ggml_scale of the rows, in F32
-            self.embd.iter_mut().for_each(|v| *v *= scale);
-        }
-        self.persistent
-            .tensor(buffers::X)
-            .set_bytes(bytemuck::cast_slice(&self.embd), 0)?;
-        Ok(())
     }
 
     /// A group's id and the key of its template for a step shape.

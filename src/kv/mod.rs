@@ -308,21 +308,38 @@ impl KvCells {
         window: Option<u32>,
         mask: &mut Vec<u16>,
     ) {
-        const ZERO: u16 = 0x0000;
-        const NEG_INF: u16 = 0xFC00;
         let start = mask.len();
-        mask.resize(start + n_kv * tokens.len(), NEG_INF);
-        for (i, &(s, p)) in tokens.iter().enumerate() {
-            let row = &mut mask[start + i * n_kv..start + (i + 1) * n_kv];
-            for (c, m) in row.iter_mut().enumerate() {
-                let near = window.is_none_or(|w| (p as i64 - self.pos[c] as i64) < w as i64);
-                if self.visible(c, s, p) && near {
-                    *m = ZERO;
-                }
+        mask.resize(start + n_kv * tokens.len(), MASK_HIDDEN);
+        self.fill_mask_rows(tokens, n_kv, window, &mut mask[start..]);
+    }
+
+    /// Writes the mask rows of `tokens` (as [`KvCells::fill_mask`]) into
+    /// `rows`, n_kv entries a token; every entry is written, so a caller
+    /// may split a step's rows among threads.
+    pub fn fill_mask_rows(
+        &self,
+        tokens: &[(u32, i32)],
+        n_kv: usize,
+        window: Option<u32>,
+        rows: &mut [u16],
+    ) {
+        assert_eq!(rows.len(), n_kv * tokens.len(), "mask rows");
+        let (pos, seqs) = (&self.pos[..n_kv], &self.seqs[..n_kv]);
+        let w = window.map_or(i64::MAX, i64::from);
+        for (&(s, p), row) in tokens.iter().zip(rows.chunks_exact_mut(n_kv)) {
+            let bit = 1u64 << s;
+            for ((m, &cp), &cs) in row.iter_mut().zip(pos).zip(seqs) {
+                let seen = cs & bit != 0 && cp <= p && i64::from(p) - i64::from(cp) < w;
+                *m = if seen { MASK_SEEN } else { MASK_HIDDEN };
             }
         }
     }
 }
+
+/// A mask entry for a visible cell: 0 as an f16 bit pattern.
+pub const MASK_SEEN: u16 = 0x0000;
+/// A mask entry for a hidden cell: -inf as an f16 bit pattern.
+pub const MASK_HIDDEN: u16 = 0xFC00;
 
 #[cfg(test)]
 mod tests {
@@ -363,6 +380,47 @@ mod tests {
                 .map(|b| b as u32)
                 .collect();
             prop_assert_eq!(k.window_blocks(&toks, window, block), want);
+        }
+    }
+
+    proptest! {
+        /// A step's mask written in pieces of rows (as the engine's threads
+        /// write it) equals the whole, and each entry is the visibility
+        /// rule with the window.
+        #[test]
+        fn mask_rows_in_pieces_follow_the_rule(
+            steps in proptest::collection::vec((0u32..3, 1usize..6), 1..12),
+            window in proptest::option::of(1u32..20),
+            drop_seq in 0u32..4,
+            cut in 0usize..4,
+        ) {
+            let mut k = KvCells::new(64);
+            let mut next = [0i32; 3];
+            for (s, n) in steps {
+                let toks: Vec<(u32, i32)> = (0..n).map(|i| (s, next[s as usize] + i as i32)).collect();
+                if k.place(&toks).is_err() {
+                    break;
+                }
+                next[s as usize] += n as i32;
+            }
+            k.remove_seq(drop_seq);
+            let toks = [(0, next[0]), (1, next[1]), (0, next[0] + 1), (2, next[2])];
+            k.place(&toks).ok();
+            let n_kv = k.n_kv();
+            let mut whole = Vec::new();
+            k.fill_mask(&toks, n_kv, window, &mut whole);
+            let mut pieces = vec![7u16; whole.len()];
+            let (a, b) = pieces.split_at_mut(cut * n_kv);
+            k.fill_mask_rows(&toks[..cut], n_kv, window, a);
+            k.fill_mask_rows(&toks[cut..], n_kv, window, b);
+            prop_assert_eq!(&pieces, &whole);
+            for (t, &(s, p)) in toks.iter().enumerate() {
+                for c in 0..n_kv {
+                    let near = window.is_none_or(|w| i64::from(p) - i64::from(k.pos[c]) < i64::from(w));
+                    let want = if k.visible(c, s, p) && near { MASK_SEEN } else { MASK_HIDDEN };
+                    prop_assert_eq!(whole[t * n_kv + c], want);
+                }
+            }
         }
     }
 
