@@ -346,6 +346,23 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A 64-cell table after `steps` of (sequence 0..3, tokens) each in
+    /// position order (until one does not fit), with `drop_seq` removed;
+    /// and each sequence's next position.
+    fn after_steps(steps: &[(u32, usize)], drop_seq: u32) -> (KvCells, [i32; 3]) {
+        let mut k = KvCells::new(64);
+        let mut next = [0i32; 3];
+        for &(s, n) in steps {
+            let toks: Vec<(u32, i32)> = (0..n).map(|i| (s, next[s as usize] + i as i32)).collect();
+            if k.place(&toks).is_err() {
+                break;
+            }
+            next[s as usize] += n as i32;
+        }
+        k.remove_seq(drop_seq);
+        (k, next)
+    }
+
     proptest! {
         /// The blocks a sliding-window layer reads hold every cell its mask
         /// leaves visible, and no block without one.
@@ -356,16 +373,7 @@ mod tests {
             block in 1usize..9,
             drop_seq in 0u32..4,
         ) {
-            let mut k = KvCells::new(64);
-            let mut next = [0i32; 3];
-            for (s, n) in steps {
-                let toks: Vec<(u32, i32)> = (0..n).map(|i| (s, next[s as usize] + i as i32)).collect();
-                if k.place(&toks).is_err() {
-                    break;
-                }
-                next[s as usize] += n as i32;
-            }
-            k.remove_seq(drop_seq);
+            let (mut k, next) = after_steps(&steps, drop_seq);
             // a step: two tokens of sequence 0 and one of sequence 2
             let toks = [(0, next[0]), (0, next[0] + 1), (2, next[2])];
             k.place(&toks).ok();
@@ -394,16 +402,7 @@ mod tests {
             drop_seq in 0u32..4,
             cut in 0usize..4,
         ) {
-            let mut k = KvCells::new(64);
-            let mut next = [0i32; 3];
-            for (s, n) in steps {
-                let toks: Vec<(u32, i32)> = (0..n).map(|i| (s, next[s as usize] + i as i32)).collect();
-                if k.place(&toks).is_err() {
-                    break;
-                }
-                next[s as usize] += n as i32;
-            }
-            k.remove_seq(drop_seq);
+            let (mut k, next) = after_steps(&steps, drop_seq);
             let toks = [(0, next[0]), (1, next[1]), (0, next[0] + 1), (2, next[2])];
             k.place(&toks).ok();
             let n_kv = k.n_kv();
