@@ -14,6 +14,7 @@
 use super::buffers;
 use super::error::EngineError;
 use super::state::Engine;
+use crate::dtype::GgmlType;
 use crate::ggml;
 use crate::kv::StepTree;
 use std::ops::Range;
@@ -29,27 +30,11 @@ impl Engine {
     pub(super) fn embed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
         let e = self.spec.hp.n_embd as usize;
         let w = &self.spec.tok_embd;
-        let row = ggml::row_size(w.ty, e as i64);
-        let scale = self.spec.hp.embd_scale;
-        let bytes = self.file.bytes(w);
         self.embd.resize(e * tokens.len(), 0.0);
         let threads = self.input_threads();
-        par_rows(
-            &mut self.embd,
-            e,
-            threads,
-            |rows, out| -> Result<(), EngineError> {
-                for (&t, dst) in tokens[rows].iter().zip(out.chunks_exact_mut(e)) {
-                    let t = t as usize;
-                    ggml::dequantize_row(w.ty, &bytes[t * row..(t + 1) * row], dst)?;
-                    if scale != 1.0 {
-                        // Gemma: as llama.cpp's ggml_scale of the rows, in F32
-                        dst.iter_mut().for_each(|v| *v *= scale);
-                    }
-                }
-                Ok(())
-            },
-        )?;
+        let table = self.file.bytes(w);
+        let scale = self.spec.hp.embd_scale;
+        embed_rows(w.ty, &table, tokens, scale, &mut self.embd, threads)?;
         self.persistent
             .tensor(buffers::X)
             .set_bytes(bytemuck::cast_slice(&self.embd), 0)?;
@@ -97,6 +82,32 @@ impl Engine {
         }
         std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
     }
+}
+
+/// Dequantizes the rows of `tokens` from `table` (an embedding matrix of
+/// type `ty`, `out.len() / tokens.len()` values a row) into `out`, each
+/// times `scale` (Gemma's, as llama.cpp's ggml_scale of the rows, in F32),
+/// on up to `threads` threads.
+fn embed_rows(
+    ty: GgmlType,
+    table: &[u8],
+    tokens: &[u32],
+    scale: f32,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), EngineError> {
+    let e = out.len().checked_div(tokens.len()).unwrap_or(0);
+    let row = ggml::row_size(ty, e as i64);
+    par_rows(out, e, threads, |rows, out| -> Result<(), EngineError> {
+        for (&t, dst) in tokens[rows].iter().zip(out.chunks_exact_mut(e)) {
+            let t = t as usize;
+            ggml::dequantize_row(ty, &table[t * row..(t + 1) * row], dst)?;
+            if scale != 1.0 {
+                dst.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Runs `f(rows, out_rows)` over `out`, a buffer of rows of `row_len`,
@@ -155,6 +166,39 @@ mod tests {
             .unwrap();
             let want: Vec<usize> = (0..n_rows).flat_map(|r| [r + 1; 3]).collect();
             assert_eq!(out, want, "{n_rows} rows, {threads} threads");
+        }
+    }
+
+    /// Embedding rows written by several threads equal those written by
+    /// one, and are the table's rows dequantized and scaled.
+    #[test]
+    fn embedding_rows_alike_on_any_number_of_threads() {
+        // a Q8_0 table of 50 rows of 64 values: per block of 32, an f16
+        // scale and 32 signed bytes
+        let (n_vocab, e) = (50usize, 64usize);
+        let ty = GgmlType::Q8_0;
+        let row = ggml::row_size(ty, e as i64);
+        let mut table = vec![0u8; n_vocab * row];
+        for (r, bytes) in table.chunks_exact_mut(row).enumerate() {
+            for (b, block) in bytes.chunks_exact_mut(34).enumerate() {
+                // scale 0.5 as f16, then values r + b + i - 40
+                block[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+                for (i, q) in block[2..].iter_mut().enumerate() {
+                    *q = (r as i32 + b as i32 + i as i32 - 40) as i8 as u8;
+                }
+            }
+        }
+        let tokens: Vec<u32> = (0..1000u32).map(|i| (i * 7 + 3) % n_vocab as u32).collect();
+        let mut one = vec![0f32; tokens.len() * e];
+        embed_rows(ty, &table, &tokens, 2.0, &mut one, 1).unwrap();
+        let mut many = vec![0f32; tokens.len() * e];
+        embed_rows(ty, &table, &tokens, 2.0, &mut many, 8).unwrap();
+        assert_eq!(one, many);
+        for (&t, got) in tokens.iter().zip(one.chunks_exact(e)) {
+            let want: Vec<f32> = (0..e)
+                .map(|c| 2.0 * 0.5 * (t as i32 + (c / 32) as i32 + (c % 32) as i32 - 40) as f32)
+                .collect();
+            assert_eq!(got, want.as_slice(), "token {t}");
         }
     }
 
