@@ -392,10 +392,17 @@ impl Engine {
         if n_out > 0 {
             self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
         }
+        let t_end = Instant::now();
+        self.rec.host_span(
+            timeline::Stream::Host,
+            || format!("inputs ({n} tokens)"),
+            t_inputs,
+            t_end,
+        );
         tracing::debug!(
             "step of {n} tokens: the first uploads enqueued after {:.2} ms, inputs written in {:.2} ms",
             (t_inputs - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
-            t_inputs.elapsed().as_secs_f64() * 1e3
+            (t_end - t_inputs).as_secs_f64() * 1e3
         );
         // after the step's last CPU group its pool sleeps: spinning, it
         // would take the cores the thread driving the GPU and the driver's

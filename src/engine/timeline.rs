@@ -26,6 +26,9 @@ pub enum Stream {
     Draft,
     /// Host-timed: layer groups the CPU computes (hybrid decode).
     Cpu,
+    /// Host-timed: a step's own host work before its groups run (its
+    /// inputs written), on a track of its own: it is not computation.
+    Host,
 }
 
 /// One operation on one stream.
@@ -310,7 +313,7 @@ impl Overlap {
             let d = (s.end - s.start).max(0.0);
             match s.stream {
                 Stream::Compute => o.compute_s += d,
-                Stream::Draft => {}
+                Stream::Draft | Stream::Host => {}
                 Stream::Cpu => o.cpu_s += d,
                 Stream::Copy => {
                     o.copy_s += d;
@@ -339,35 +342,44 @@ pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Re
     use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(f, "{{\"traceEvents\":[")?;
-    // four tracks a device: copy, compute, draft, host CPU
+    // four tracks a device in process 1: copy, compute, draft, host CPU;
+    // a step's host work in process 2, a track a device
     let n_dev = spans.iter().map(|s| s.device + 1).max().unwrap_or(1);
     let names = ["copy stream", "compute stream", "draft model", "host CPU"];
+    let label = |d: usize, n: &str| {
+        if n_dev > 1 {
+            format!("device {d} {n}")
+        } else {
+            n.to_string()
+        }
+    };
+    let meta = |pid: u32, tid: usize, name: &str| {
+        format!("{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":\"{name}\"}}}}")
+    };
     for d in 0..n_dev {
         for (k, n) in names.iter().enumerate() {
-            let name = if n_dev > 1 {
-                format!("device {d} {n}")
-            } else {
-                n.to_string()
-            };
-            writeln!(
-                f,
-                "{}{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{name}\"}}}}",
-                if d == 0 && k == 0 { "" } else { "," },
-                4 * d + k + 1
-            )?;
+            let sep = if d == 0 && k == 0 { "" } else { "," };
+            writeln!(f, "{sep}{}", meta(1, 4 * d + k + 1, &label(d, n)))?;
         }
     }
+    writeln!(
+        f,
+        ",{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{{\"name\":\"host: step inputs\"}}}}"
+    )?;
+    for d in 0..n_dev {
+        writeln!(f, ",{}", meta(2, d + 1, &label(d, "step inputs")))?;
+    }
     for s in spans {
-        let tid = 4 * s.device
-            + match s.stream {
-                Stream::Copy => 1,
-                Stream::Compute => 2,
-                Stream::Draft => 3,
-                Stream::Cpu => 4,
-            };
+        let (pid, tid) = match s.stream {
+            Stream::Copy => (1, 4 * s.device + 1),
+            Stream::Compute => (1, 4 * s.device + 2),
+            Stream::Draft => (1, 4 * s.device + 3),
+            Stream::Cpu => (1, 4 * s.device + 4),
+            Stream::Host => (2, s.device + 1),
+        };
         writeln!(
             f,
-            ",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":1,\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"bytes\":{}}}}}",
+            ",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"bytes\":{}}}}}",
             s.name.replace('"', "'"),
             s.start * 1e6,
             (s.end - s.start).max(0.0) * 1e6,
@@ -405,5 +417,40 @@ mod tests {
         assert_eq!(o.compute_s, 1.5);
         assert_eq!(o.overlapped_s, 0.5);
         assert_eq!(o.copy_bw(), 100.0);
+    }
+
+    /// A step's host work is neither computation nor overlap, and goes to
+    /// process 2 of the trace, a track a device, leaving process 1's four
+    /// tracks a device as they were.
+    #[test]
+    fn host_spans_have_their_own_process_in_the_trace() {
+        let mut spans = vec![
+            span(Stream::Host, 0.0, 0.01, 0),
+            span(Stream::Copy, 0.0, 1.0, 100),
+            span(Stream::Compute, 0.01, 0.5, 0),
+        ];
+        spans.push(Span {
+            device: 1,
+            ..span(Stream::Host, 0.0, 0.02, 0)
+        });
+        let o = Overlap::of(&spans);
+        assert_eq!((o.cpu_s, o.compute_s), (0.0, 0.49));
+        assert!((o.overlapped_s - 0.49).abs() < 1e-12);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        write_chrome_trace(&spans, &path).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let ev = v["traceEvents"].as_array().unwrap();
+        let at = |ph: &str, pid: u64, tid: u64| {
+            ev.iter()
+                .filter(|e| e["ph"] == ph && e["pid"] == pid && e["tid"] == tid)
+                .count()
+        };
+        // 8 tracks of process 1, and one of process 2 for each device
+        assert_eq!((1..=8).map(|t| at("M", 1, t)).sum::<usize>(), 8);
+        assert_eq!((at("M", 2, 1), at("M", 2, 2)), (1, 1));
+        assert_eq!((at("X", 2, 1), at("X", 2, 2)), (1, 1));
+        assert_eq!((at("X", 1, 1), at("X", 1, 2)), (1, 1));
     }
 }

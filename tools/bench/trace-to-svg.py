@@ -29,6 +29,9 @@ def main():
     ap.add_argument("--skip", type=int, default=1)
     a = ap.parse_args()
     all_ev = json.load(open(a.trace))["traceEvents"]
+    # process 1: the streams (four tracks a device); process 2, a step's
+    # host work (inputs), is not drawn
+    all_ev = [e for e in all_ev if e.get("pid", 1) == 1]
     meta = {e["tid"]: e["args"]["name"] for e in all_ev if e.get("ph") == "M"}
     ev = [e for e in all_ev if e.get("ph") == "X"]
     ev.sort(key=lambda e: e["ts"])
