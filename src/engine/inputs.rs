@@ -1,23 +1,27 @@
 //! A step's host-side inputs: its tokens' embedding rows (ggml's own
-//! dequantizer, identical to `get_rows`) and its attention masks, written
-//! into the persistent buffers before the step's graphs run.
+//! dequantizer, identical to `get_rows`), positions, attention masks and
+//! cells, written into the persistent buffers before the step's graphs
+//! run.
 //!
 //! On a GPU the host's cores are idle while a step begins, and big steps
 //! cut the rows among scoped threads: at 2048 tokens of an 8192-wide
-//! model the inputs took about 34 ms of the two-GPU machine's host before
-//! any group could start (run 70's trace), and each device of the row
-//! split writes its own inputs in turn. On the CPU device the cores are
-//! ggml's pool's, whose threads still spin from the last step: there one
-//! thread writes them (two threads were slower than one on the 2-core
-//! development machine).
+//! model one thread took 17-25 ms on the 2-core development machine, and
+//! each device of the row split writes its own inputs in turn before any
+//! of them computes. On the CPU device the cores are ggml's pool's, whose
+//! threads still spin from the last step: there one thread writes them
+//! (two threads were no faster on the 2-core development machine).
 
+use super::batch::BatchToken;
 use super::buffers;
 use super::error::EngineError;
 use super::state::Engine;
+use super::timeline;
 use crate::dtype::GgmlType;
 use crate::ggml;
 use crate::kv::StepTree;
 use std::ops::Range;
+use std::sync::OnceLock;
+use std::time::Instant;
 
 /// Fewest rows a thread is given: below this a step's inputs are written
 /// on the step's own thread (decode steps take microseconds).
@@ -26,8 +30,52 @@ const ROWS_PER_THREAD: usize = 128;
 const MAX_THREADS: usize = 8;
 
 impl Engine {
+    /// Writes the begun step's inputs: synchronous writes of buffers no
+    /// stream touches now (both were drained in `begin_part`; the first
+    /// uploads fill slots and KV frames). A later device's part of the
+    /// layer split gets its residual from the part before. `sp`: the
+    /// tokens' (sequence, position); `cells`: where they were placed;
+    /// `out_ids`: the rows that want logits.
+    pub(super) fn write_inputs(
+        &mut self,
+        toks: &[BatchToken],
+        sp: &[(u32, i32)],
+        n_kv: usize,
+        tree: Option<&StepTree>,
+        cells: &[u32],
+        out_ids: &[i32],
+    ) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        if self.spec.embeds() {
+            let ids: Vec<u32> = toks.iter().map(|t| t.token).collect();
+            self.embed(&ids)?;
+        }
+        let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
+        self.persistent.tensor(buffers::POS).set_i32(&pos)?;
+        self.write_masks(sp, n_kv, tree.map(|t| (t, cells)))?;
+        let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
+        self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
+        if !out_ids.is_empty() {
+            self.persistent.tensor(buffers::OUT_IDS).set_i32(out_ids)?;
+        }
+        let t1 = Instant::now();
+        let n = toks.len();
+        self.rec.host_span(
+            timeline::Stream::Host,
+            || format!("inputs ({n} tokens)"),
+            t0,
+            t1,
+        );
+        tracing::debug!(
+            "step of {n} tokens: the first uploads enqueued after {:.2} ms, inputs written in {:.2} ms",
+            (t0 - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
+            (t1 - t0).as_secs_f64() * 1e3
+        );
+        Ok(())
+    }
+
     /// Embeds the step's tokens into x[:, :n] on the host.
-    pub(super) fn embed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+    fn embed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
         let e = self.spec.hp.n_embd as usize;
         let w = &self.spec.tok_embd;
         self.embd.resize(e * tokens.len(), 0.0);
@@ -44,7 +92,7 @@ impl Engine {
     /// Writes the step's masks over `n_kv` cells: the full-context mask,
     /// then with a sliding window the windowed layers' after it; a token
     /// tree's tokens see, of its cells, only their ancestors.
-    pub(super) fn write_masks(
+    fn write_masks(
         &mut self,
         sp: &[(u32, i32)],
         n_kv: usize,
@@ -80,7 +128,11 @@ impl Engine {
         if self.device.is_cpu() {
             return 1;
         }
-        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
+        // read once: the standard library reads the cgroup files each call
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        cores.min(MAX_THREADS)
     }
 }
 

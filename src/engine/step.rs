@@ -1,11 +1,10 @@
 //! The forward step: tokens in, logits out, one group graph at a time.
 //!
-//! A step queues its first uploads, embeds its tokens on the host into the
-//! persistent residual stream and writes its masks (`inputs`), then for
-//! every layer
-//! runs the attention template bound to that layer's weights and KV cache,
-//! then the FFN template, and finally the output head on the rows that want
-//! logits. Groups the placement keeps resident are bound in place; streamed
+//! A step queues its first uploads, writes its inputs on the host (its
+//! tokens' embedding rows into the persistent residual stream, its masks;
+//! `inputs`), then for every layer runs the attention template bound to
+//! that layer's weights and KV cache, then the FFN template, and finally
+//! the output head on the rows that want logits. Groups the placement keeps resident are bound in place; streamed
 //! groups are bound to the slot the pager filled (see `pager`); groups the
 //! host CPU computes (hybrid decode) run on its copy of the weights.
 
@@ -375,35 +374,8 @@ impl Engine {
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
 
-        // inputs, while the first uploads run: synchronous writes of
-        // buffers no stream touches now (both drained in `begin_part`; the
-        // uploads fill slots and KV frames); a later device's part gets
-        // its residual from the part before
-        let t_inputs = Instant::now();
-        if self.spec.embeds() {
-            let ids: Vec<u32> = toks.iter().map(|t| t.token).collect();
-            self.embed(&ids)?;
-        }
-        let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
-        self.persistent.tensor(buffers::POS).set_i32(&pos)?;
-        self.write_masks(&sp, n_kv as usize, tree.map(|t| (t, cells)))?;
-        let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
-        self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
-        if n_out > 0 {
-            self.persistent.tensor(buffers::OUT_IDS).set_i32(&out_ids)?;
-        }
-        let t_end = Instant::now();
-        self.rec.host_span(
-            timeline::Stream::Host,
-            || format!("inputs ({n} tokens)"),
-            t_inputs,
-            t_end,
-        );
-        tracing::debug!(
-            "step of {n} tokens: the first uploads enqueued after {:.2} ms, inputs written in {:.2} ms",
-            (t_inputs - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
-            (t_end - t_inputs).as_secs_f64() * 1e3
-        );
+        // inputs, while the first uploads run
+        self.write_inputs(toks, &sp, n_kv as usize, tree, cells, &out_ids)?;
         // after the step's last CPU group its pool sleeps: spinning, it
         // would take the cores the thread driving the GPU and the driver's
         // own threads need (the H100 traces showed that thread losing a

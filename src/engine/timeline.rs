@@ -337,15 +337,12 @@ impl Overlap {
     }
 }
 
-/// Writes spans as a Chrome/Perfetto trace (JSON array format).
+/// Writes spans as a Chrome/Perfetto trace (JSON object format): four
+/// tracks a device in process 1 (copy, compute, draft model, host CPU), a
+/// step's host work in process 2 (a track a device).
 pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    writeln!(f, "{{\"traceEvents\":[")?;
-    // four tracks a device in process 1: copy, compute, draft, host CPU;
-    // a step's host work in process 2, a track a device
+    use serde_json::json;
     let n_dev = spans.iter().map(|s| s.device + 1).max().unwrap_or(1);
-    let names = ["copy stream", "compute stream", "draft model", "host CPU"];
     let label = |d: usize, n: &str| {
         if n_dev > 1 {
             format!("device {d} {n}")
@@ -353,21 +350,19 @@ pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Re
             n.to_string()
         }
     };
-    let meta = |pid: u32, tid: usize, name: &str| {
-        format!("{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":\"{name}\"}}}}")
-    };
+    let thread = |pid: u32, tid: usize, name: String| json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}});
+    let names = ["copy stream", "compute stream", "draft model", "host CPU"];
+    let mut events = Vec::with_capacity(spans.len() + 5 * n_dev + 1);
     for d in 0..n_dev {
         for (k, n) in names.iter().enumerate() {
-            let sep = if d == 0 && k == 0 { "" } else { "," };
-            writeln!(f, "{sep}{}", meta(1, 4 * d + k + 1, &label(d, n)))?;
+            events.push(thread(1, 4 * d + k + 1, label(d, n)));
         }
     }
-    writeln!(
-        f,
-        ",{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{{\"name\":\"host: step inputs\"}}}}"
-    )?;
+    events.push(
+        json!({"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "host: step inputs"}}),
+    );
     for d in 0..n_dev {
-        writeln!(f, ",{}", meta(2, d + 1, &label(d, "step inputs")))?;
+        events.push(thread(2, d + 1, label(d, "step inputs")));
     }
     for s in spans {
         let (pid, tid) = match s.stream {
@@ -377,17 +372,19 @@ pub fn write_chrome_trace(spans: &[Span], path: &std::path::Path) -> std::io::Re
             Stream::Cpu => (1, 4 * s.device + 4),
             Stream::Host => (2, s.device + 1),
         };
-        writeln!(
-            f,
-            ",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"bytes\":{}}}}}",
-            s.name.replace('"', "'"),
-            s.start * 1e6,
-            (s.end - s.start).max(0.0) * 1e6,
-            s.bytes
-        )?;
+        events.push(json!({
+            "name": s.name,
+            "ph": "X",
+            "pid": pid,
+            "tid": tid,
+            "ts": s.start * 1e6,
+            "dur": (s.end - s.start).max(0.0) * 1e6,
+            "args": {"bytes": s.bytes},
+        }));
     }
-    writeln!(f, "]}}")?;
-    f.flush()
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    serde_json::to_writer(&mut f, &json!({ "traceEvents": events }))?;
+    std::io::Write::flush(&mut f)
 }
 
 #[cfg(test)]
