@@ -249,7 +249,7 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
         // the host's picks, the host's rows added
         "moe_router" => build_router(&ctx, &d, &moe_sig(), s.n_tokens, LIM),
         "moe_host_experts" => build_host_experts(&ctx, &d, &moe_sig(), 32, LIM),
-        "add_rows" => build_add_rows(&ctx, &d, s.n_tokens, LIM),
+        "add_rows" => build_add_rows(&ctx, &d, s.n_tokens, s.row0, LIM),
         "arch_ffn" => build_ffn(&ctx, &d, &ffn_sig_of(arch), s, LIM),
         // two chunks of four rows: the routing and experts once per chunk
         "moe_ffn_chunked" => build_ffn(&ctx, &d, &moe_sig(), s, Limits { ffn_rows: 4, ..LIM }),
@@ -294,6 +294,7 @@ const PREFILL: StepShape = StepShape {
     last_layer: false,
     swa: false,
     dev_experts: 0,
+    row0: 0,
 };
 const DECODE: StepShape = StepShape {
     n_tokens: 1,
@@ -302,6 +303,7 @@ const DECODE: StepShape = StepShape {
     last_layer: false,
     swa: false,
     dev_experts: 0,
+    row0: 0,
 };
 const BIG: StepShape = StepShape {
     n_tokens: 512,
@@ -310,6 +312,7 @@ const BIG: StepShape = StepShape {
     last_layer: false,
     swa: false,
     dev_experts: 0,
+    row0: 0,
 };
 const LAST: StepShape = StepShape {
     n_tokens: 7,
@@ -318,6 +321,7 @@ const LAST: StepShape = StepShape {
     last_layer: true,
     swa: false,
     dev_experts: 0,
+    row0: 0,
 };
 
 #[test]

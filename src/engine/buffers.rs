@@ -147,3 +147,69 @@ impl SplitRows {
         self.arena.bytes() as u64
     }
 }
+
+/// Host memory the big inputs (embedding rows, masks) are written into
+/// and copied to the device from, one after the other (each copy is
+/// synchronous): pinned on a GPU, whose copies from pageable memory go
+/// through the driver's bounce buffers; plain memory on the CPU device and
+/// a remote one (copied through a socket), or where pinning fails. It
+/// grows to the largest step's need and is kept.
+#[derive(Default)]
+pub struct Staging {
+    pinned: Option<Buffer>,
+    /// u64s: aligned for any element type the inputs use
+    plain: Vec<u64>,
+    /// Pinning failed once: plain memory from then on.
+    unpinnable: bool,
+}
+
+impl Staging {
+    /// Whether the memory is pinned (on a GPU, unless pinning failed).
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.is_some() && !self.unpinnable
+    }
+    /// The first `len` elements of the staging memory, as `T`s (contents
+    /// undefined: the caller writes all of them).
+    pub fn get<T: bytemuck::Pod>(
+        &mut self,
+        dev: Device,
+        len: usize,
+    ) -> Result<&mut [T], EngineError> {
+        let bytes = len * std::mem::size_of::<T>();
+        let pin = !(dev.is_cpu() || dev.is_remote() || self.unpinnable);
+        if pin && self.pinned.as_ref().is_none_or(|b| b.size() < bytes) {
+            self.pinned = None;
+            // rounded up to 8 MiB, so steps a little bigger reuse it
+            let size = bytes.next_multiple_of(8 << 20);
+            match dev
+                .host_buffer_type()
+                .map(|t| Buffer::alloc(t, size, BufferUsage::Any))
+            {
+                Some(Ok(b)) if b.is_host() && (b.base() as usize).is_multiple_of(8) => {
+                    self.pinned = Some(b)
+                }
+                _ => {
+                    tracing::debug!(
+                        "no pinned staging for a step's inputs: written from pageable memory"
+                    );
+                    self.unpinnable = true;
+                }
+            }
+        }
+        match &self.pinned {
+            Some(b) if !self.unpinnable => {
+                // SAFETY: the buffer is host memory of at least `bytes`
+                // bytes, aligned to 8 (checked when allocated), owned by
+                // self and borrowed mutably through it; no copy reads it
+                // now (every copy from it was synchronous), and every bit
+                // pattern is a valid Pod.
+                Ok(unsafe { std::slice::from_raw_parts_mut(b.base().cast::<T>(), len) })
+            }
+            _ => {
+                self.plain
+                    .resize(bytes.div_ceil(8).max(self.plain.len()), 0);
+                Ok(&mut bytemuck::cast_slice_mut::<u64, T>(&mut self.plain)[..len])
+            }
+        }
+    }
+}

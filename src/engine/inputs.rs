@@ -5,23 +5,26 @@
 //!
 //! On a GPU the host's cores are idle while a step begins, and big steps
 //! cut the rows among scoped threads: at 2048 tokens of an 8192-wide
-//! model one thread took 17-25 ms on the 2-core development machine, and
-//! each device of the row split writes its own inputs in turn before any
-//! of them computes. On the CPU device the cores are ggml's pool's, whose
-//! threads still spin from the last step: there one thread writes them
-//! (two threads were no faster on the 2-core development machine).
+//! model one thread took 17-25 ms on the 2-core development machine. The
+//! embedding rows and masks are written into pinned memory (`buffers::Staging`)
+//! and copied from there: a copy from pageable memory goes through the
+//! driver's bounce buffers at a fraction of the bus's speed (the two-H200
+//! trace of run 102 gave each device's inputs 28-29 ms, with 8 threads).
+//! On the CPU device the cores are ggml's pool's, whose threads still
+//! spin from the last step: there one thread writes them (two threads
+//! were no faster on the 2-core development machine).
 
 use super::batch::BatchToken;
 use super::buffers;
 use super::error::EngineError;
-use super::state::Engine;
+use super::state::{Engine, Share};
 use super::timeline;
 use crate::dtype::GgmlType;
 use crate::ggml;
 use crate::kv::StepTree;
 use std::ops::Range;
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Fewest rows a thread is given: below this a step's inputs are written
 /// on the step's own thread (decode steps take microseconds).
@@ -30,29 +33,68 @@ const ROWS_PER_THREAD: usize = 128;
 const MAX_THREADS: usize = 8;
 
 impl Engine {
-    /// Writes the begun step's inputs: synchronous writes of buffers no
-    /// stream touches now (both were drained in `begin_part`; the first
-    /// uploads fill slots and KV frames). A later device's part of the
-    /// layer split gets its residual from the part before. `sp`: the
-    /// tokens' (sequence, position); `cells`: where they were placed;
-    /// `out_ids`: the rows that want logits.
-    pub(super) fn write_inputs(
+    /// Writes the begun step's inputs on this part and the parts after
+    /// it, once every part's first uploads are queued. Where every part
+    /// is a GPU or a remote device, the parts write theirs at once, a
+    /// thread each (the row split's devices each embed the same rows); on
+    /// the CPU device, whose pool's threads spin, in turn.
+    pub(super) fn write_chain_inputs(
         &mut self,
         toks: &[BatchToken],
-        sp: &[(u32, i32)],
-        n_kv: usize,
         tree: Option<&StepTree>,
         cells: &[u32],
-        out_ids: &[i32],
     ) -> Result<(), EngineError> {
+        self.with_chain(|first, others| {
+            let one = |Share(e): Share<'_>| e.write_inputs(toks, tree, cells);
+            let at_once = !others.is_empty()
+                && !first.device.is_cpu()
+                && others.iter().all(|e| !e.device.is_cpu());
+            let parts = std::iter::once(first).chain(others.iter_mut().map(|e| &mut **e));
+            if !at_once {
+                return parts.map(Share).try_for_each(one);
+            }
+            std::thread::scope(|s| {
+                let handles: Vec<_> = parts
+                    .map(|e| {
+                        let sh = Share(e);
+                        s.spawn(move || one(sh))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a part's input thread panicked"))
+                    .collect::<Result<Vec<()>, EngineError>>()
+                    .map(|_| ())
+            })
+        })
+    }
+
+    /// Writes this part's inputs for the begun step: synchronous writes
+    /// of buffers no stream touches now (both were drained in
+    /// `begin_part`; the first uploads fill slots and KV frames). A later
+    /// device's part of the layer split gets its residual from the part
+    /// before. `cells`: where the tokens were placed.
+    fn write_inputs(
+        &mut self,
+        toks: &[BatchToken],
+        tree: Option<&StepTree>,
+        cells: &[u32],
+    ) -> Result<(), EngineError> {
+        let inputs = self
+            .pending
+            .as_mut()
+            .and_then(|p| p.inputs.take())
+            .expect("begun");
+        let (sp, n_kv, out_ids) = (&inputs.sp[..], inputs.n_kv, &inputs.out_ids[..]);
         let t0 = Instant::now();
+        let mut copies = Duration::ZERO;
         if self.spec.embeds() {
             let ids: Vec<u32> = toks.iter().map(|t| t.token).collect();
-            self.embed(&ids)?;
+            copies += self.embed(&ids)?;
         }
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
         self.persistent.tensor(buffers::POS).set_i32(&pos)?;
-        self.write_masks(sp, n_kv, tree.map(|t| (t, cells)))?;
+        copies += self.write_masks(sp, n_kv, tree.map(|t| (t, cells)))?;
         let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
         self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
         if !out_ids.is_empty() {
@@ -67,37 +109,43 @@ impl Engine {
             t1,
         );
         tracing::debug!(
-            "step of {n} tokens: the first uploads enqueued after {:.2} ms, inputs written in {:.2} ms",
+            "step of {n} tokens: the first uploads enqueued after {:.2} ms, inputs written in {:.2} ms \
+             (of which {:.2} ms copying embedding rows and masks from {} memory)",
             (t0 - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
-            (t1 - t0).as_secs_f64() * 1e3
+            (t1 - t0).as_secs_f64() * 1e3,
+            copies.as_secs_f64() * 1e3,
+            if self.staging.is_pinned() { "pinned" } else { "pageable" }
         );
         Ok(())
     }
 
-    /// Embeds the step's tokens into x[:, :n] on the host.
-    fn embed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+    /// Embeds the step's tokens into x[:, :n] on the host; returns the
+    /// time the copy to the device took.
+    fn embed(&mut self, tokens: &[u32]) -> Result<Duration, EngineError> {
         let e = self.spec.hp.n_embd as usize;
-        let w = &self.spec.tok_embd;
-        self.embd.resize(e * tokens.len(), 0.0);
         let threads = self.input_threads();
+        let w = &self.spec.tok_embd;
         let table = self.file.bytes(w);
         let scale = self.spec.hp.embd_scale;
-        embed_rows(w.ty, &table, tokens, scale, &mut self.embd, threads)?;
+        let out = self.staging.get::<f32>(self.device, e * tokens.len())?;
+        embed_rows(w.ty, &table, tokens, scale, out, threads)?;
+        let t = Instant::now();
         self.persistent
             .tensor(buffers::X)
-            .set_bytes(bytemuck::cast_slice(&self.embd), 0)?;
-        Ok(())
+            .set_bytes(bytemuck::cast_slice(out), 0)?;
+        Ok(t.elapsed())
     }
 
     /// Writes the step's masks over `n_kv` cells: the full-context mask,
     /// then with a sliding window the windowed layers' after it; a token
-    /// tree's tokens see, of its cells, only their ancestors.
+    /// tree's tokens see, of its cells, only their ancestors. Returns the
+    /// time the copy to the device took.
     fn write_masks(
         &mut self,
         sp: &[(u32, i32)],
         n_kv: usize,
         tree: Option<(&StepTree, &[u32])>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Duration, EngineError> {
         let n_swa = self.spec.hp.n_swa;
         let windows: &[Option<u32>] = if n_swa > 0 {
             &[None, Some(n_swa)]
@@ -105,10 +153,10 @@ impl Engine {
             &[None]
         };
         let one = n_kv * sp.len();
-        self.mask.resize(one * windows.len(), 0);
         let threads = self.input_threads();
         let cells = self.kv.cells();
-        for (&window, mask) in windows.iter().zip(self.mask.chunks_exact_mut(one)) {
+        let masks = self.staging.get::<u16>(self.device, one * windows.len())?;
+        for (&window, mask) in windows.iter().zip(masks.chunks_exact_mut(one.max(1))) {
             par_rows(mask, n_kv, threads, |rows, out| {
                 cells.fill_mask_rows(&sp[rows], n_kv, window, out);
                 Ok::<(), EngineError>(())
@@ -117,10 +165,11 @@ impl Engine {
                 t.hide(placed, n_kv, mask);
             }
         }
+        let t = Instant::now();
         self.persistent
             .tensor(buffers::MASK)
-            .set_bytes(bytemuck::cast_slice(&self.mask), 0)?;
-        Ok(())
+            .set_bytes(bytemuck::cast_slice(masks), 0)?;
+        Ok(t.elapsed())
     }
 
     /// Threads that may write a step's inputs: one on the CPU device.

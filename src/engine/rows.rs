@@ -23,7 +23,7 @@
 
 use super::buffers;
 use super::error::EngineError;
-use super::state::Engine;
+use super::state::{Engine, Share};
 use crate::dtype::GgmlType;
 use crate::ggml::Context;
 use crate::graph::{BindId, TemplateKey};
@@ -33,21 +33,7 @@ impl Engine {
     /// Runs the begun step on this device (the row split's first) and the
     /// devices after it, group by group.
     pub(super) fn run_rows(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
-        // the chain as a list for the step (given back whatever happens)
-        let mut others: Vec<Box<Engine>> = Vec::new();
-        let mut n = self.next.take();
-        while let Some(mut e) = n {
-            n = e.next.take();
-            others.push(e);
-        }
-        let r = self.run_rows_on(&mut others, out);
-        let mut next = None;
-        while let Some(mut e) = others.pop() {
-            e.next = next;
-            next = Some(e);
-        }
-        self.next = next;
-        r
+        self.with_chain(|first, others| first.run_rows_on(others, out))
     }
 
     fn run_rows_on(
@@ -181,7 +167,10 @@ impl Engine {
     /// stream, on this device's stream (`TemplateKey::AddRows`, bound to
     /// reduce buffer `j`).
     fn add_reduced(&mut self, j: usize, rows: u32) -> Result<(), EngineError> {
-        let key = TemplateKey::AddRows { n_rows: rows };
+        let key = TemplateKey::AddRows {
+            n_rows: rows,
+            row0: 0,
+        };
         let id = BindId {
             group: None,
             weight_slot: Some(j),
@@ -212,17 +201,6 @@ fn row_view<'c>(
     unsafe { t.rebind(b)? };
     Ok(t)
 }
-
-/// One device's part of the row split, handed to the thread that computes
-/// its host share.
-struct Share<'a>(&'a mut Engine);
-
-// SAFETY: a `Share` moves to one scoped thread, which alone touches that
-// engine until the scope ends (the step's thread waits at its end). An
-// engine shares no handle with another: its CPU backend, thread pool,
-// device backend, recorder and buffers are its own, and ggml's device
-// calls set their device per call.
-unsafe impl Send for Share<'_> {}
 
 /// The host shares of one group: each device's rows through its host
 /// copy, back to its residual stream; several at once in scoped threads,

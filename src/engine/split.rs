@@ -173,7 +173,7 @@ impl Engine {
             .set_bytes(bytemuck::cast_slice(&sums), 0)?;
         let y = rows.arena.binding(0);
         rows.host = sums;
-        let akey = TemplateKey::AddRows { n_rows: n };
+        let akey = TemplateKey::AddRows { n_rows: n, row0: 0 };
         self.templates
             .get(&akey)?
             .bind(BindId::head(), &[y], None)?;

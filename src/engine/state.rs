@@ -37,6 +37,19 @@ pub(super) struct Pending {
     pub(super) on_cpu: Vec<bool>,
     /// The step's last group the CPU takes part in.
     pub(super) last_cpu: Option<usize>,
+    /// What the step's inputs are written from, once every part began
+    /// (`Engine::write_chain_inputs`).
+    pub(super) inputs: Option<StepInputs>,
+}
+
+/// A begun step's inputs, as `Engine::prepare_part` worked them out.
+pub(super) struct StepInputs {
+    /// The tokens' (sequence, position).
+    pub(super) sp: Vec<(u32, i32)>,
+    /// The cells the masks span.
+    pub(super) n_kv: usize,
+    /// The rows that want logits.
+    pub(super) out_ids: Vec<i32>,
 }
 
 /// What `Engine::load_part` measured for its plan: the row split's other
@@ -76,8 +89,8 @@ pub struct Engine {
     /// Cells, resident KV tensors and the tier of windowed layers.
     pub(super) kv: KvCache,
     pub(super) file: ModelFile,
-    pub(super) embd: Vec<f32>,
-    pub(super) mask: Vec<u16>,
+    /// Host memory a step's embedding rows and masks are written into.
+    pub(super) staging: super::buffers::Staging,
     pub last_step: StepStats,
     /// The timeline switch, shared with the pager.
     pub(super) rec: timeline::Recorder,
@@ -420,5 +433,42 @@ impl Drop for Engine {
         // copies and computations still queued read or write buffers that
         // the fields below free
         self.pager_sync();
+    }
+}
+
+/// One device's part of a split model, handed to a thread of its own for
+/// work that touches that part alone (its host share of a row-split
+/// group, its step inputs).
+pub(super) struct Share<'a>(pub(super) &'a mut Engine);
+
+// SAFETY: a `Share` moves to one scoped thread, which alone touches that
+// engine until the scope ends (the step's thread waits at its end). An
+// engine shares no handle with another: its CPU backend, thread pool,
+// device backend, recorder and buffers are its own, and ggml's device
+// calls set their device per call.
+unsafe impl Send for Share<'_> {}
+
+impl Engine {
+    /// Runs `f` on this part and the parts after it (the chain of a model
+    /// split across devices) as a list; the chain is put back together
+    /// whatever `f` returns.
+    pub(super) fn with_chain<R>(
+        &mut self,
+        f: impl FnOnce(&mut Engine, &mut [Box<Engine>]) -> R,
+    ) -> R {
+        let mut others: Vec<Box<Engine>> = Vec::new();
+        let mut n = self.next.take();
+        while let Some(mut e) = n {
+            n = e.next.take();
+            others.push(e);
+        }
+        let r = f(self, &mut others);
+        let mut next = None;
+        while let Some(mut e) = others.pop() {
+            e.next = next;
+            next = Some(e);
+        }
+        self.next = next;
+        r
     }
 }

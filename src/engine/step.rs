@@ -14,7 +14,7 @@ use super::buffers;
 use super::error::EngineError;
 use super::host;
 use super::state::Engine;
-use super::state::Pending;
+use super::state::{Pending, StepInputs};
 use super::store::Location;
 use super::timeline;
 use crate::graph::BindId;
@@ -135,8 +135,9 @@ impl Engine {
     /// the pager forgets the step, so the cache holds what it held before.
     /// A model split across devices runs its parts in turn: every part
     /// places its cells and starts its uploads first (so a later device's
-    /// link fills its slots while the earlier ones compute), then each
-    /// computes its layers and hands the residual stream to the next.
+    /// link fills its slots while the earlier ones compute), then writes
+    /// its inputs (every part at once on GPUs), then each computes its
+    /// layers and hands the residual stream to the next.
     /// Returns the cells the step's tokens were placed in.
     fn step(
         &mut self,
@@ -147,7 +148,8 @@ impl Engine {
         self.validate(toks)?;
         let start = Instant::now();
         let out_len = out.len();
-        let r = self.begin_chain(toks, tree, None).and_then(|cells| {
+        let r = self.begin_chain(toks, None).and_then(|cells| {
+            self.write_chain_inputs(toks, tree, &cells)?;
             if self.spec.shard.is_some() {
                 self.run_rows(out)
             } else {
@@ -178,10 +180,9 @@ impl Engine {
     fn begin_chain(
         &mut self,
         toks: &[BatchToken],
-        tree: Option<&StepTree>,
         first: Option<&[u32]>,
     ) -> Result<Vec<u32>, EngineError> {
-        let cells = self.begin_part(toks, tree)?;
+        let cells = self.begin_part(toks)?;
         // every part's cells mirror the first's: the same operations in
         // the same order on the same cell table
         if first.is_some_and(|f| f != cells.as_slice()) {
@@ -191,7 +192,7 @@ impl Engine {
             )));
         }
         if let Some(n) = self.next.as_deref_mut() {
-            n.begin_chain(toks, tree, Some(first.unwrap_or(&cells)))?;
+            n.begin_chain(toks, Some(first.unwrap_or(&cells)))?;
         }
         Ok(cells)
     }
@@ -228,16 +229,12 @@ impl Engine {
         }
     }
 
-    /// Places the step's cells, writes its inputs and starts the pager's
-    /// uploads; returns the cells. `pending` holds the rest for
+    /// Places the step's cells and starts the pager's uploads; returns
+    /// the cells. `pending` holds the rest for `Engine::write_inputs` and
     /// [`Engine::run_part`].
-    fn begin_part(
-        &mut self,
-        toks: &[BatchToken],
-        tree: Option<&StepTree>,
-    ) -> Result<Vec<u32>, EngineError> {
-        // inputs and the KV tier's host frames are written below: nothing
-        // may be in flight
+    fn begin_part(&mut self, toks: &[BatchToken]) -> Result<Vec<u32>, EngineError> {
+        // inputs (once every part began) and the KV tier's host frames
+        // are written next: nothing may be in flight
         self.pager_sync();
         let before = self.kv.snapshot();
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
@@ -251,17 +248,13 @@ impl Engine {
             order: Vec::new(),
             on_cpu: Vec::new(),
             last_cpu: None,
+            inputs: None,
         });
-        self.prepare_part(toks, tree, &cells)?;
+        self.prepare_part(toks, &cells)?;
         Ok(cells)
     }
 
-    fn prepare_part(
-        &mut self,
-        toks: &[BatchToken],
-        tree: Option<&StepTree>,
-        cells: &[u32],
-    ) -> Result<(), EngineError> {
+    fn prepare_part(&mut self, toks: &[BatchToken], cells: &[u32]) -> Result<(), EngineError> {
         let n = toks.len() as u32;
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let mask = toks.iter().fold(0u64, |m, t| m | 1 << t.seq);
@@ -314,6 +307,7 @@ impl Engine {
                         last_layer: false,
                         swa: self.spec.hp.is_swa(l),
                         dev_experts: 0,
+                        row0: 0,
                     },
                 ));
                 break;
@@ -329,6 +323,7 @@ impl Engine {
                     last_layer: last,
                     swa: self.spec.hp.is_swa(l),
                     dev_experts: 0,
+                    row0: 0,
                 },
             ));
             order.push((
@@ -341,6 +336,7 @@ impl Engine {
                     last_layer: false,
                     swa: false,
                     dev_experts: dev_experts(l),
+                    row0: 0,
                 },
             ));
         }
@@ -373,9 +369,6 @@ impl Engine {
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
-
-        // inputs, while the first uploads run
-        self.write_inputs(toks, &sp, n_kv as usize, tree, cells, &out_ids)?;
         // after the step's last CPU group its pool sleeps: spinning, it
         // would take the cores the thread driving the GPU and the driver's
         // own threads need (the H100 traces showed that thread losing a
@@ -388,6 +381,12 @@ impl Engine {
         p.order = order;
         p.on_cpu = on_cpu;
         p.last_cpu = last_cpu;
+        // the inputs are written once every part's first uploads run
+        p.inputs = Some(StepInputs {
+            sp,
+            n_kv: n_kv as usize,
+            out_ids,
+        });
         Ok(())
     }
 

@@ -173,14 +173,22 @@ pub fn build_attn<'c>(
         .named("cache_v");
     let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
 
-    let x = rows(ctx, ext.x, s.n_tokens).named("inp");
-    let pos = ctx.view_1d(ext.pos, n, 0).named("pos");
-    let kv_idx = ctx.view_1d(ext.kv_idx, n, 0).named("k_idxs");
+    // the rows row0.. of the step: a sliding-window layer's mask lies
+    // after the whole step's full-context mask, whose size a part of the
+    // step does not know
+    assert!(
+        !(s.swa && s.row0 > 0),
+        "a sliding-window layer's step is never cut into parts"
+    );
+    let r0 = s.row0 as usize;
+    let x = rows_at(ctx, ext.x, s.row0, s.n_tokens).named("inp");
+    let pos = ctx.view_1d(ext.pos, n, r0 * 4).named("pos");
+    let kv_idx = ctx.view_1d(ext.kv_idx, n, r0 * 8).named("k_idxs");
     // F16 [n_kv, n_tokens]; a sliding-window layer's right after it
     let mask_at = if s.swa {
         s.n_kv as usize * n as usize * 2
     } else {
-        0
+        r0 * s.n_kv as usize * 2
     };
     let mask = ctx
         .view_2d(ext.mask, s.n_kv as i64, n, s.n_kv as usize * 2, mask_at)
@@ -271,6 +279,7 @@ pub fn build_attn<'c>(
     let mut inp_sa = x;
     let mut n_rows = s.n_tokens;
     if s.last_layer {
+        assert_eq!(s.row0, 0, "the last layer's step is never cut into parts");
         let ids = ctx
             .view_1d(ext.out_ids, s.n_out as i64, 0)
             .named("out_ids_view");
@@ -287,7 +296,7 @@ pub fn build_attn<'c>(
         ctx.add(cur, inp_sa).named("ffn_inp")
     };
     let out = ctx
-        .cpy(res, rows(ctx, ext.x, n_rows).named("x_out"))
+        .cpy(res, rows_at(ctx, ext.x, s.row0, n_rows).named("x_out"))
         .named("x_store");
     g.expand(out);
     Built {
@@ -333,7 +342,7 @@ pub fn build_ffn<'c>(
     let mut out = None;
     for r0 in (0..s.n_tokens).step_by(chunk as usize) {
         let n = chunk.min(s.n_tokens - r0);
-        let x = rows_at(ctx, ext.x, r0, n).named("ffn_in");
+        let x = rows_at(ctx, ext.x, s.row0 + r0, n).named("ffn_in");
         let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
         let down = match &experts {
             Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur, s.dev_experts > 0),
@@ -357,7 +366,7 @@ pub fn build_ffn<'c>(
             ctx.add(down, x).named("l_out")
         };
         let o = ctx
-            .cpy(res, rows_at(ctx, ext.x, r0, n).named("x_out"))
+            .cpy(res, rows_at(ctx, ext.x, s.row0 + r0, n).named("x_out"))
             .named("x_store");
         g.expand(o);
         out = Some(o);
@@ -464,18 +473,19 @@ pub fn build_host_experts<'c>(
     }
 }
 
-/// `x[:, :n] += y[:, :n]` for `y` F32 [n_embd, n_batch] (the only weight):
-/// the host's experts added to the residual stream.
-pub fn build_add_rows<'c>(ctx: &'c Context, d: &Dims, n: u32, lim: Limits) -> Built<'c> {
+/// `x[:, r] += y[:, r]` over rows `r = row0..row0 + n`, for `y` F32
+/// [n_embd, n_batch] (the only weight): the host's experts, or another
+/// device's share of the row split, added to the residual stream.
+pub fn build_add_rows<'c>(ctx: &'c Context, d: &Dims, n: u32, row0: u32, lim: Limits) -> Built<'c> {
     let ext = Externals::new(ctx, d, lim, false);
     let y = ctx
         .new_tensor(GgmlType::F32, &[d.hp.n_embd as i64, lim.n_batch as i64])
         .named("host_rows");
     let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
-    let x = rows(ctx, ext.x, n).named("add_in");
-    let sum = ctx.add(x, rows(ctx, y, n)).named("add_host_rows");
+    let x = rows_at(ctx, ext.x, row0, n).named("add_in");
+    let sum = ctx.add(x, rows_at(ctx, y, row0, n)).named("add_host_rows");
     let out = ctx
-        .cpy(sum, rows(ctx, ext.x, n).named("x_out"))
+        .cpy(sum, rows_at(ctx, ext.x, row0, n).named("x_out"))
         .named("x_store");
     g.expand(out);
     Built {

@@ -21,6 +21,11 @@ pub struct StepShape {
     /// place of the others, whose picks the host computes (see
     /// `paging::split`); 0: no split.
     pub dev_experts: u32,
+    /// The first of the step's rows this graph computes: the row split
+    /// computes a big step's groups in two halves of rows (`engine::rows`),
+    /// each reading and writing its own rows of the residual stream and
+    /// its tokens' positions, cells and mask rows. 0 for a whole step.
+    pub row0: u32,
 }
 
 /// What graph builders need to know about the model.

@@ -55,8 +55,10 @@ pub enum TemplateKey {
         n_hot: u32,
         instance: u32,
     },
-    /// The host's expert rows added to the residual stream's first `n_rows`.
-    AddRows { n_rows: u32 },
+    /// Rows `row0..row0 + n_rows` of a buffer (the host's expert rows,
+    /// another device's share of the row split) added to the residual
+    /// stream's.
+    AddRows { n_rows: u32, row0: u32 },
 }
 
 pub use crate::ggml::Binding;
@@ -149,6 +151,7 @@ impl Template {
                         last_layer: false,
                         swa: false,
                         dev_experts: 0,
+                        row0: 0,
                     };
                     build_head(&ctx, d, *out_ty, s, *row0, lim)
                 }
@@ -165,7 +168,9 @@ impl Template {
                 TemplateKey::HostExperts { sig, picks } => {
                     build_host_experts(&ctx, d, sig, *picks, lim)
                 }
-                TemplateKey::AddRows { n_rows } => build_add_rows(&ctx, d, *n_rows, lim),
+                TemplateKey::AddRows { n_rows, row0 } => {
+                    build_add_rows(&ctx, d, *n_rows, *row0, lim)
+                }
             };
             (
                 NonNull::new(b.graph.raw()).expect("graph handle is never null"),

@@ -23,6 +23,10 @@
 #           kept for .carry-cache where it was built here; the machine's
 #           logs folded into rows.txt (a call returns 8 files)
 #   one     the 70B on one GPU at 24G and at 12G (the same tests)
+#   rows-old the row split at 12G on each GPU: HEAD and each older binary
+#           in .carry/old/*.xz (tools/device/build-old.sh), interleaved over
+#           ROUNDS rounds (default 2); with STRATA_LOG set, the step lines
+#           naming the inputs are kept (rows_old.txt)
 #   llama   llama.cpp on the same file over both GPUs (its default layer
 #           split, about -ts 1,1 on two idle GPUs) at each of LLAMA_NGL
 #           (default 40), with its defaults and with --no-mmap -ub 2048
@@ -123,6 +127,25 @@ case $what in
         2>&1 | quiet | tee -a "$f"
     done
     ;;
+  rows-old)
+    dev_70b || exit 1
+    o=/root/old; mkdir -p $o
+    cp $bin/lib*.so* $o/; rm -f $o/*.ggml-version
+    names=(HEAD)
+    for x in .carry/old/*.xz; do
+      [ -f "$x" ] || continue
+      n=$(basename "$x" .xz); xz -dc "$x" > $o/strata-$n; chmod +x $o/strata-$n; names+=("$n")
+    done
+    f=$out/rows_old.txt
+    for r in $(seq ${ROUNDS:-2}); do
+      for n in "${names[@]}"; do
+        s=$o/strata-$n; [ "$n" = HEAD ] && s=$bin/strata
+        echo "-- round $r: $n" | tee -a "$f"
+        timeout 200 $s bench -m "$m" --device gpu --devices 0,1 --gpu-budget 12G --split-mode row $tests 2>&1 | quiet |
+          grep -e "pp[0-9]" -e "tg[0-9]" -e batched -e rror -e "inputs written" | sed 's/^.*step: //' | tee -a "$f"
+      done
+    done
+    ;;
   llama)
     dev_70b || exit 1
     f=$out/bench_70b_2gpu_llama.txt
@@ -132,6 +155,6 @@ case $what in
         2>&1 | quiet | tee -a "$f"
     done
     ;;
-  *) echo "multi-gpu.sh: unknown mode $what (smoke, strata, rows, one, relay, llama)" >&2; exit 2 ;;
+  *) echo "multi-gpu.sh: unknown mode $what (smoke, strata, rows, rows-old, one, relay, llama)" >&2; exit 2 ;;
 esac
 done
