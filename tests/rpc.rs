@@ -164,20 +164,25 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
     // resident; streamed in prompt steps of 4 tokens; streamed with every
     // layer's KV in the host tier; budgets of 1:2 (an uneven split)
     // and streamed with the host CPU computing four FFN groups' shares of
-    // each device at once (hybrid decode, each share in its own thread)
-    for (stream_all, kv_gpu, budgets, hybrid) in [
-        (false, None, vec![], Hybrid::Auto),
-        (true, None, vec![], Hybrid::Auto),
-        (true, Some(0), vec![], Hybrid::Auto),
-        (false, None, vec![1u64 << 30, 2 << 30], Hybrid::Auto),
-        (true, None, vec![], Hybrid::Force(4)),
+    // each device at once (hybrid decode, each share in its own thread);
+    // steps of 2 tokens or more computed in two halves of rows, resident
+    // and streamed (the prompt steps' groups, all but the last layer's)
+    for (stream_all, kv_gpu, budgets, hybrid, halves) in [
+        (false, None, vec![], Hybrid::Auto, None),
+        (true, None, vec![], Hybrid::Auto, None),
+        (true, Some(0), vec![], Hybrid::Auto, None),
+        (false, None, vec![1u64 << 30, 2 << 30], Hybrid::Auto, None),
+        (true, None, vec![], Hybrid::Force(4), None),
+        (false, None, vec![], Hybrid::Auto, Some(2)),
+        (true, None, vec![], Hybrid::Auto, Some(2)),
     ] {
         let mut cfg = two_remote(&a, &b, stream_all, kv_gpu);
         cfg.split_mode = strata::engine::SplitMode::Row;
         cfg.gpu_budgets = budgets.clone();
         cfg.paging.hybrid = hybrid;
+        cfg.paging.row_halves = halves;
         let what = format!(
-            "streamed={stream_all} kv_gpu={kv_gpu:?} budgets={budgets:?} hybrid={hybrid:?}"
+            "streamed={stream_all} kv_gpu={kv_gpu:?} budgets={budgets:?} hybrid={hybrid:?} halves={halves:?}"
         );
         let mut split = Engine::load(&path, &cfg).expect("engine on two remote devices");
         if !budgets.is_empty() {
@@ -191,6 +196,24 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
             );
         }
         check_rows(&mut split, 2, &mut local, &prompt, &want, &what);
+        if halves.is_some() {
+            // a step of 4 tokens, all wanting logits, is cut in every
+            // group but the last layer's attention and those the host
+            // computes (hybrid decode takes some where all are streamed)
+            split.clear();
+            let four = common::all_positions(&[prompt[..4].to_vec()]);
+            split.decode(&four).expect("a step of 4 tokens");
+            let n_layer = split.spec.hp.n_layer;
+            // (the first part's stats sum the parts': the second's own)
+            let host = split.parts().nth(1).map_or(0, |p| p.last_step.host.groups);
+            let halved = split.last_step.halved;
+            assert!(halved > 0, "{what}: no group cut");
+            assert_eq!(
+                u64::from(halved),
+                2 * u64::from(n_layer) - 1 - host,
+                "{what}"
+            );
+        }
     }
     // a model the row split cannot share out is refused, naming why and
     // the way out (Gemma 3 270M: one KV head for two devices, besides the

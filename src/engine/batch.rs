@@ -27,6 +27,8 @@ pub struct StepStats {
     pub kv: KvStats,
     /// What the host CPU computed (hybrid decode).
     pub host: HostStats,
+    /// Groups the row split computed in two halves of rows (`rows.rs`).
+    pub halved: u32,
 }
 
 impl StepStats {

@@ -59,6 +59,11 @@ impl KvStore {
             BufferUsage::Any,
             &vec![spec; 2 * layers.len()],
         )?;
+        // zeros, not whatever the memory held: a step computed in halves
+        // (the row split, `rows.rs`) reads, in its first half's attention,
+        // the cells its second half has yet to write; masked, they weigh
+        // nothing, but nothing times a NaN pattern is NaN
+        arena.buffer().clear(0);
         let mut index_of = vec![None; n_layer];
         for (i, &l) in layers.iter().enumerate() {
             index_of[l as usize] = Some(i);

@@ -150,6 +150,13 @@ pub struct PagingOptions {
     pub look_ahead: u32,
     /// How many host layers ahead the look-ahead predicts (at least 1).
     pub look_ahead_layers: u32,
+    /// The row split over two devices: steps of at least this many tokens
+    /// compute each group in two halves of rows, the first half's outputs
+    /// exchanged while the second computes (`engine::rows`). None: from
+    /// 512 tokens where both devices are GPUs, whose exchange runs on
+    /// streams of its own, never elsewhere; Some(0): never; Some(n): from
+    /// n tokens on any devices (elsewhere the exchange waits: tests).
+    pub row_halves: Option<u32>,
 }
 
 impl Default for PagingOptions {
@@ -166,6 +173,7 @@ impl Default for PagingOptions {
             look_ahead: 0,
             look_ahead_layers: 1,
             relay: false,
+            row_halves: None,
         }
     }
 }

@@ -619,6 +619,10 @@ impl Engine {
         let reduce = (0..n_reduce)
             .map(|_| super::buffers::SplitRows::alloc(&dims, lim, device))
             .collect::<Result<Vec<_>, _>>()?;
+        let halves = match spec.shard {
+            Some(s) if s.count == 2 => super::exchange::Halves::new(device, cfg.paging.row_halves)?,
+            _ => None,
+        };
         let hot = match hot.filter(|h| !h.is_empty()) {
             Some(h) => {
                 let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
@@ -703,6 +707,7 @@ impl Engine {
             ahead,
             split,
             reduce,
+            halves,
             backend,
             store,
             persistent,

@@ -38,6 +38,7 @@ mod buffers;
 mod config;
 mod cpuweights;
 mod error;
+mod exchange;
 pub mod host;
 mod hot;
 mod hotpool;

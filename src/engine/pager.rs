@@ -597,12 +597,14 @@ impl Pager {
     /// Issues every ring's first uploads (their whole windows) at the start
     /// of a step, in the order the step needs them: the bus starts while
     /// the host still enqueues the resident groups before the first
-    /// streamed one.
+    /// streamed one. `most`: issue no more than that many uploads now (the
+    /// step's first; a later call issues the rest of the windows).
     pub fn prefetch_window(
         &mut self,
         store: &WeightStore,
         compute: &Backend,
         mut kv: Option<&mut KvTier>,
+        most: usize,
     ) -> Result<(), EngineError> {
         let mut next: Vec<(usize, Ring, usize)> = Vec::new();
         for ring in [Ring::Attn, Ring::Ffn, Ring::Kv] {
@@ -615,7 +617,7 @@ impl Pager {
             }
         }
         next.sort_unstable_by_key(|&(p, ring, _)| (p, ring as usize));
-        for (_, ring, k) in next {
+        for (_, ring, k) in next.into_iter().take(most) {
             self.prefetch(ring, k, store, compute, kv.as_deref_mut())?;
         }
         Ok(())

@@ -23,10 +23,11 @@
 
 use super::buffers;
 use super::error::EngineError;
+use super::exchange::ExchangeStreams;
 use super::state::{Engine, Share};
 use crate::dtype::GgmlType;
 use crate::ggml::Context;
-use crate::graph::{BindId, TemplateKey};
+use crate::graph::{BindId, StepShape, TemplateKey};
 use crate::model::{GroupId, GroupKind};
 
 impl Engine {
@@ -51,8 +52,38 @@ impl Engine {
                 std::mem::take(&mut p.on_cpu)
             }))
             .collect();
+        // a group computed in halves owes its second half's exchange
+        // until the next group's first half is queued (parity, rows)
+        let mut owed: Option<(usize, StepShape)> = None;
+        let mut halved = 0;
         for (i, (l, kind, shape)) in order.into_iter().enumerate() {
             let gi = GroupId::new(l, kind);
+            let halves = match others {
+                [other] if !ons.iter().any(|on| on[gi.index()]) && other.halves.is_some() => {
+                    self.halves_of(l, kind, shape)
+                }
+                _ => None,
+            };
+            if let (Some([a, b]), [other]) = (halves, &mut *others) {
+                let g0 = self.begin_group(l, kind)?;
+                let g1 = other.begin_group(l, kind)?;
+                self.compute_half(&g0, a, 0)?;
+                other.compute_half(&g1, a, 0)?;
+                if let Some((p, rows)) = owed.take() {
+                    self.exchange_half(other, p, rows, 1)?;
+                }
+                self.compute_half(&g0, b, 1)?;
+                other.compute_half(&g1, b, 1)?;
+                self.end_group(g0)?;
+                other.end_group(g1)?;
+                self.exchange_half(other, i % 2, a, 0)?;
+                owed = Some((i % 2, b));
+                halved += 1;
+                continue;
+            }
+            if let (Some((p, rows)), [other]) = (owed.take(), &mut *others) {
+                self.exchange_half(other, p, rows, 1)?;
+            }
             // the devices' shares queued first, then the host's shares
             // computed at once, each on its own pool's cores
             let mut host: Vec<Share<'_>> = Vec::new();
@@ -78,6 +109,9 @@ impl Engine {
                 self.reduce(others, rows)?;
             }
         }
+        if let (Some((p, rows)), [other]) = (owed.take(), &mut *others) {
+            self.exchange_half(other, p, rows, 1)?;
+        }
         for e in std::iter::once(&mut *self).chain(others.iter_mut().map(|e| &mut **e)) {
             e.pager.end_step(e.kv.tier_mut())?;
             if let Some(h) = e.host.as_ref() {
@@ -92,6 +126,7 @@ impl Engine {
             e.backend.synchronize();
             e.finish_part();
         }
+        self.last_step.halved = halved;
         Ok(())
     }
 
@@ -108,7 +143,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let ctx = Context::new(4, 0)?;
         let n_embd = self.spec.hp.n_embd;
-        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, rows, b);
+        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, 0, rows, b);
         let (x0, y0) = (
             view(&self.persistent.bindings[buffers::X])?,
             view(&self.reduce[parity].arena.binding(0))?,
@@ -127,8 +162,8 @@ impl Engine {
             other.backend.copy_tensor_async(&self.backend, x1, y0);
             self.backend.copy_tensor_async(&other.backend, x0, y1);
         }
-        self.add_reduced(parity, rows)?;
-        other.add_reduced(parity, rows)
+        self.add_reduced(parity, 0, rows)?;
+        other.add_reduced(parity, 0, rows)
     }
 
     /// Adds the other devices' outputs (the first `rows` rows of their
@@ -138,7 +173,7 @@ impl Engine {
         // residual and reduce buffer here
         let ctx = Context::new(1 + others.len() * 2, 0)?;
         let n_embd = self.spec.hp.n_embd;
-        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, rows, b);
+        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, 0, rows, b);
         let x0 = view(&self.persistent.bindings[buffers::X])?;
         let xs = others
             .iter()
@@ -153,7 +188,7 @@ impl Engine {
             // before, which this device's stream ran before the copy back
             // that o's stream waited for ahead of this group's graph.
             unsafe { o.backend.copy_tensor_async(&self.backend, *xo, yv) };
-            self.add_reduced(j, rows)?;
+            self.add_reduced(j, 0, rows)?;
         }
         for (o, xo) in others.iter().zip(&xs) {
             // SAFETY: as above; queued after the adds on this device's
@@ -163,14 +198,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Queues `x += reduce[j]` over the first `rows` rows of the residual
-    /// stream, on this device's stream (`TemplateKey::AddRows`, bound to
-    /// reduce buffer `j`).
-    fn add_reduced(&mut self, j: usize, rows: u32) -> Result<(), EngineError> {
-        let key = TemplateKey::AddRows {
-            n_rows: rows,
-            row0: 0,
-        };
+    /// Queues `x += reduce[j]` over rows `row0..row0 + rows` of the
+    /// residual stream, on this device's stream (`TemplateKey::AddRows`,
+    /// bound to reduce buffer `j`).
+    fn add_reduced(&mut self, j: usize, row0: u32, rows: u32) -> Result<(), EngineError> {
+        let key = TemplateKey::AddRows { n_rows: rows, row0 };
         let id = BindId {
             group: None,
             weight_slot: Some(j),
@@ -182,23 +214,150 @@ impl Engine {
         self.backend.compute_async(&t.graph())?;
         Ok(())
     }
+
+    /// The two halves of rows a group of `shape` is computed in at this
+    /// step, where this device cuts steps (`Halves`): not the last layer
+    /// (it keeps only the rows that want logits), nor a mixture's split
+    /// FFN, a sliding-window model's layer or a windowed KV layer.
+    pub(super) fn halves_of(
+        &self,
+        layer: u32,
+        kind: GroupKind,
+        shape: StepShape,
+    ) -> Option<[StepShape; 2]> {
+        let h = self.halves.as_ref()?;
+        let n = shape.n_tokens;
+        if n < h.min_tokens.max(2)
+            || shape.last_layer
+            || shape.dev_experts > 0
+            || shape.row0 != 0
+            || self.spec.hp.n_swa > 0
+            || (kind == GroupKind::Attn && self.kv.is_windowed(layer))
+        {
+            return None;
+        }
+        // the first half in whole tiles of the GEMM kernels where it can
+        let a = (n / 2).next_multiple_of(32).min(n - 1);
+        Some([
+            StepShape {
+                n_tokens: a,
+                n_out: a,
+                ..shape
+            },
+            StepShape {
+                n_tokens: n - a,
+                n_out: n - a,
+                row0: a,
+                ..shape
+            },
+        ])
+    }
+
+    /// Queues half `half` (0, 1) of a begun group, then marks on the
+    /// device's stream that its rows are computed (what its exchange
+    /// waits for).
+    fn compute_half(
+        &mut self,
+        g: &super::step::BoundGroup,
+        shape: StepShape,
+        half: usize,
+    ) -> Result<(), EngineError> {
+        self.compute_group(g, shape, true)?;
+        if let Some(x) = self.halves.as_ref().and_then(|h| h.streams.as_ref()) {
+            x.computed[half].record(&self.backend);
+        }
+        Ok(())
+    }
+
+    /// The exchange of one half's rows (`s.row0..s.row0 + s.n_tokens`):
+    /// each device's output into the other's reduce buffer `parity`, then
+    /// each adds, as `exchange`. Between GPUs each send runs on the
+    /// sender's exchange stream once its half is computed, while the
+    /// compute stream goes on with the other half; each add waits for the
+    /// other's send (ggml's copy makes the receiving stream wait) and for
+    /// its own (it rewrites the rows sent). Elsewhere the copies run as
+    /// `exchange`'s.
+    fn exchange_half(
+        &mut self,
+        other: &mut Engine,
+        parity: usize,
+        s: StepShape,
+        half: usize,
+    ) -> Result<(), EngineError> {
+        let ctx = Context::new(4, 0)?;
+        let n_embd = self.spec.hp.n_embd;
+        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, s.row0, s.n_tokens, b);
+        let (x0, y0) = (
+            view(&self.persistent.bindings[buffers::X])?,
+            view(&self.reduce[parity].arena.binding(0))?,
+        );
+        let (x1, y1) = (
+            view(&other.persistent.bindings[buffers::X])?,
+            view(&other.reduce[parity].arena.binding(0))?,
+        );
+        match (exchange_streams(self), exchange_streams(other)) {
+            (Some(s0), Some(s1)) => {
+                s0.computed[half].wait_on(&s0.backend);
+                s1.computed[half].wait_on(&s1.backend);
+                // SAFETY: same sizes and layouts. Each send reads its
+                // half's rows of the sender's residual stream once the
+                // half's graph is done (the exchange stream waited for it);
+                // the sender's add, which rewrites those rows, waits for
+                // the send (`sent`), and nothing else writes them before
+                // (the other half's graph writes only its own rows). The
+                // receiver's add waits for the copy; its reduce buffer is
+                // next written two groups later, as in `exchange`: the
+                // send then waits for its half's graph of that group,
+                // queued after the sender's add of the group between,
+                // which waited for the receiver's send of that group,
+                // which waited for the receiver's half's graph, queued
+                // after the receiver's add of this group.
+                unsafe {
+                    s0.backend.copy_tensor_async(&other.backend, x0, y1);
+                    s0.sent[half].record(&s0.backend);
+                    s1.backend.copy_tensor_async(&self.backend, x1, y0);
+                    s1.sent[half].record(&s1.backend);
+                }
+                s0.sent[half].wait_on(&self.backend);
+                s1.sent[half].wait_on(&other.backend);
+            }
+            // SAFETY: as `exchange`'s copies, on the compute streams.
+            _ => unsafe {
+                other.backend.copy_tensor_async(&self.backend, x1, y0);
+                self.backend.copy_tensor_async(&other.backend, x0, y1);
+            },
+        }
+        self.add_reduced(parity, s.row0, s.n_tokens)?;
+        other.add_reduced(parity, s.row0, s.n_tokens)
+    }
 }
 
-/// A view of the first `rows` rows of the F32 [n_embd, n_batch] tensor at
-/// `b` (a residual stream or a reduce buffer), for a copy between devices.
+/// A device's exchange stream, where it has one.
+fn exchange_streams(e: &Engine) -> Option<&ExchangeStreams> {
+    e.halves.as_ref().and_then(|h| h.streams.as_ref())
+}
+
+/// A view of rows `row0..row0 + rows` of the F32 [n_embd, n_batch] tensor
+/// at `b` (a residual stream or a reduce buffer), for a copy between
+/// devices.
 fn row_view<'c>(
     ctx: &'c Context,
     n_embd: u32,
+    row0: u32,
     rows: u32,
     b: &crate::ggml::Binding,
 ) -> Result<crate::ggml::Tensor<'c>, EngineError> {
     let t = ctx.new_tensor(GgmlType::F32, &[i64::from(n_embd), i64::from(rows)]);
+    let at = crate::ggml::Binding::at(
+        b.buffer_arc(),
+        b.offset() + row0 as usize * n_embd as usize * 4,
+    )?;
     // SAFETY: every caller passes the binding of a persistent F32 [n_embd,
-    // n_batch] tensor (rows <= n_batch: a view of its first rows), kept
+    // n_batch] tensor (row0 + rows <= n_batch: a view of those rows), kept
     // alive by its engine for the whole step; the view is only read by
     // copies that complete before the step ends (every stream is drained
     // then).
-    unsafe { t.rebind(b)? };
+    unsafe { t.rebind(&at)? };
     Ok(t)
 }
 

@@ -77,6 +77,9 @@ pub struct Engine {
     /// The row split's first device: a buffer per other device, where its
     /// outputs land to be added (`rows.rs`).
     pub(super) reduce: Vec<super::buffers::SplitRows>,
+    /// The row split over two devices: how this device cuts big steps in
+    /// halves of rows (`rows.rs`), where it does.
+    pub(super) halves: Option<super::exchange::Halves>,
     /// Hot experts on the device (`paging::experts`), where the plan keeps
     /// any.
     pub(super) hot: Option<super::hotpool::HotPool>,

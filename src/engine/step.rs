@@ -1,8 +1,8 @@
 //! The forward step: tokens in, logits out, one group graph at a time.
 //!
-//! A step queues its first uploads, writes its inputs on the host (its
+//! A step queues its first upload, writes its inputs on the host (its
 //! tokens' embedding rows into the persistent residual stream, its masks;
-//! `inputs`), then for every layer runs the attention template bound to
+//! `inputs`), queues the rest of its first uploads, then for every layer runs the attention template bound to
 //! that layer's weights and KV cache, then the FFN template, and finally
 //! the output head on the rows that want logits. Groups the placement keeps resident are bound in place; streamed
 //! groups are bound to the slot the pager filled (see `pager`); groups the
@@ -134,10 +134,11 @@ impl Engine {
     /// One forward step. On any error the step's cells are given back and
     /// the pager forgets the step, so the cache holds what it held before.
     /// A model split across devices runs its parts in turn: every part
-    /// places its cells and starts its uploads first (so a later device's
-    /// link fills its slots while the earlier ones compute), then writes
-    /// its inputs (every part at once on GPUs), then each computes its
-    /// layers and hands the residual stream to the next.
+    /// places its cells and starts its first upload, then writes its
+    /// inputs (every part at once on GPUs), then queues the rest of its
+    /// uploads (so a later device's link fills its slots while the earlier
+    /// ones compute), then each computes its layers and hands the
+    /// residual stream to the next.
     /// Returns the cells the step's tokens were placed in.
     fn step(
         &mut self,
@@ -150,6 +151,7 @@ impl Engine {
         let out_len = out.len();
         let r = self.begin_chain(toks, None).and_then(|cells| {
             self.write_chain_inputs(toks, tree, &cells)?;
+            self.prefetch_chain()?;
             if self.spec.shard.is_some() {
                 self.run_rows(out)
             } else {
@@ -356,7 +358,13 @@ impl Engine {
             .map(|(l, k, _)| GroupId::new(*l, *k))
             .filter(|gi| !on_cpu[gi.index()])
             .collect();
-        let shapes: Vec<StepShape> = order.iter().map(|(_, _, s)| *s).collect();
+        // with the halves the row split cuts groups in (rows.rs)
+        let shapes: Vec<StepShape> = order
+            .iter()
+            .flat_map(|&(l, k, s)| {
+                std::iter::once(s).chain(self.halves_of(l, k, s).into_iter().flatten())
+            })
+            .collect();
         self.templates
             .evict(&shapes, 4 * self.spec.groups.len() + 16, &self.backend);
         let split: Vec<(GroupId, u32)> = order
@@ -368,7 +376,7 @@ impl Engine {
         self.pager.relay_step = n >= super::pager::RELAY_MIN_TOKENS;
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         self.pager
-            .prefetch_window(&self.store, &self.backend, self.kv.tier_mut())?;
+            .prefetch_window(&self.store, &self.backend, self.kv.tier_mut(), 1)?;
         // after the step's last CPU group its pool sleeps: spinning, it
         // would take the cores the thread driving the GPU and the driver's
         // own threads need (the H100 traces showed that thread losing a
@@ -381,7 +389,7 @@ impl Engine {
         p.order = order;
         p.on_cpu = on_cpu;
         p.last_cpu = last_cpu;
-        // the inputs are written once every part's first uploads run
+        // the inputs are written once every part's first upload runs
         p.inputs = Some(StepInputs {
             sp,
             n_kv: n_kv as usize,
@@ -473,6 +481,7 @@ impl Engine {
             disk_bytes: self.store.disk_bytes_read() - p.disk0,
             kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
+            halved: 0,
         };
         let n = p.n_tokens as u32;
         self.calibrate_cpu(n);
@@ -590,8 +599,21 @@ impl Engine {
         kind: GroupKind,
         shape: StepShape,
     ) -> Result<(), EngineError> {
-        let (gi, key) = self.group_key(layer, kind, shape);
-        self.templates.get(&key)?;
+        let g = self.begin_group(layer, kind)?;
+        self.compute_group(&g, shape, false)?;
+        self.end_group(g)
+    }
+
+    /// Binds a group's weights where they are: in place if resident, else
+    /// the slot the pager filled (the device's stream waits for its
+    /// upload), held until [`Engine::end_group`]; an attention group's KV
+    /// likewise.
+    pub(super) fn begin_group(
+        &mut self,
+        layer: u32,
+        kind: GroupKind,
+    ) -> Result<BoundGroup, EngineError> {
+        let gi = GroupId::new(layer, kind);
         // KV: resident on the device, or a window the pager fills
         let windowed = kind == GroupKind::Attn && self.kv.is_windowed(layer);
         let mut id = BindId::resident(gi);
@@ -610,13 +632,8 @@ impl Engine {
         } else {
             None
         };
-        let streamed = match self.store.groups[gi.index()] {
-            Location::Resident(ref b) => {
-                let b = b.clone();
-                let t = self.templates.get(&key)?;
-                t.bind(id, &b, kv.as_ref())?;
-                None
-            }
+        let (weights, streamed) = match self.store.groups[gi.index()] {
+            Location::Resident(ref b) => (b.clone(), None),
             Location::Streamed { ring, .. } => {
                 let slot = self.pager.before_compute(
                     gi,
@@ -625,19 +642,48 @@ impl Engine {
                     &self.backend,
                     self.kv.tier_mut(),
                 )?;
-                let b = self.store.slot_bindings(gi, ring, slot)?;
-                let t = self.templates.get(&key)?;
                 id.weight_slot = Some(slot);
-                t.bind(id, &b, kv.as_ref())?;
-                Some(ring)
+                (self.store.slot_bindings(gi, ring, slot)?, Some(ring))
             }
         };
+        Ok(BoundGroup {
+            layer,
+            kind,
+            id,
+            weights,
+            kv,
+            streamed,
+            windowed,
+        })
+    }
+
+    /// Queues a begun group's graph over the step's rows `shape` names
+    /// (`half`: one of two halves of the step's rows, so named in traces).
+    pub(super) fn compute_group(
+        &mut self,
+        g: &BoundGroup,
+        shape: StepShape,
+        half: bool,
+    ) -> Result<(), EngineError> {
+        let (layer, kind) = (g.layer, g.kind);
+        let (_, key) = self.group_key(layer, kind, shape);
+        self.templates
+            .get(&key)?
+            .bind(g.id, &g.weights, g.kv.as_ref())?;
         // bound before allocating so the allocator sees weights as external
         let t = self.templates.allocated(&key, &self.backend)?;
         let rec = self.rec.scope(
             timeline::Stream::Compute,
             &self.backend,
-            || format!("{} {}", kind.name(), layer + self.spec.hp.layer0),
+            || {
+                let name = format!("{} {}", kind.name(), layer + self.spec.hp.layer0);
+                if half {
+                    let r = shape.row0;
+                    format!("{name} (rows {r}-{})", r + shape.n_tokens - 1)
+                } else {
+                    name
+                }
+            },
             0,
         );
         self.backend.compute_async(&t.graph())?;
@@ -648,11 +694,18 @@ impl Engine {
             let ids = self.templates.get(&key)?.read_routed()?;
             self.count_routed(layer, &ids)?;
         }
-        if let Some(ring) = streamed {
+        Ok(())
+    }
+
+    /// Gives a begun group's slots back to the pager, once the graphs
+    /// queued over them are done (an event on the device's stream).
+    pub(super) fn end_group(&mut self, g: BoundGroup) -> Result<(), EngineError> {
+        let gi = GroupId::new(g.layer, g.kind);
+        if let Some(ring) = g.streamed {
             self.pager
                 .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
         }
-        if windowed {
+        if g.windowed {
             self.pager.after_compute(
                 gi,
                 Ring::Kv,
@@ -762,4 +815,17 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// A group whose weights (and KV) are bound where they are for this step
+/// (`Engine::begin_group`): a streamed one holds its slot until
+/// `Engine::end_group`.
+pub(super) struct BoundGroup {
+    layer: u32,
+    kind: GroupKind,
+    id: BindId,
+    weights: Vec<crate::ggml::Binding>,
+    kv: Option<[crate::ggml::Binding; 2]>,
+    streamed: Option<Ring>,
+    windowed: bool,
 }

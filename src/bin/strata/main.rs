@@ -159,6 +159,12 @@ pub struct ModelArgs {
     /// their outputs summed; dense models without post-norms).
     #[arg(long = "split-mode", value_enum, default_value = "layer")]
     split_mode: SplitArg,
+    /// The row split over two devices: steps of at least this many tokens
+    /// compute each group in two halves of rows, one half's outputs
+    /// exchanged while the other computes. Default: 512 where both devices
+    /// are GPUs, off elsewhere; 0: off.
+    #[arg(long = "row-halves")]
+    row_halves: Option<u32>,
     /// Across several local GPUs, in steps of at least 64 tokens (prompts,
     /// batches), every other streamed FFN group of a part also goes up
     /// over the next GPU's bus and across by a peer copy (with peer access
@@ -637,6 +643,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
                 min_tokens: m.split_min_tokens,
             },
             relay: m.relay,
+            row_halves: m.row_halves,
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
             look_ahead_layers: m.look_ahead_layers,
