@@ -6,13 +6,16 @@
 //! On a GPU the host's cores are idle while a step begins, and big steps
 //! cut the rows among scoped threads: at 2048 tokens of an 8192-wide
 //! model one thread took 17-25 ms on the 2-core development machine. The
-//! embedding rows and masks are written into pinned memory (`buffers::Staging`)
-//! and copied from there: a copy from pageable memory goes through the
-//! driver's bounce buffers at a fraction of the bus's speed (the two-H200
-//! trace of run 102 gave each device's inputs 28-29 ms, with 8 threads).
-//! On the CPU device the cores are ggml's pool's, whose threads still
-//! spin from the last step: there one thread writes them (two threads
-//! were no faster on the 2-core development machine).
+//! embedding rows and masks are written into pinned memory
+//! (`buffers::Staging`) and copied from there, after the step's first
+//! upload and before the rest: queued behind a window of uploads, the
+//! copies waited 16-30 ms for the copy engine (two H200s, run 103),
+//! against 2-3 ms on an idle bus. A split model's parts write theirs at
+//! once, a thread each (in turn they took 58 ms before either GPU of the
+//! row split computed, run 102; 9-10 ms at once, run 104). On the CPU
+//! device the cores are ggml's pool's, whose threads still spin from the
+//! last step: there one thread writes them (two threads were no faster
+//! on the 2-core development machine).
 
 use super::batch::BatchToken;
 use super::buffers;
