@@ -20,6 +20,12 @@
 //! by an event (ggml's `cpy_tensor_async`). Backends that cannot copy
 //! asynchronously (the CPU, an RPC server) drain both streams and copy
 //! through the host. The first device computes the head.
+//!
+//! Two devices cut big steps in two halves of rows (`exchange::Halves`):
+//! each group's first half, then its second, and one half's exchange runs
+//! beside the other's compute (`exchange_half`: on its own stream between
+//! GPUs; on the compute streams elsewhere, where only `--row-halves` turns
+//! it on).
 
 use super::buffers;
 use super::error::EngineError;
