@@ -171,7 +171,7 @@ pub struct Staging {
 impl Staging {
     /// Whether the memory is pinned (on a GPU, unless pinning failed).
     pub fn is_pinned(&self) -> bool {
-        self.pinned.is_some() && !self.unpinnable
+        self.pinned.is_some()
     }
     /// The first `len` elements of the staging memory, as `T`s (contents
     /// undefined: the caller writes all of them).
@@ -202,7 +202,7 @@ impl Staging {
             }
         }
         match &self.pinned {
-            Some(b) if !self.unpinnable => {
+            Some(b) => {
                 // SAFETY: the buffer is host memory of at least `bytes`
                 // bytes, aligned to 8 (checked when allocated), owned by
                 // self and borrowed mutably through it; no copy reads it

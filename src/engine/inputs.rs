@@ -20,7 +20,7 @@
 use super::batch::BatchToken;
 use super::buffers;
 use super::error::EngineError;
-use super::state::{Engine, Share};
+use super::state::{on_each_at_once, Engine, Share};
 use super::timeline;
 use crate::dtype::GgmlType;
 use crate::ggml;
@@ -53,22 +53,11 @@ impl Engine {
                 && !first.device.is_cpu()
                 && others.iter().all(|e| !e.device.is_cpu());
             let parts = std::iter::once(first).chain(others.iter_mut().map(|e| &mut **e));
-            if !at_once {
-                return parts.map(Share).try_for_each(one);
+            if at_once {
+                on_each_at_once(parts.map(Share).collect(), one)
+            } else {
+                parts.map(Share).try_for_each(one)
             }
-            std::thread::scope(|s| {
-                let handles: Vec<_> = parts
-                    .map(|e| {
-                        let sh = Share(e);
-                        s.spawn(move || one(sh))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("a part's input thread panicked"))
-                    .collect::<Result<Vec<()>, EngineError>>()
-                    .map(|_| ())
-            })
         })
     }
 
@@ -128,7 +117,7 @@ impl Engine {
             t1,
         );
         tracing::debug!(
-            "step of {n} tokens: the first uploads enqueued after {:.2} ms, inputs written in {:.2} ms \
+            "step of {n} tokens: the first upload enqueued after {:.2} ms, inputs written in {:.2} ms \
              (of which {:.2} ms copying embedding rows and masks from {} memory)",
             (t0 - self.pending.as_ref().expect("begun").start).as_secs_f64() * 1e3,
             (t1 - t0).as_secs_f64() * 1e3,

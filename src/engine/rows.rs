@@ -23,14 +23,14 @@
 //!
 //! Two devices cut big steps in two halves of rows (`exchange::Halves`):
 //! each group's first half, then its second, and one half's exchange runs
-//! beside the other's compute (`exchange_half`: on its own stream between
+//! beside the other's compute (`exchange`: on its own stream between
 //! GPUs; on the compute streams elsewhere, where only `--row-halves` turns
 //! it on).
 
 use super::buffers;
 use super::error::EngineError;
 use super::exchange::ExchangeStreams;
-use super::state::{Engine, Share};
+use super::state::{on_each_at_once, Engine, Share};
 use crate::dtype::GgmlType;
 use crate::ggml::Context;
 use crate::graph::{BindId, StepShape, TemplateKey};
@@ -76,19 +76,19 @@ impl Engine {
                 self.compute_half(&g0, a, 0)?;
                 other.compute_half(&g1, a, 0)?;
                 if let Some((p, rows)) = owed.take() {
-                    self.exchange_half(other, p, rows, 1)?;
+                    self.exchange(other, p, (rows.row0, rows.n_tokens), Some(1))?;
                 }
                 self.compute_half(&g0, b, 1)?;
                 other.compute_half(&g1, b, 1)?;
                 self.end_group(g0)?;
                 other.end_group(g1)?;
-                self.exchange_half(other, i % 2, a, 0)?;
+                self.exchange(other, i % 2, (a.row0, a.n_tokens), Some(0))?;
                 owed = Some((i % 2, b));
                 halved += 1;
                 continue;
             }
             if let (Some((p, rows)), [other]) = (owed.take(), &mut *others) {
-                self.exchange_half(other, p, rows, 1)?;
+                self.exchange(other, p, (rows.row0, rows.n_tokens), Some(1))?;
             }
             // the devices' shares queued first, then the host's shares
             // computed at once, each on its own pool's cores
@@ -110,13 +110,13 @@ impl Engine {
                 shape.n_tokens
             };
             if others.len() == 1 {
-                self.exchange(&mut others[0], rows, i % 2)?;
+                self.exchange(&mut others[0], i % 2, (0, rows), None)?;
             } else {
                 self.reduce(others, rows)?;
             }
         }
         if let (Some((p, rows)), [other]) = (owed.take(), &mut *others) {
-            self.exchange_half(other, p, rows, 1)?;
+            self.exchange(other, p, (rows.row0, rows.n_tokens), Some(1))?;
         }
         for e in std::iter::once(&mut *self).chain(others.iter_mut().map(|e| &mut **e)) {
             e.pager.end_step(e.kv.tier_mut())?;
@@ -134,42 +134,6 @@ impl Engine {
         }
         self.last_step.halved = halved;
         Ok(())
-    }
-
-    /// Two devices: each copies its output into the other's reduce buffer
-    /// `parity` (the groups alternate between two, so a copy never
-    /// overwrites what the other's add of the group before still reads),
-    /// then each adds. The first device's output holds the residual
-    /// stream, so both compute (x + f0) + f1, bit for bit alike.
-    fn exchange(
-        &mut self,
-        other: &mut Engine,
-        rows: u32,
-        parity: usize,
-    ) -> Result<(), EngineError> {
-        let ctx = Context::new(4, 0)?;
-        let n_embd = self.spec.hp.n_embd;
-        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, 0, rows, b);
-        let (x0, y0) = (
-            view(&self.persistent.bindings[buffers::X])?,
-            view(&self.reduce[parity].arena.binding(0))?,
-        );
-        let (x1, y1) = (
-            view(&other.persistent.bindings[buffers::X])?,
-            view(&other.reduce[parity].arena.binding(0))?,
-        );
-        // SAFETY: same sizes and layouts. Each copy is queued on the
-        // sender's stream after its group's graph and before its add, and
-        // the receiver's stream waits for it before its own add. A reduce
-        // buffer is next written two groups later, by a copy the sender
-        // queues after waiting for the receiver's copy of the group in
-        // between, which the receiver queued after this group's add.
-        unsafe {
-            other.backend.copy_tensor_async(&self.backend, x1, y0);
-            self.backend.copy_tensor_async(&other.backend, x0, y1);
-        }
-        self.add_reduced(parity, 0, rows)?;
-        other.add_reduced(parity, 0, rows)
     }
 
     /// Adds the other devices' outputs (the first `rows` rows of their
@@ -269,30 +233,33 @@ impl Engine {
         half: usize,
     ) -> Result<(), EngineError> {
         self.compute_group(g, shape, true)?;
-        if let Some(x) = self.halves.as_ref().and_then(|h| h.streams.as_ref()) {
+        if let Some(x) = exchange_streams(self) {
             x.computed[half].record(&self.backend);
         }
         Ok(())
     }
 
-    /// The exchange of one half's rows (`s.row0..s.row0 + s.n_tokens`):
-    /// each device's output into the other's reduce buffer `parity`, then
-    /// each adds, as `exchange`. Between GPUs each send runs on the
-    /// sender's exchange stream once its half is computed, while the
-    /// compute stream goes on with the other half; each add waits for the
-    /// other's send (ggml's copy makes the receiving stream wait) and for
-    /// its own (it rewrites the rows sent). Elsewhere the copies run as
-    /// `exchange`'s.
-    fn exchange_half(
+    /// Two devices: each copies its output of rows `row0..row0 + rows`
+    /// into the other's reduce buffer `parity` (the groups alternate
+    /// between two, so a copy never overwrites what the other's add of the
+    /// group before still reads), then each adds. The first device's
+    /// output holds the residual stream, so both compute (x + f0) + f1,
+    /// bit for bit alike. The copies run on the compute streams, except
+    /// for one `half` of a step cut in two between GPUs: then each send
+    /// runs on the sender's exchange stream once its half is computed,
+    /// while the compute stream goes on with the other half; each add
+    /// waits for the other's send (ggml's copy makes the receiving stream
+    /// wait) and for its own (it rewrites the rows sent).
+    fn exchange(
         &mut self,
         other: &mut Engine,
         parity: usize,
-        s: StepShape,
-        half: usize,
+        (row0, rows): (u32, u32),
+        half: Option<usize>,
     ) -> Result<(), EngineError> {
         let ctx = Context::new(4, 0)?;
         let n_embd = self.spec.hp.n_embd;
-        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, s.row0, s.n_tokens, b);
+        let view = |b: &crate::ggml::Binding| row_view(&ctx, n_embd, row0, rows, b);
         let (x0, y0) = (
             view(&self.persistent.bindings[buffers::X])?,
             view(&self.reduce[parity].arena.binding(0))?,
@@ -301,8 +268,8 @@ impl Engine {
             view(&other.persistent.bindings[buffers::X])?,
             view(&other.reduce[parity].arena.binding(0))?,
         );
-        match (exchange_streams(self), exchange_streams(other)) {
-            (Some(s0), Some(s1)) => {
+        match (half, exchange_streams(self), exchange_streams(other)) {
+            (Some(half), Some(s0), Some(s1)) => {
                 s0.computed[half].wait_on(&s0.backend);
                 s1.computed[half].wait_on(&s1.backend);
                 // SAFETY: same sizes and layouts. Each send reads its
@@ -312,8 +279,7 @@ impl Engine {
                 // the send (`sent`), and nothing else writes them before
                 // (the other half's graph writes only its own rows). The
                 // receiver's add waits for the copy; its reduce buffer is
-                // next written two groups later, as in `exchange`: the
-                // send then waits for its half's graph of that group,
+                // next written two groups later: the send then waits for its half's graph of that group,
                 // queued after the sender's add of the group between,
                 // which waited for the receiver's send of that group,
                 // which waited for the receiver's half's graph, queued
@@ -327,14 +293,20 @@ impl Engine {
                 s0.sent[half].wait_on(&self.backend);
                 s1.sent[half].wait_on(&other.backend);
             }
-            // SAFETY: as `exchange`'s copies, on the compute streams.
+            // SAFETY: same sizes and layouts. Each copy is queued on the
+            // sender's stream after its group's graph (both halves' where
+            // the group was cut) and before its add, and the receiver's
+            // stream waits for it before its own add. A reduce buffer is
+            // next written two groups later, by a copy the sender queues
+            // after waiting for the receiver's copy of the group in
+            // between, which the receiver queued after this group's add.
             _ => unsafe {
                 other.backend.copy_tensor_async(&self.backend, x1, y0);
                 self.backend.copy_tensor_async(&other.backend, x0, y1);
             },
         }
-        self.add_reduced(parity, s.row0, s.n_tokens)?;
-        other.add_reduced(parity, s.row0, s.n_tokens)
+        self.add_reduced(parity, row0, rows)?;
+        other.add_reduced(parity, row0, rows)
     }
 }
 
@@ -377,23 +349,9 @@ fn run_host_shares(
     kind: GroupKind,
     shape: crate::graph::StepShape,
 ) -> Result<(), EngineError> {
-    let one = |Share(e): Share<'_>| -> Result<(), EngineError> {
+    on_each_at_once(shares, |Share(e)| {
         let mut x_host = None;
         e.run_host_group(l, kind, shape, &mut x_host)?;
         e.residual_to_device(&mut x_host)
-    };
-    if shares.len() <= 1 {
-        return shares.into_iter().try_for_each(one);
-    }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = shares
-            .into_iter()
-            .map(|sh| s.spawn(move || one(sh)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a host share's thread panicked"))
-            .collect::<Result<Vec<()>, EngineError>>()
-            .map(|_| ())
     })
 }

@@ -451,6 +451,27 @@ pub(super) struct Share<'a>(pub(super) &'a mut Engine);
 // calls set their device per call.
 unsafe impl Send for Share<'_> {}
 
+/// Runs `f` on each part at once, a scoped thread each (on this thread
+/// where there is one part or none); the first error is returned once
+/// every thread ended.
+pub(super) fn on_each_at_once<F>(parts: Vec<Share<'_>>, f: F) -> Result<(), EngineError>
+where
+    F: Fn(Share<'_>) -> Result<(), EngineError> + Sync,
+{
+    if parts.len() <= 1 {
+        return parts.into_iter().try_for_each(f);
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = parts.into_iter().map(|sh| s.spawn(move || f(sh))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a part's thread panicked"))
+            .collect::<Result<Vec<()>, EngineError>>()
+            .map(|_| ())
+    })
+}
+
 impl Engine {
     /// Runs `f` on this part and the parts after it (the chain of a model
     /// split across devices) as a list; the chain is put back together

@@ -2,10 +2,11 @@
 //!
 //! A step queues its first upload, writes its inputs on the host (its
 //! tokens' embedding rows into the persistent residual stream, its masks;
-//! `inputs`), queues the rest of its first uploads, then for every layer runs the attention template bound to
-//! that layer's weights and KV cache, then the FFN template, and finally
-//! the output head on the rows that want logits. Groups the placement keeps resident are bound in place; streamed
-//! groups are bound to the slot the pager filled (see `pager`); groups the
+//! `inputs`), queues the rest of its first uploads, then for every layer
+//! runs the attention template bound to that layer's weights and KV
+//! cache, then the FFN template, and finally the output head on the rows
+//! that want logits. Groups the placement keeps resident are bound in
+//! place; streamed groups are bound to the slot the pager filled (see `pager`); groups the
 //! host CPU computes (hybrid decode) run on its copy of the weights.
 
 use super::batch::BatchToken;
