@@ -166,15 +166,16 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
     // and streamed with the host CPU computing four FFN groups' shares of
     // each device at once (hybrid decode, each share in its own thread);
     // steps of 2 tokens or more computed in two halves of rows, resident
-    // and streamed (the prompt steps' groups, all but the last layer's)
+    // and streamed, without hybrid decode (the prompt steps' groups, all
+    // but the last layer's attention)
     for (stream_all, kv_gpu, budgets, hybrid, halves) in [
         (false, None, vec![], Hybrid::Auto, None),
         (true, None, vec![], Hybrid::Auto, None),
         (true, Some(0), vec![], Hybrid::Auto, None),
         (false, None, vec![1u64 << 30, 2 << 30], Hybrid::Auto, None),
         (true, None, vec![], Hybrid::Force(4), None),
-        (false, None, vec![], Hybrid::Auto, Some(2)),
-        (true, None, vec![], Hybrid::Auto, Some(2)),
+        (false, None, vec![], Hybrid::Off, Some(2)),
+        (true, None, vec![], Hybrid::Off, Some(2)),
     ] {
         let mut cfg = two_remote(&a, &b, stream_all, kv_gpu);
         cfg.split_mode = strata::engine::SplitMode::Row;
@@ -189,7 +190,7 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
             let parts: Vec<_> = split.parts().map(|p| p.spec.hp.n_ff).collect();
             assert!(parts[1] > parts[0], "{what}: {parts:?}");
         }
-        if hybrid != Hybrid::Auto {
+        if matches!(hybrid, Hybrid::Force(_)) {
             assert!(
                 split.parts().all(|p| p.plan.placement.hybrid.is_some()),
                 "{what}: the host computes no share"
@@ -198,21 +199,15 @@ fn rows_split_across_two_remote_devices_give_one_devices_tokens() {
         check_rows(&mut split, 2, &mut local, &prompt, &want, &what);
         if halves.is_some() {
             // a step of 4 tokens, all wanting logits, is cut in every
-            // group but the last layer's attention and those the host
-            // computes (hybrid decode takes some where all are streamed)
+            // group but the last layer's attention (hybrid decode is off
+            // here: which groups the host takes depends on the CPU's
+            // measured speed, and a group either part's host computes is
+            // not cut)
             split.clear();
             let four = common::all_positions(&[prompt[..4].to_vec()]);
             split.decode(&four).expect("a step of 4 tokens");
             let n_layer = split.spec.hp.n_layer;
-            // (the first part's stats sum the parts': the second's own)
-            let host = split.parts().nth(1).map_or(0, |p| p.last_step.host.groups);
-            let halved = split.last_step.halved;
-            assert!(halved > 0, "{what}: no group cut");
-            assert_eq!(
-                u64::from(halved),
-                2 * u64::from(n_layer) - 1 - host,
-                "{what}"
-            );
+            assert_eq!(split.last_step.halved, 2 * n_layer - 1, "{what}");
         }
     }
     // a model the row split cannot share out is refused, naming why and
