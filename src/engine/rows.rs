@@ -35,6 +35,7 @@ use crate::dtype::GgmlType;
 use crate::ggml::Context;
 use crate::graph::{BindId, StepShape, TemplateKey};
 use crate::model::{GroupId, GroupKind};
+use std::time::{Duration, Instant};
 
 impl Engine {
     /// Runs the begun step on this device (the row split's first) and the
@@ -62,7 +63,9 @@ impl Engine {
         // until the next group's first half is queued (parity, rows)
         let mut owed: Option<(usize, StepShape)> = None;
         let mut halved = 0;
+        let mut host = HostLoop::default();
         for (i, (l, kind, shape)) in order.into_iter().enumerate() {
+            host.next(l, kind);
             let gi = GroupId::new(l, kind);
             let halves = match others {
                 [other] if !ons.iter().any(|on| on[gi.index()]) && other.halves.is_some() => {
@@ -124,6 +127,7 @@ impl Engine {
                 h.park_threads();
             }
         }
+        host.next(u32::MAX, GroupKind::Attn);
         if n_out > 0 {
             self.run_head(n_out, out)?;
         }
@@ -132,6 +136,7 @@ impl Engine {
             e.backend.synchronize();
             e.finish_part();
         }
+        host.report();
         self.last_step.halved = halved;
         Ok(())
     }
@@ -337,6 +342,48 @@ fn row_view<'c>(
     // then).
     unsafe { t.rebind(&at)? };
     Ok(t)
+}
+
+/// How long the host took to queue each group of a step, for a debug line:
+/// whether the devices could run out of queued work because the thread
+/// that feeds them was held up (a long turn), or keep ahead of it.
+#[derive(Default)]
+struct HostLoop {
+    start: Option<Instant>,
+    last: Option<(Instant, u32, GroupKind)>,
+    longest: (Duration, u32, Option<GroupKind>),
+    over_2ms: usize,
+    queued: Duration,
+}
+
+impl HostLoop {
+    /// The turn of group (`layer`, `kind`) begins (`u32::MAX`: all queued).
+    fn next(&mut self, layer: u32, kind: GroupKind) {
+        let now = Instant::now();
+        let start = *self.start.get_or_insert(now);
+        if let Some((t, l, k)) = self.last {
+            let d = now - t;
+            if d > self.longest.0 {
+                self.longest = (d, l, Some(k));
+            }
+            self.over_2ms += usize::from(d > Duration::from_millis(2));
+        }
+        self.last = Some((now, layer, kind));
+        self.queued = now - start;
+    }
+
+    fn report(&self) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let total = self.start.map_or(Duration::ZERO, |s| s.elapsed());
+        let (d, l, k) = self.longest;
+        tracing::debug!(
+            "row step: groups queued in {:.2} ms of {:.2}; longest turn {:.2} ms ({k:?} {l}), {} over 2 ms",
+            ms(self.queued),
+            ms(total),
+            ms(d),
+            self.over_2ms
+        );
+    }
 }
 
 /// The host shares of one group: each device's rows through its host
