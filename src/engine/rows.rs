@@ -74,18 +74,25 @@ impl Engine {
                 _ => None,
             };
             if let (Some([a, b]), [other]) = (halves, &mut *others) {
+                let t = Instant::now();
                 let g0 = self.begin_group(l, kind)?;
                 let g1 = other.begin_group(l, kind)?;
+                let t = host.lap(Phase::Begin, t);
                 self.compute_half(&g0, a, 0)?;
                 other.compute_half(&g1, a, 0)?;
+                let mut t = host.lap(Phase::Compute, t);
                 if let Some((p, rows)) = owed.take() {
                     self.exchange(other, p, (rows.row0, rows.n_tokens), Some(1))?;
+                    t = host.lap(Phase::Exchange, t);
                 }
                 self.compute_half(&g0, b, 1)?;
                 other.compute_half(&g1, b, 1)?;
+                let t = host.lap(Phase::Compute, t);
                 self.end_group(g0)?;
                 other.end_group(g1)?;
+                let t = host.lap(Phase::End, t);
                 self.exchange(other, i % 2, (a.row0, a.n_tokens), Some(0))?;
+                host.lap(Phase::Exchange, t);
                 owed = Some((i % 2, b));
                 halved += 1;
                 continue;
@@ -354,6 +361,21 @@ struct HostLoop {
     longest: (Duration, u32, Option<GroupKind>),
     over_2ms: usize,
     queued: Duration,
+    /// Halved groups: the host's time in each [`Phase`], total and longest.
+    phases: [(Duration, Duration); 4],
+}
+
+/// What the host does for a group cut in halves.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// The pager's work before the group (its slot, uploads queued).
+    Begin,
+    /// The halves' graphs queued.
+    Compute,
+    /// After the group (its slot's release).
+    End,
+    /// The halves' exchanges queued.
+    Exchange,
 }
 
 impl HostLoop {
@@ -372,16 +394,34 @@ impl HostLoop {
         self.queued = now - start;
     }
 
+    /// Adds the time since `since` to `phase`; returns now.
+    fn lap(&mut self, phase: Phase, since: Instant) -> Instant {
+        let now = Instant::now();
+        let (total, longest) = &mut self.phases[phase as usize];
+        *total += now - since;
+        *longest = (*longest).max(now - since);
+        now
+    }
+
     fn report(&self) {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let total = self.start.map_or(Duration::ZERO, |s| s.elapsed());
         let (d, l, k) = self.longest;
+        let phases: Vec<String> = [Phase::Begin, Phase::Compute, Phase::End, Phase::Exchange]
+            .iter()
+            .map(|&p| {
+                let (t, m) = self.phases[p as usize];
+                format!("{p:?} {:.2} (longest {:.2})", ms(t), ms(m))
+            })
+            .collect();
         tracing::debug!(
-            "row step: groups queued in {:.2} ms of {:.2}; longest turn {:.2} ms ({k:?} {l}), {} over 2 ms",
+            "row step: groups queued in {:.2} ms of {:.2}; longest turn {:.2} ms ({k:?} {l}), {} over 2 ms; \
+             halved groups, ms: {}",
             ms(self.queued),
             ms(total),
             ms(d),
-            self.over_2ms
+            self.over_2ms,
+            phases.join(", ")
         );
     }
 }
