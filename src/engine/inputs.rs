@@ -4,9 +4,8 @@
 //! run.
 //!
 //! On a GPU the host's cores are idle while a step begins, and big steps
-//! cut the rows among scoped threads, a part's share of the cores: at
-//! 2048 tokens of an 8192-wide model one thread took 17-25 ms on the
-//! 2-core development machine, 8 threads 5-7 ms on the H200s (run 107). The
+//! cut the rows among scoped threads: at 2048 tokens of an 8192-wide
+//! model one thread took 17-25 ms on the 2-core development machine. The
 //! embedding rows and masks are written into pinned memory
 //! (`buffers::Staging`) and copied from there, after the step's first
 //! upload and before the rest: queued behind a window of uploads, the
@@ -33,8 +32,8 @@ use std::time::{Duration, Instant};
 /// Fewest rows a thread is given: below this a step's inputs are written
 /// on the step's own thread (decode steps take microseconds).
 const ROWS_PER_THREAD: usize = 128;
-/// Most threads the inputs of one part's step are written with.
-const MAX_THREADS: usize = 32;
+/// Most threads the inputs of one step are written with.
+const MAX_THREADS: usize = 8;
 
 impl Engine {
     /// Writes the begun step's inputs on this part and the parts after
@@ -49,12 +48,10 @@ impl Engine {
         cells: &[u32],
     ) -> Result<(), EngineError> {
         self.with_chain(|first, others| {
+            let one = |Share(e): Share<'_>| e.write_inputs(toks, tree, cells);
             let at_once = !others.is_empty()
                 && !first.device.is_cpu()
                 && others.iter().all(|e| !e.device.is_cpu());
-            // the parts writing at once share the cores
-            let sharing = if at_once { 1 + others.len() } else { 1 };
-            let one = |Share(e): Share<'_>| e.write_inputs(toks, tree, cells, sharing);
             let parts = std::iter::once(first).chain(others.iter_mut().map(|e| &mut **e));
             if at_once {
                 on_each_at_once(parts.map(Share).collect(), one)
@@ -90,9 +87,7 @@ impl Engine {
         toks: &[BatchToken],
         tree: Option<&StepTree>,
         cells: &[u32],
-        sharing: usize,
     ) -> Result<(), EngineError> {
-        let threads = self.input_threads(sharing);
         let inputs = self
             .pending
             .as_mut()
@@ -103,11 +98,11 @@ impl Engine {
         let mut copies = Duration::ZERO;
         if self.spec.embeds() {
             let ids: Vec<u32> = toks.iter().map(|t| t.token).collect();
-            copies += self.embed(&ids, threads)?;
+            copies += self.embed(&ids)?;
         }
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
         self.persistent.tensor(buffers::POS).set_i32(&pos)?;
-        copies += self.write_masks(sp, n_kv, tree.map(|t| (t, cells)), threads)?;
+        copies += self.write_masks(sp, n_kv, tree.map(|t| (t, cells)))?;
         let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
         self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
         if !out_ids.is_empty() {
@@ -134,8 +129,9 @@ impl Engine {
 
     /// Embeds the step's tokens into x[:, :n] on the host; returns the
     /// time the copy to the device took.
-    fn embed(&mut self, tokens: &[u32], threads: usize) -> Result<Duration, EngineError> {
+    fn embed(&mut self, tokens: &[u32]) -> Result<Duration, EngineError> {
         let e = self.spec.hp.n_embd as usize;
+        let threads = self.input_threads();
         let w = &self.spec.tok_embd;
         let table = self.file.bytes(w);
         let scale = self.spec.hp.embd_scale;
@@ -157,7 +153,6 @@ impl Engine {
         sp: &[(u32, i32)],
         n_kv: usize,
         tree: Option<(&StepTree, &[u32])>,
-        threads: usize,
     ) -> Result<Duration, EngineError> {
         let n_swa = self.spec.hp.n_swa;
         let windows: &[Option<u32>] = if n_swa > 0 {
@@ -166,6 +161,7 @@ impl Engine {
             &[None]
         };
         let one = n_kv * sp.len();
+        let threads = self.input_threads();
         let cells = self.kv.cells();
         let masks = self.staging.get::<u16>(self.device, one * windows.len())?;
         for (&window, mask) in windows.iter().zip(masks.chunks_exact_mut(one.max(1))) {
@@ -184,10 +180,8 @@ impl Engine {
         Ok(t.elapsed())
     }
 
-    /// Threads that may write a step's inputs: one on the CPU device,
-    /// else this part's share of the cores, `sharing` parts writing theirs
-    /// at once.
-    fn input_threads(&self, sharing: usize) -> usize {
+    /// Threads that may write a step's inputs: one on the CPU device.
+    fn input_threads(&self) -> usize {
         if self.device.is_cpu() {
             return 1;
         }
@@ -195,7 +189,7 @@ impl Engine {
         static CORES: OnceLock<usize> = OnceLock::new();
         let cores =
             *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        (cores / sharing.max(1)).clamp(1, MAX_THREADS)
+        cores.min(MAX_THREADS)
     }
 }
 

@@ -29,6 +29,19 @@ use crate::model::GroupKind;
 use crate::paging::Ring;
 use std::time::Instant;
 
+/// The most tokens a step may have for each layer group to keep a graph
+/// template of its own. Its pointers then stay put from step to step, and
+/// ggml's CUDA backend, seeing a graph again unchanged, captures it once
+/// (CUDA graphs) and replays it, which saves decode the launch of every
+/// kernel. Bigger steps share one template per kind, types and shape,
+/// rebound to each group, which ggml runs kernel by kernel: their kernels
+/// are long, and capturing each group's graph on its second step held the
+/// row split's host up for a whole step (the graphs of a 2048-token step
+/// queued in 413-425 ms against 113-117 once captured, two H200s, run
+/// 108), while building a template per group slowed every new shape's
+/// first step.
+const REPLAY_MAX_TOKENS: u32 = 64;
+
 impl Engine {
     /// Runs `tokens` (split into steps of at most n_batch) and returns the
     /// logits of each token with `logits == true`, in order, n_vocab each.
@@ -577,7 +590,9 @@ impl Engine {
         }
     }
 
-    /// A group's id and the key of its template for a step shape.
+    /// A group's id and the key of its template for a step shape: a
+    /// template of its own for steps of at most [`REPLAY_MAX_TOKENS`]
+    /// tokens, one shared by every group of its kind and types above.
     pub(super) fn group_key(
         &self,
         layer: u32,
@@ -589,7 +604,11 @@ impl Engine {
             kind,
             sig: self.spec.groups[gi.index()].signature(),
             shape,
-            instance: gi.index() as u32,
+            instance: if shape.n_tokens <= REPLAY_MAX_TOKENS {
+                gi.index() as u32
+            } else {
+                0
+            },
         };
         (gi, key)
     }
