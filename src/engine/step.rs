@@ -29,19 +29,6 @@ use crate::model::GroupKind;
 use crate::paging::Ring;
 use std::time::Instant;
 
-/// The most tokens a step may have for each layer group to keep a graph
-/// template of its own. Its pointers then stay put from step to step, and
-/// ggml's CUDA backend, seeing a graph again unchanged, captures it once
-/// (CUDA graphs) and replays it, which saves decode the launch of every
-/// kernel. Bigger steps share one template per kind, types and shape,
-/// rebound to each group, which ggml runs kernel by kernel: their kernels
-/// are long, and capturing each group's graph on its second step held the
-/// row split's host up for a whole step (the graphs of a 2048-token step
-/// queued in 413-425 ms against 113-117 once captured, two H200s, run
-/// 108), while building a template per group slowed every new shape's
-/// first step.
-const REPLAY_MAX_TOKENS: u32 = 64;
-
 impl Engine {
     /// Runs `tokens` (split into steps of at most n_batch) and returns the
     /// logits of each token with `logits == true`, in order, n_vocab each.
@@ -590,9 +577,14 @@ impl Engine {
         }
     }
 
-    /// A group's id and the key of its template for a step shape: a
-    /// template of its own for steps of at most [`REPLAY_MAX_TOKENS`]
-    /// tokens, one shared by every group of its kind and types above.
+    /// A group's id and the key of its template for a step shape: one per
+    /// group, so ggml's CUDA backend, seeing a group's graph again
+    /// unchanged, captures it (CUDA graphs) and replays it. That pays for
+    /// big steps too: sharing one template among a kind's groups, graphs
+    /// launched kernel by kernel, a row-split 2048-token step took
+    /// 453-454 ms against 447-449 replayed (the host queued its graphs in
+    /// 343 ms against 115), though the capture, on a shape's second step,
+    /// makes that one step 465-469 ms (two H200s, run 109).
     pub(super) fn group_key(
         &self,
         layer: u32,
@@ -604,11 +596,7 @@ impl Engine {
             kind,
             sig: self.spec.groups[gi.index()].signature(),
             shape,
-            instance: if shape.n_tokens <= REPLAY_MAX_TOKENS {
-                gi.index() as u32
-            } else {
-                0
-            },
+            instance: gi.index() as u32,
         };
         (gi, key)
     }
