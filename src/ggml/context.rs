@@ -145,6 +145,11 @@ impl Context {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_add(self.raw(), a.raw(), b.raw()) })
     }
+    /// `a + b` written over `a` (a view of it is returned).
+    pub fn add_inplace<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
+        self.wrap(unsafe { sys::ggml_add_inplace(self.raw(), a.raw(), b.raw()) })
+    }
     pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
         // SAFETY: operands belong to this context (shared lifetime); ggml checks shapes.
         self.wrap(unsafe { sys::ggml_rms_norm(self.raw(), a.raw(), eps) })
