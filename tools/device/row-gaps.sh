@@ -10,7 +10,8 @@
 #      interleaved, each with the debug lines of every row-split step
 #      (how long the host took to queue its groups, its longest turn,
 #      where its time went), of its inputs and of its activation memory;
-#   3. with ONE=1, each binary on one GPU at 12G (the ratio's baseline);
+#   3. with ONE=1, each binary on one GPU at 12G (the ratio's baseline;
+#      ONE=HEAD: HEAD's alone);
 #   4. with TOP=1, the defaults once more with `top -H` sampling the
 #      process's threads every second (those above 20% CPU), and a trace
 #      with TRACE=1.
@@ -49,6 +50,7 @@ for r in $(seq ${ROUNDS:-2}); do
 done
 if [ -n "${ONE:-}" ]; then
   for n in "${names[@]}"; do
+    [ "$ONE" = 1 ] || [ "$ONE" = "$n" ] || continue
     echo "-- $n, one GPU at 12G" | tee -a "$f"
     timeout 200 $(exe $n) bench -m "$m" --device gpu --devices 0 --gpu-budget 12G $tests 2>&1 | keep |
       grep -v "row step" | tee -a "$f"
