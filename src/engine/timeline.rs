@@ -8,6 +8,13 @@
 //! undisturbed. On the CPU backend operations are synchronous and are timed
 //! on the host directly.
 //!
+//! A watcher learns an event's time when it wakes: held up (by a CUDA
+//! graph capture, which ggml does on a graph's second unchanged run, or on
+//! a busy CPU), it times the operations it then catches up on as ending
+//! together, a few microseconds long, and their time shows as a gap
+//! before them (two H200s, runs 104 and 107; run 110's trace of a step
+//! whose graphs were replayed has none). Read a shape's later steps.
+//!
 //! The engine's parts share one [`Recorder`]: an operation is recorded by
 //! holding a [`Scope`] while it is enqueued, and nothing is recorded (or
 //! formatted) while no timeline is on.
