@@ -63,9 +63,9 @@ impl Engine {
         // until the next group's first half is queued (parity, rows)
         let mut owed: Option<(usize, StepShape)> = None;
         let mut halved = 0;
-        let mut host = HostLoop::default();
+        let mut turns = HostTurns::default();
         for (i, (l, kind, shape)) in order.into_iter().enumerate() {
-            host.next(l, kind);
+            turns.next(l, kind);
             let gi = GroupId::new(l, kind);
             let halves = match others {
                 [other] if !ons.iter().any(|on| on[gi.index()]) && other.halves.is_some() => {
@@ -77,22 +77,22 @@ impl Engine {
                 let t = Instant::now();
                 let g0 = self.begin_group(l, kind)?;
                 let g1 = other.begin_group(l, kind)?;
-                let t = host.lap(Phase::Begin, t);
+                let t = turns.lap(Phase::Begin, t);
                 self.compute_half(&g0, a, 0)?;
                 other.compute_half(&g1, a, 0)?;
-                let mut t = host.lap(Phase::Compute, t);
+                let mut t = turns.lap(Phase::Compute, t);
                 if let Some((p, rows)) = owed.take() {
                     self.exchange(other, p, (rows.row0, rows.n_tokens), Some(1))?;
-                    t = host.lap(Phase::Exchange, t);
+                    t = turns.lap(Phase::Exchange, t);
                 }
                 self.compute_half(&g0, b, 1)?;
                 other.compute_half(&g1, b, 1)?;
-                let t = host.lap(Phase::Compute, t);
+                let t = turns.lap(Phase::Compute, t);
                 self.end_group(g0)?;
                 other.end_group(g1)?;
-                let t = host.lap(Phase::End, t);
+                let t = turns.lap(Phase::End, t);
                 self.exchange(other, i % 2, (a.row0, a.n_tokens), Some(0))?;
-                host.lap(Phase::Exchange, t);
+                turns.lap(Phase::Exchange, t);
                 owed = Some((i % 2, b));
                 halved += 1;
                 continue;
@@ -134,7 +134,7 @@ impl Engine {
                 h.park_threads();
             }
         }
-        host.next(u32::MAX, GroupKind::Attn);
+        turns.finish();
         if n_out > 0 {
             self.run_head(n_out, out)?;
         }
@@ -143,7 +143,7 @@ impl Engine {
             e.backend.synchronize();
             e.finish_part();
         }
-        host.report();
+        turns.report();
         self.last_step.halved = halved;
         Ok(())
     }
@@ -355,10 +355,11 @@ fn row_view<'c>(
 /// whether the devices could run out of queued work because the thread
 /// that feeds them was held up (a long turn), or keep ahead of it.
 #[derive(Default)]
-struct HostLoop {
+struct HostTurns {
     start: Option<Instant>,
-    last: Option<(Instant, u32, GroupKind)>,
-    longest: (Duration, u32, Option<GroupKind>),
+    /// The turn under way: when it began, and its group.
+    last: Option<(Instant, GroupId)>,
+    longest: Option<(Duration, GroupId)>,
     over_2ms: usize,
     queued: Duration,
     /// Halved groups: the host's time in each [`Phase`], total and longest.
@@ -378,19 +379,28 @@ enum Phase {
     Exchange,
 }
 
-impl HostLoop {
-    /// The turn of group (`layer`, `kind`) begins (`u32::MAX`: all queued).
+impl HostTurns {
+    /// The turn of group (`layer`, `kind`) begins.
     fn next(&mut self, layer: u32, kind: GroupKind) {
+        self.end_turn(Some(GroupId::new(layer, kind)));
+    }
+
+    /// Every group is queued.
+    fn finish(&mut self) {
+        self.end_turn(None);
+    }
+
+    fn end_turn(&mut self, next: Option<GroupId>) {
         let now = Instant::now();
         let start = *self.start.get_or_insert(now);
-        if let Some((t, l, k)) = self.last {
+        if let Some((t, gi)) = self.last {
             let d = now - t;
-            if d > self.longest.0 {
-                self.longest = (d, l, Some(k));
+            if self.longest.is_none_or(|(m, _)| d > m) {
+                self.longest = Some((d, gi));
             }
             self.over_2ms += usize::from(d > Duration::from_millis(2));
         }
-        self.last = Some((now, layer, kind));
+        self.last = next.map(|gi| (now, gi));
         self.queued = now - start;
     }
 
@@ -406,7 +416,10 @@ impl HostLoop {
     fn report(&self) {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let total = self.start.map_or(Duration::ZERO, |s| s.elapsed());
-        let (d, l, k) = self.longest;
+        let (d, longest) = match self.longest {
+            Some((d, gi)) => (d, format!("{} {}", gi.kind().name(), gi.layer())),
+            None => (Duration::ZERO, "none".into()),
+        };
         let phases: Vec<String> = [Phase::Begin, Phase::Compute, Phase::End, Phase::Exchange]
             .iter()
             .map(|&p| {
@@ -415,7 +428,7 @@ impl HostLoop {
             })
             .collect();
         tracing::debug!(
-            "row step: groups queued in {:.2} ms of {:.2}; longest turn {:.2} ms ({k:?} {l}), {} over 2 ms; \
+            "row step: groups queued in {:.2} ms of {:.2}; longest turn {:.2} ms ({longest}), {} over 2 ms; \
              halved groups, ms: {}",
             ms(self.queued),
             ms(total),
