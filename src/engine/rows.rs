@@ -291,11 +291,12 @@ impl Engine {
                 // the send (`sent`), and nothing else writes them before
                 // (the other half's graph writes only its own rows). The
                 // receiver's add waits for the copy; its reduce buffer is
-                // next written two groups later: the send then waits for its half's graph of that group,
-                // queued after the sender's add of the group between,
-                // which waited for the receiver's send of that group,
-                // which waited for the receiver's half's graph, queued
-                // after the receiver's add of this group.
+                // next written two groups later: the send then waits for
+                // its half's graph of that group, queued after the
+                // sender's add of the group between, which waited for the
+                // receiver's send of that group, which waited for the
+                // receiver's half's graph, queued after the receiver's
+                // add of this group.
                 unsafe {
                     s0.backend.copy_tensor_async(&other.backend, x0, y1);
                     s0.sent[half].record(&s0.backend);
@@ -414,6 +415,10 @@ impl HostTurns {
     }
 
     fn report(&self) {
+        // formatted only for a reader: this runs every step
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let total = self.start.map_or(Duration::ZERO, |s| s.elapsed());
         let (d, longest) = match self.longest {

@@ -6,8 +6,9 @@
 //! runs the attention template bound to that layer's weights and KV
 //! cache, then the FFN template, and finally the output head on the rows
 //! that want logits. Groups the placement keeps resident are bound in
-//! place; streamed groups are bound to the slot the pager filled (see `pager`); groups the
-//! host CPU computes (hybrid decode) run on its copy of the weights.
+//! place; streamed groups are bound to the slot the pager filled (see
+//! `pager`); groups the host CPU computes (hybrid decode) run on its copy
+//! of the weights.
 
 use super::batch::BatchToken;
 use super::batch::StepStats;

@@ -494,9 +494,7 @@ pub fn build_add_rows<'c>(ctx: &'c Context, d: &Dims, n: u32, row0: u32, lim: Li
         .named("host_rows");
     let mut g = ctx.new_graph(super::shape::GRAPH_NODES);
     let x = rows_at(ctx, ext.x, row0, n).named("add_in");
-    let out = ctx
-        .add_inplace(x, rows_at(ctx, y, row0, n))
-        .named("x_store");
+    let out = residual_add(ctx, x, rows_at(ctx, y, row0, n));
     g.expand(out);
     Built {
         graph: g,
