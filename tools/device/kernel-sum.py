@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where one step's GPU time goes, kernel by kernel, from an Nsight Systems
-profile exported to SQLite (`nsys export --type sqlite`).
+profile exported to SQLite (`nsys export --type sqlite`) or from the lines
+tools/device/cupti-trace.c writes (a .tsv).
 
 The step is the last one of the run: device 0's kernels are cut into steps
 at gaps of more than GAP_MS (a step's inputs are written with no kernel
@@ -8,7 +9,7 @@ running, 8-11 ms on the row split), and the last piece is kept. For each
 device, over that window: its busy time (the union of its kernels), the
 gaps between them, each kind of kernel's count and time, and the copies.
 
-    python3 tools/device/kernel-sum.py PROFILE.sqlite [GAP_MS]
+    python3 tools/device/kernel-sum.py PROFILE.sqlite|TRACE.tsv [GAP_MS]
 """
 import sqlite3
 import sys
@@ -16,7 +17,7 @@ from collections import defaultdict
 
 # kernel name fragments, first match wins: the kinds a layer's graphs run
 KINDS = [
-    ("gemm (cuBLAS)", ("gemm", "xmma", "cutlass", "sm90_", "sm80_", "cublas")),
+    ("gemm (cuBLAS)", ("gemm", "xmma", "cutlass", "sm90_", "sm80_", "cublas", "nvjet")),
     ("mmq (ggml quantized)", ("mul_mat_q",)),
     ("mmvq / mmv", ("mul_mat_vec",)),
     ("dequantize / convert", ("dequantize", "convert_unary", "to_fp16", "to_bf16", "convert")),
@@ -51,13 +52,41 @@ def union(intervals):
     return busy
 
 
-def main():
-    db = sqlite3.connect(sys.argv[1])
-    gap_ns = float(sys.argv[2] if len(sys.argv) > 2 else 3.0) * 1e6
+def read_sqlite(path):
+    """Kernels (start, end, device, stream, name id), names, copies
+    (start, end, device, kind, bytes)."""
+    db = sqlite3.connect(path)
     names = dict(db.execute("SELECT id, value FROM StringIds"))
     rows = db.execute(
         "SELECT start, end, deviceId, streamId, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL"
     ).fetchall()
+    try:
+        cp = db.execute(
+            "SELECT start, end, deviceId, copyKind, bytes FROM CUPTI_ACTIVITY_KIND_MEMCPY"
+        ).fetchall()
+    except sqlite3.OperationalError:
+        cp = []
+    return rows, names, cp
+
+
+def read_tsv(path):
+    rows, names, ids, cp = [], {}, {}, []
+    with open(path, errors="replace") as f:
+        for line in f:
+            p = line.rstrip("\n").split("\t")
+            if p[0] == "K" and len(p) >= 6:
+                i = ids.setdefault(p[5], len(ids))
+                names[i] = p[5]
+                rows.append((int(p[1]), int(p[2]), int(p[3]), int(p[4]), i))
+            elif p[0] == "C" and len(p) >= 7:
+                cp.append((int(p[1]), int(p[2]), int(p[3]), int(p[5]), int(p[6])))
+    return rows, names, cp
+
+
+def main():
+    path = sys.argv[1]
+    gap_ns = float(sys.argv[2] if len(sys.argv) > 2 else 3.0) * 1e6
+    rows, names, cp = (read_sqlite if path.endswith(".sqlite") else read_tsv)(path)
     if not rows:
         print("no kernels in the profile")
         return
@@ -103,12 +132,6 @@ def main():
         print("  top kernels: count, ms, mean us")
         for n, (c, t) in sorted(by_name.items(), key=lambda x: -x[1][1])[:18]:
             print(f"    {n[:60]:60s} {c:6d} {t / 1e6:9.2f} {t / c / 1e3:8.1f}")
-    try:
-        cp = db.execute(
-            "SELECT start, end, deviceId, copyKind, bytes FROM CUPTI_ACTIVITY_KIND_MEMCPY"
-        ).fetchall()
-    except sqlite3.OperationalError:
-        cp = []
     tot = defaultdict(lambda: [0, 0, 0])
     for s, e, d, k, b in cp:
         if lo - 1e6 <= s <= hi + 1e6:
