@@ -8,7 +8,8 @@
 #      with the one carried in .carry/cuda (built before it: run from
 #      /root/oldmod, unstamped, with the same binary), interleaved over
 #      ROUNDS rounds (default 1), for each of CONFIGS (default "row one":
-#      the row split at 12G on each of two GPUs, one GPU at 12G);
+#      the row split at 12G on each of two GPUs, one GPU at 12G; also
+#      row-whole, the row split without halves, --row-halves 0);
 #   3. with CUPTI=1, the new module's kernels summed over one step of each
 #      config (tools/device/kernel-sum.py).
 # Results in $OUT/dequant.txt; the new module comes back in $OUT/cuda.
@@ -41,7 +42,13 @@ $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -arch=sm_90 -std=c++17 -O2 -
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "dequant-check FAILED: no timings" | tee -a "$f"; exit 1; }
 # 2. interleaved
 tests=${TESTS:-"-p 2048 -b 2048 -ub 2048 -n 0 -B 0 -r 4"}
-flags_of() { case $1 in row) echo "--devices 0,1 --split-mode row" ;; one) echo "--devices 0" ;; esac; }
+flags_of() {
+  case $1 in
+    row) echo "--devices 0,1 --split-mode row" ;;
+    row-whole) echo "--devices 0,1 --split-mode row --row-halves 0" ;;
+    one) echo "--devices 0" ;;
+  esac
+}
 for r in $(seq ${ROUNDS:-1}); do
   for c in ${CONFIGS:-row one}; do
     for v in new ${o:+old}; do
