@@ -22,6 +22,11 @@ static void CUPTIAPI buffer_requested(uint8_t **buf, size_t *size, size_t *max_r
   *max_records = 0;
 }
 
+static void copy_line(unsigned long long start, unsigned long long end, unsigned device,
+                      unsigned stream, unsigned kind, unsigned long long bytes) {
+  fprintf(out, "C\t%llu\t%llu\t%u\t%u\t%u\t%llu\n", start, end, device, stream, kind, bytes);
+}
+
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size,
                                       size_t valid) {
   CUpti_Activity *r = NULL;
@@ -37,16 +42,12 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         MEMCPY_T *c = (MEMCPY_T *)r;
-        fprintf(out, "C\t%llu\t%llu\t%u\t%u\t%u\t%llu\n", (unsigned long long)c->start,
-                (unsigned long long)c->end, c->deviceId, c->streamId, (unsigned)c->copyKind,
-                (unsigned long long)c->bytes);
+        copy_line(c->start, c->end, c->deviceId, c->streamId, c->copyKind, c->bytes);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY2: {
         PTOP_T *c = (PTOP_T *)r;
-        fprintf(out, "C\t%llu\t%llu\t%u\t%u\t%u\t%llu\n", (unsigned long long)c->start,
-                (unsigned long long)c->end, c->deviceId, c->streamId, (unsigned)c->copyKind,
-                (unsigned long long)c->bytes);
+        copy_line(c->start, c->end, c->deviceId, c->streamId, c->copyKind, c->bytes);
         break;
       }
       default:
