@@ -195,6 +195,10 @@ impl RunInfo {
 #[derive(serde::Serialize)]
 struct StepFigures {
     step_ms: f64,
+    /// The trace's copy spans imply more than twice the probed bus rate:
+    /// spans collapsed (their watcher threads were held up), so the copy
+    /// rate, compute wait and overlap from them are not to be trusted.
+    trace_unreliable: bool,
     /// MiB read from the model file per step (DRAM tier), and its rate.
     disk_mib: f64,
     disk_gbs: f64,
@@ -247,6 +251,14 @@ fn median(v: &mut [f64]) -> f64 {
     } else {
         v[v.len() / 2]
     }
+}
+
+/// The index of the value [`median`] reports (the upper middle of an even
+/// count); 0 for an empty slice.
+fn median_index(v: &[f64]) -> usize {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    order.get(v.len() / 2).copied().unwrap_or(0)
 }
 
 fn time_strata(
@@ -328,6 +340,7 @@ fn time_strata(
     }
     let fig = StepFigures {
         step_ms: secs * 1e3 / steps as f64,
+        trace_unreliable: false,
         disk_mib: disk / steps as f64 / (1u64 << 20) as f64,
         disk_gbs: disk / secs / 1e9,
         mib_up: o.bytes as f64 / steps as f64 / (1u64 << 20) as f64,
@@ -468,7 +481,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .unwrap_or(0);
         for (i, (name, (pre, run))) in tests.iter().enumerate() {
             let mut all = Vec::new();
-            let mut fig = None;
+            let mut figs = Vec::new();
             for _ in 0..a.reps.max(1) {
                 let (tps, f, spans) = time_strata(&mut e, pre, run, bw.max(1.0))?;
                 all.push(tps);
@@ -487,16 +500,23 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                         );
                     }
                 }
-                fig = f;
+                figs.push(f);
                 if i == traced {
                     trace_spans = spans;
                 }
             }
-            let mut s = all.clone();
+            // the step figures of the repetition whose tokens/s is
+            // reported: a shape's second run, where ggml captures its CUDA
+            // graphs, can show spans that collapsed (see timeline.rs)
+            let rep = median_index(&all);
+            let mut fig = figs.into_iter().nth(rep).flatten();
+            if let Some(f) = fig.as_mut() {
+                f.trace_unreliable = bw > 0.0 && f.copy_gbs * 1e9 > 2.0 * bw;
+            }
             rows.push(Row {
                 engine: format!("strata {}", budget_label(&a.model)),
                 test: name.clone(),
-                tps: median(&mut s),
+                tps: all[rep],
                 tps_all: all,
                 step: fig,
                 gpu_mib: used_mib(gpu, free0),
@@ -945,6 +965,12 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                 "{:<32} {:<14} {:>10.2} t/s | step {:>9.2} ms, up {:>8.1} MiB, copy {:>6.1} GB/s, compute waited {:>8.2} ms, overlap {:>4.0}%, floor {:>9.2} ms{gpu}",
                 r.engine, r.test, r.tps, f.step_ms, f.mib_up, f.copy_gbs, f.wait_ms, f.overlap * 100.0, f.floor_ms
             );
+            if f.trace_unreliable {
+                println!(
+                    "{:<47} (the trace's spans collapsed in this repetition: copy rate, compute wait and overlap above are not measured figures)",
+                    ""
+                );
+            }
             if f.disk_mib > 0.0 {
                 println!(
                     "{:<47} disk read {:>8.1} MiB/step at {:.2} GB/s, pager waited on reads {:.1} ms/step",
@@ -1083,5 +1109,28 @@ fn print_ratios(rows: &[Row]) {
                 s.tps / r.tps.max(1e-9)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reported repetition is the one `median` reports, whatever the
+    /// order the repetitions ran in (its figures go beside its tokens/s).
+    #[test]
+    fn median_index_names_the_reported_repetition() {
+        for v in [
+            vec![5.0],
+            vec![4000.0, 5400.0],
+            vec![5400.0, 4000.0],
+            vec![3.0, 1.0, 2.0],
+            vec![2.0, 9.0, 4.0, 7.0, 1.0],
+            vec![1.0, 1.0, 2.0, 2.0],
+        ] {
+            let i = median_index(&v);
+            assert_eq!(v[i], median(&mut v.clone()), "{v:?}");
+        }
+        assert_eq!(median_index(&[]), 0);
     }
 }
