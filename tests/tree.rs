@@ -157,6 +157,14 @@ fn tree_cfg(nodes: usize) -> SpecConfig {
     }
 }
 
+/// A prompt whose own last words recur in it with different continuations,
+/// so prompt lookup drafts a branching tree in its first round whatever
+/// text the model then writes (the other prompts branch only where the
+/// generated text repeats itself, which depends on the CPU's kernels: on
+/// an AVX2-only machine none of them did).
+const BRANCHING: &str =
+    "One, two, three, four. One, two, five, six. One, two, three, seven. One, two";
+
 /// Tree drafting by prompt lookup equals plain decoding, for each engine
 /// configuration and sampler.
 fn lookup_trees_equal_plain(name: &str, configs: &[EngineConfig], samplers: &[SamplerConfig]) {
@@ -167,7 +175,7 @@ fn lookup_trees_equal_plain(name: &str, configs: &[EngineConfig], samplers: &[Sa
     for c in configs {
         let mut e = Engine::load(&path, c).expect("engine");
         for sc in samplers {
-            for p in PROMPTS {
+            for p in PROMPTS.iter().chain(&[BRANCHING]) {
                 let want = generate(&mut plain_e, &vocab, sc, p, 48, None);
                 let mut spec =
                     Speculator::new(Drafter::Lookup(NgramLookup::default()), tree_cfg(12));
