@@ -42,19 +42,12 @@ $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -arch=sm_90 -std=c++17 -O2 -
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "dequant-check FAILED: no timings" | tee -a "$f"; exit 1; }
 # 2. interleaved
 tests=${TESTS:-"-p 2048 -b 2048 -ub 2048 -n 0 -B 0 -r 4"}
-flags_of() {
-  case $1 in
-    row) echo "--devices 0,1 --split-mode row" ;;
-    row-whole) echo "--devices 0,1 --split-mode row --row-halves 0" ;;
-    one) echo "--devices 0" ;;
-  esac
-}
 for r in $(seq ${ROUNDS:-1}); do
   for c in ${CONFIGS:-row one}; do
     for v in new ${o:+old}; do
       echo "-- round $r: $c, $v module" | tee -a "$f"
       env $([ $v = old ] && echo STRATA_BACKEND_DIR=$o) timeout 200 $bin/strata bench -m "$m" --device gpu \
-        --gpu-budget 12G $(flags_of $c) $tests 2>&1 | quiet | grep -e "pp[0-9]" -e rror | tee -a "$f"
+        --gpu-budget 12G $(dev_split_flags $c) $tests 2>&1 | quiet | grep -e "pp[0-9]" -e rror | tee -a "$f"
     done
   done
 done
@@ -63,7 +56,7 @@ if [ -n "${CUPTI:-}" ] && cupti_build 2>&1 | tee -a "$f" && [ -f /root/cupti-tra
   for c in ${CONFIGS:-row one}; do
     echo "== $c, new module, CUPTI" | tee -a "$f"
     CUDA_INJECTION64_PATH=/root/cupti-trace.so CUPTI_TRACE_OUT=/root/trace-$c.tsv timeout 200 $bin/strata bench \
-      -m "$m" --device gpu --gpu-budget 12G $(flags_of $c) $tests 2>&1 | quiet | grep -e "pp[0-9]" -e rror | tee -a "$f"
+      -m "$m" --device gpu --gpu-budget 12G $(dev_split_flags $c) $tests 2>&1 | quiet | grep -e "pp[0-9]" -e rror | tee -a "$f"
     python3 tools/device/kernel-sum.py /root/trace-$c.tsv 2>&1 | tee -a "$f"
   done
 fi

@@ -148,6 +148,18 @@ dev_70b() {
   dev_module_wait
 }
 
+# dev_split_flags CONFIG: the strata flags of a configuration of the
+# two-GPU profiling scripts: row (the row split), row-whole (the row split
+# without halves), one (one GPU).
+dev_split_flags() {
+  case $1 in
+    row) echo "--devices 0,1 --split-mode row" ;;
+    row-whole) echo "--devices 0,1 --split-mode row --row-halves 0" ;;
+    one) echo "--devices 0" ;;
+    *) echo "unknown configuration $1 (row, row-whole, one)" >&2; return 2 ;;
+  esac
+}
+
 # dev_sanitizer: prints the path of compute-sanitizer (nothing if missing).
 dev_sanitizer() {
   command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null

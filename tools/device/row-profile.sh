@@ -25,11 +25,7 @@ cupti=
 [ -n "$nsys" ] || { cupti_build 2>&1 | tee -a "$f"; [ -f /root/cupti-trace.so ] && cupti=/root/cupti-trace.so; }
 tests=${TESTS:-"-p 2048 -b 2048 -ub 2048 -n 0 -B 0 -r 4"}
 for c in ${CONFIGS:-row one}; do
-  case $c in
-    row) flags="--devices 0,1 --split-mode row" ;;
-    one) flags="--devices 0" ;;
-    *) echo "row-profile.sh: unknown config $c (row, one)" >&2; exit 2 ;;
-  esac
+  flags=$(dev_split_flags $c) || exit 2
   echo "== $c: strata bench --gpu-budget 12G $flags $tests" | tee -a "$f"
   if [ -z "$nsys" ]; then
     run=(); [ -n "$cupti" ] && run=(env CUDA_INJECTION64_PATH=$cupti CUPTI_TRACE_OUT=/root/trace-$c.tsv)

@@ -261,6 +261,8 @@ fn median_index(v: &[f64]) -> usize {
     order.get(v.len() / 2).copied().unwrap_or(0)
 }
 
+/// Runs one repetition of a test; `bw`: the probed pinned host-to-device
+/// rate (bytes/s; 0 where none was measured).
 fn time_strata(
     e: &mut Engine,
     pre: &[Vec<BatchToken>],
@@ -340,7 +342,7 @@ fn time_strata(
     }
     let fig = StepFigures {
         step_ms: secs * 1e3 / steps as f64,
-        trace_unreliable: false,
+        trace_unreliable: bw > 0.0 && o.copy_bw() > 2.0 * bw,
         disk_mib: disk / steps as f64 / (1u64 << 20) as f64,
         disk_gbs: disk / secs / 1e9,
         mib_up: o.bytes as f64 / steps as f64 / (1u64 << 20) as f64,
@@ -351,7 +353,7 @@ fn time_strata(
         } else {
             0.0
         },
-        floor_ms: (o.bytes as f64 / bw).max(o.compute_s) * 1e3 / steps as f64,
+        floor_ms: (o.bytes as f64 / bw.max(1.0)).max(o.compute_s) * 1e3 / steps as f64,
         read_wait_ms: read_wait * 1e3 / steps as f64,
         kv_up_mib: kv_up as f64 / steps as f64 / (1u64 << 20) as f64,
         relayed_mib: relayed as f64 / steps as f64 / (1u64 << 20) as f64,
@@ -483,7 +485,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let mut all = Vec::new();
             let mut figs = Vec::new();
             for _ in 0..a.reps.max(1) {
-                let (tps, f, spans) = time_strata(&mut e, pre, run, bw.max(1.0))?;
+                let (tps, f, spans) = time_strata(&mut e, pre, run, bw)?;
                 all.push(tps);
                 if a.hot_refresh {
                     if let Some(r) = e.refresh_hot()? {
@@ -509,10 +511,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             // reported: a shape's second run, where ggml captures its CUDA
             // graphs, can show spans that collapsed (see timeline.rs)
             let rep = median_index(&all);
-            let mut fig = figs.into_iter().nth(rep).flatten();
-            if let Some(f) = fig.as_mut() {
-                f.trace_unreliable = bw > 0.0 && f.copy_gbs * 1e9 > 2.0 * bw;
-            }
+            let fig = figs.into_iter().nth(rep).flatten();
             rows.push(Row {
                 engine: format!("strata {}", budget_label(&a.model)),
                 test: name.clone(),
