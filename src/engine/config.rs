@@ -157,6 +157,11 @@ pub struct PagingOptions {
     /// streams of its own, never elsewhere; Some(0): never; Some(n): from
     /// n tokens on any devices (elsewhere the exchange waits: tests).
     pub row_halves: Option<u32>,
+    /// The row split's halved steps on GPUs dequantize each group's
+    /// quantized matrices once into a BF16 copy both halves multiply
+    /// (`paging::gemm::Widened`, planned where their products go through
+    /// cuBLAS); false: each half's products dequantize again.
+    pub row_widen: bool,
 }
 
 impl Default for PagingOptions {
@@ -174,6 +179,7 @@ impl Default for PagingOptions {
             look_ahead_layers: 1,
             relay: false,
             row_halves: None,
+            row_widen: true,
         }
     }
 }

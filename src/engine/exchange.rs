@@ -20,6 +20,9 @@ pub struct Halves {
     /// The exchange's own stream and its events, on a GPU (elsewhere the
     /// exchange runs on the compute streams, in turn).
     pub streams: Option<ExchangeStreams>,
+    /// Where a group's weights are dequantized once for both halves
+    /// (`widen.rs`); None: each half's products dequantize again.
+    pub widening: Option<super::widen::Widening>,
 }
 
 pub struct ExchangeStreams {
@@ -58,6 +61,7 @@ impl Halves {
         Ok(Some(Halves {
             min_tokens,
             streams,
+            widening: None,
         }))
     }
 }

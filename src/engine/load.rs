@@ -352,9 +352,14 @@ impl Engine {
                 probe_kept as f64 / (1u64 << 20) as f64
             );
         }
+        // the row split's halves (two GPUs) dequantize each group once
+        let halved = spec.shard.is_some_and(|s| s.count == 2)
+            && cfg.paging.row_halves != Some(0)
+            && cfg.paging.row_widen;
         let gemm = paths.map(|p| GemmPlan {
             mmq_max_rows: p.mmq_max_rows,
             scratch_bytes: gemm::scratch_bytes(&dims.hp, n_batch, p.elements),
+            widened: None,
         });
         let mut input = MemoryInput {
             groups: spec
@@ -422,6 +427,34 @@ impl Engine {
                 probe::drop_gemm(device, p.elements);
                 input = mmq;
                 plan = without;
+            }
+        }
+        // the widened copy where the plan keeps GEMM, and only where the
+        // resident groups it displaces leave the step as fast as the plan
+        // predicts it without: what it saves (a dequantizing pass a
+        // group) is compute the plan's rate does not itemize
+        if let Some(g) = input.gemm.filter(|_| halved) {
+            if let Some(w) = super::widen::Widening::plan(&spec, g.mmq_max_rows, n_batch) {
+                let widened = MemoryInput {
+                    gemm: Some(GemmPlan {
+                        widened: Some(w),
+                        ..g
+                    }),
+                    ..input.clone()
+                };
+                match crate::paging::memory_plan(&widened) {
+                    Ok(p)
+                        if p.placement.floor_s(n_batch)
+                            <= plan.placement.floor_s(n_batch) * (1.0 + 1e-9) =>
+                    {
+                        input = widened;
+                        plan = p;
+                    }
+                    _ => tracing::info!(
+                        "the row split's halves dequantize each weight twice: a widened copy ({:.1} MiB) would displace resident groups the step needs",
+                        w.bytes as f64 / (1u64 << 20) as f64
+                    ),
+                }
             }
         }
         let mut cpu_cal = None;
@@ -619,10 +652,13 @@ impl Engine {
         let reduce = (0..n_reduce)
             .map(|_| super::buffers::SplitRows::alloc(&dims, lim, device))
             .collect::<Result<Vec<_>, _>>()?;
-        let halves = match spec.shard {
+        let mut halves = match spec.shard {
             Some(s) if s.count == 2 => super::exchange::Halves::new(device, cfg.paging.row_halves)?,
             _ => None,
         };
+        if let (Some(h), Some(w)) = (halves.as_mut(), plan.gemm.and_then(|g| g.widened)) {
+            h.widening = Some(super::widen::Widening::alloc(&spec, w, device)?);
+        }
         let hot = match hot.filter(|h| !h.is_empty()) {
             Some(h) => {
                 let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);

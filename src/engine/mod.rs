@@ -59,6 +59,7 @@ mod store;
 mod templates;
 pub mod threads;
 pub mod timeline;
+mod widen;
 mod window;
 
 pub use crate::paging::{Budgets, ExpertSplit, SplitInput};

@@ -78,15 +78,21 @@ impl Engine {
                 let g0 = self.begin_group(l, kind)?;
                 let g1 = other.begin_group(l, kind)?;
                 let t = turns.lap(Phase::Begin, t);
-                self.compute_half(&g0, a, 0)?;
-                other.compute_half(&g1, a, 0)?;
+                // both devices widen alike: their shards' shapes match
+                let (w0, w1) = if self.widens(gi, [a, b]) && other.widens(gi, [a, b]) {
+                    (Some(self.widen_group(&g0)?), Some(other.widen_group(&g1)?))
+                } else {
+                    (None, None)
+                };
+                self.compute_half(&g0, a, 0, w0.as_ref())?;
+                other.compute_half(&g1, a, 0, w1.as_ref())?;
                 let mut t = turns.lap(Phase::Compute, t);
                 if let Some((p, rows)) = owed.take() {
                     self.exchange(other, p, (rows.row0, rows.n_tokens), Some(1))?;
                     t = turns.lap(Phase::Exchange, t);
                 }
-                self.compute_half(&g0, b, 1)?;
-                other.compute_half(&g1, b, 1)?;
+                self.compute_half(&g0, b, 1, w0.as_ref())?;
+                other.compute_half(&g1, b, 1, w1.as_ref())?;
                 let t = turns.lap(Phase::Compute, t);
                 self.end_group(g0)?;
                 other.end_group(g1)?;
@@ -243,8 +249,9 @@ impl Engine {
         g: &super::step::BoundGroup,
         shape: StepShape,
         half: usize,
+        widened: Option<&super::widen::WidenedGroup>,
     ) -> Result<(), EngineError> {
-        self.compute_group(g, shape, true)?;
+        self.compute_group(g, shape, true, widened)?;
         if let Some(x) = exchange_streams(self) {
             x.computed[half].record(&self.backend);
         }

@@ -249,7 +249,16 @@ impl Engine {
                 ))
             ),
         };
+        let widened = match self.halves.as_ref().and_then(|h| h.widening.as_ref()) {
+            None => String::new(),
+            Some(w) => format!(
+                "; halved steps of over {} rows widen each group once ({:.1} MiB of BF16)",
+                2 * w.plan.min_half_rows - 1,
+                mib(w.plan.bytes)
+            ),
+        };
         let kv = hot
+            + &widened
             + &match self.kv.tier() {
             None => String::new(),
             Some(t) => format!(

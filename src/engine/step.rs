@@ -609,7 +609,7 @@ impl Engine {
         shape: StepShape,
     ) -> Result<(), EngineError> {
         let g = self.begin_group(layer, kind)?;
-        self.compute_group(&g, shape, false)?;
+        self.compute_group(&g, shape, false, None)?;
         self.end_group(g)
     }
 
@@ -667,18 +667,26 @@ impl Engine {
     }
 
     /// Queues a begun group's graph over the step's rows `shape` names
-    /// (`half`: one of two halves of the step's rows, so named in traces).
+    /// (`half`: one of two halves of the step's rows, so named in traces;
+    /// `widened`: its quantized matrices as the group's widened copy,
+    /// `widen.rs`).
     pub(super) fn compute_group(
         &mut self,
         g: &BoundGroup,
         shape: StepShape,
         half: bool,
+        widened: Option<&super::widen::WidenedGroup>,
     ) -> Result<(), EngineError> {
         let (layer, kind) = (g.layer, g.kind);
-        let (_, key) = self.group_key(layer, kind, shape);
+        let (_, mut key) = self.group_key(layer, kind, shape);
+        let mut weights = &g.weights;
+        if let (Some(w), TemplateKey::Group { sig, .. }) = (widened, &mut key) {
+            sig.clone_from(&w.sig);
+            weights = &w.weights;
+        }
         self.templates
             .get(&key)?
-            .bind(g.id, &g.weights, g.kv.as_ref())?;
+            .bind(g.id, weights, g.kv.as_ref())?;
         // bound before allocating so the allocator sees weights as external
         let t = self.templates.allocated(&key, &self.backend)?;
         let rec = self.rec.scope(
@@ -837,4 +845,18 @@ pub(super) struct BoundGroup {
     kv: Option<[crate::ggml::Binding; 2]>,
     streamed: Option<Ring>,
     windowed: bool,
+}
+
+impl BoundGroup {
+    pub(super) fn group(&self) -> GroupId {
+        GroupId::new(self.layer, self.kind)
+    }
+    /// What its weights (and KV) are bound to.
+    pub(super) fn id(&self) -> BindId {
+        self.id
+    }
+    /// Its weights in signature order, where they are this step.
+    pub(super) fn weights(&self) -> &[crate::ggml::Binding] {
+        &self.weights
+    }
 }

@@ -104,7 +104,8 @@ impl TemplateCache {
             TemplateKey::Head { .. }
             | TemplateKey::HostExperts { .. }
             | TemplateKey::HotExperts { .. }
-            | TemplateKey::AddRows { .. } => true,
+            | TemplateKey::AddRows { .. }
+            | TemplateKey::Widen { .. } => true,
         });
     }
 }

@@ -83,7 +83,7 @@ pub struct Built<'c> {
 }
 
 /// The shape the architecture gives `role` (model/arch/).
-fn weight_shape(d: &Dims, role: Role) -> Vec<i64> {
+pub(super) fn weight_shape(d: &Dims, role: Role) -> Vec<i64> {
     let x = d
         .arch
         .layer_tensors()

@@ -16,6 +16,7 @@ mod blocks;
 mod moe;
 mod shape;
 mod template;
+mod widen;
 
 pub use crate::paging::sizes::HEAD_ROWS;
 pub use crate::paging::Limits;
@@ -26,3 +27,4 @@ pub use blocks::{
 pub use moe::{ROUTED, WEIGHTS};
 pub use shape::{Dims, StepShape, GRAPH_NODES};
 pub use template::{BindId, Binding, Template, TemplateKey};
+pub use widen::build_widen;

@@ -55,6 +55,13 @@ pub enum TemplateKey {
         n_hot: u32,
         instance: u32,
     },
+    /// A group's quantized matrices (`matrices`, the roles and types of
+    /// those the engine widens) copied into BF16 for the row split's
+    /// halved steps (`graph::widen`), one per layer group (`instance`).
+    Widen {
+        matrices: Vec<(Role, GgmlType)>,
+        instance: u32,
+    },
     /// Rows `row0..row0 + n_rows` of a buffer (the host's expert rows,
     /// another device's share of the row split) added to the residual
     /// stream's.
@@ -170,6 +177,9 @@ impl Template {
                 }
                 TemplateKey::AddRows { n_rows, row0 } => {
                     build_add_rows(&ctx, d, *n_rows, *row0, lim)
+                }
+                TemplateKey::Widen { matrices, .. } => {
+                    super::widen::build_widen(&ctx, d, matrices, lim)
                 }
             };
             (

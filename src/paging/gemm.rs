@@ -8,6 +8,7 @@
 //! from that table and sizes the scratch the GEMM path takes. Plain Rust.
 
 use super::plan::Plan;
+use crate::dtype::GgmlType;
 use crate::model::Hparams;
 
 /// One row of the probe: seconds of one product of `rows` rows through
@@ -73,10 +74,113 @@ pub fn scratch_bytes(hp: &Hparams, n_batch: u32, largest_matrix: u64) -> u64 {
     (largest_matrix * half + n_batch as u64 * widest * half) * 21 / 20 + CUBLAS_BYTES
 }
 
+/// Where a group's weights go in the widened copy (see [`Widened`]):
+/// each quantized matrix at a 256-byte-aligned offset, its elements as
+/// BF16; None for a weight that stays as it is (norms, biases, F32 or
+/// 16-bit weights, an expert stack).
+pub fn widened_offsets(weights: &[(GgmlType, [i64; 4])]) -> (Vec<Option<u64>>, u64) {
+    let mut end = 0u64;
+    let offsets = weights
+        .iter()
+        .map(|&(ty, ne)| {
+            widens(ty, ne).then(|| {
+                let at = end;
+                end += (ne[0] * ne[1]) as u64 * 2;
+                end = end.next_multiple_of(WIDEN_ALIGN);
+                at
+            })
+        })
+        .collect();
+    (offsets, end)
+}
+
+/// Whether a weight of type `ty` and shape `ne` (ggml order, unused
+/// dims 1) goes into the widened copy: a quantized matrix.
+pub fn widens(ty: GgmlType, ne: [i64; 4]) -> bool {
+    ne[1] > 1 && ne[2] == 1 && ne[3] == 1 && ty.block_size().is_some_and(|b| b > 1)
+}
+
+/// Offsets in the widened copy are multiples of this (ggml's CUDA
+/// buffers align tensors to 128 bytes; 0004's dequantizing kernel needs
+/// 16).
+const WIDEN_ALIGN: u64 = 256;
+
+/// The row split's halved steps (`engine::rows`) multiply each weight of
+/// a group twice, once per half of the step's rows, and on the GEMM path
+/// each product dequantized the weight again (54 of a 346 ms pp2048 step
+/// on each of two H200s, docs/device-runs.md run 114). Widening
+/// dequantizes a group's weights once into a device buffer of
+/// `bytes` (the largest group's BF16 matrices), which both halves
+/// multiply through the same cuBLAS call: bit for bit the product of the
+/// quantized weight above the row limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Widened {
+    /// Device bytes of the copy: the largest group's.
+    pub bytes: u64,
+    /// Steps whose smaller half has more rows than this widen (the
+    /// halves' products would otherwise go through ggml's quantized
+    /// kernels, which the copy does not reproduce).
+    pub min_half_rows: u32,
+}
+
+impl Widened {
+    /// The copy for a model's groups (each a list of its weights' types
+    /// and shapes) on the GEMM path above `mmq_max_rows`; None where no
+    /// group has a quantized matrix, or where no half of an `n_batch`
+    /// step would have more rows than the limit.
+    pub fn plan<'a>(
+        groups: impl IntoIterator<Item = &'a [(GgmlType, [i64; 4])]>,
+        mmq_max_rows: u32,
+        n_batch: u32,
+    ) -> Option<Widened> {
+        let bytes = groups
+            .into_iter()
+            .map(|g| widened_offsets(g).1)
+            .max()
+            .unwrap_or(0);
+        (bytes > 0 && n_batch / 2 > mmq_max_rows).then_some(Widened {
+            bytes,
+            min_half_rows: mmq_max_rows + 1,
+        })
+    }
+
+    /// Whether a step cut in halves of `a` and `b` rows widens.
+    pub fn applies(&self, a: u32, b: u32) -> bool {
+        a.min(b) >= self.min_half_rows
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::plan::ComputeRate;
     use super::*;
+
+    #[test]
+    fn widened_copy_holds_the_largest_groups_quantized_matrices() {
+        let q = GgmlType::Q4_0;
+        let attn = [
+            (GgmlType::F32, [8192, 1, 1, 1]),   // a norm stays
+            (q, [8192, 4096, 1, 1]),            // 64 MiB as BF16
+            (q, [96, 3, 1, 1]),                 // 576 bytes, 768 with alignment
+            (GgmlType::F16, [8192, 512, 1, 1]), // 16-bit already
+            (q, [8192, 512, 1, 1]),
+        ];
+        let (off, end) = widened_offsets(&attn);
+        let third = (64 << 20) + 768;
+        assert_eq!(off, vec![None, Some(0), Some(64 << 20), None, Some(third)]);
+        assert_eq!(end, third + 8192 * 512 * 2);
+        let ffn = [(q, [8192, 14336, 1, 1]), (q, [14336, 8192, 1, 1])];
+        let experts = [(q, [2048, 768, 128, 1])];
+        let groups: [&[(GgmlType, [i64; 4])]; 3] = [&attn, &ffn, &experts];
+        let w = Widened::plan(groups, 128, 2048).expect("widens");
+        assert_eq!(w.bytes, 2 * 8192 * 14336 * 2);
+        assert!(w.applies(1024, 1024) && w.applies(129, 2000));
+        assert!(!w.applies(128, 2000));
+        // halves of a 256-row batch never leave the quantized kernels
+        assert_eq!(Widened::plan(groups, 128, 256), None);
+        // an expert stack alone has nothing to widen
+        assert_eq!(Widened::plan([&experts[..]], 128, 2048), None);
+    }
 
     fn row(rows: u32, mmq_s: f64, gemm_s: f64) -> PathTiming {
         PathTiming {

@@ -95,6 +95,16 @@ pub struct GemmPlan {
     pub mmq_max_rows: u32,
     /// Device bytes the path takes outside strata's buffers.
     pub scratch_bytes: u64,
+    /// The row split's halved steps dequantize each group once into a
+    /// copy of this device's (None: each half dequantizes again).
+    pub widened: Option<super::gemm::Widened>,
+}
+
+impl GemmPlan {
+    /// Device bytes the path takes: its scratch and the widened copy.
+    pub fn device_bytes(&self) -> u64 {
+        self.scratch_bytes + self.widened.map_or(0, |w| w.bytes)
+    }
 }
 
 /// Where each layer's KV cache lives.
@@ -195,7 +205,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
     let act = &inp.activations;
     let whole = inp.groups.iter().map(|g| g.bytes).sum::<u64>()
         + inp.fixed_bytes
-        + inp.gemm.map_or(0, |g| g.scratch_bytes)
+        + inp.gemm.map_or(0, |g| g.device_bytes())
         + act.whole
         + kv.layer_bytes * kv.n_layer as u64;
     let chunk = act.forced
@@ -206,7 +216,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
     } else {
         (act.whole, None)
     };
-    let fixed = inp.fixed_bytes + activation_bytes + inp.gemm.map_or(0, |g| g.scratch_bytes);
+    let fixed = inp.fixed_bytes + activation_bytes + inp.gemm.map_or(0, |g| g.device_bytes());
     let resident_layers = kv_resident_layers(inp, fixed, windows);
     let mut pi = PlanInput {
         groups: inp.groups.clone(),
@@ -394,9 +404,15 @@ impl std::fmt::Display for MemoryPlan {
                     .gemm
                     .map(|g| {
                         format!(
-                            "; GEMM scratch {:.1} MiB for steps over {} rows",
+                            "; GEMM scratch {:.1} MiB for steps over {} rows{}",
                             mib(g.scratch_bytes),
-                            g.mmq_max_rows
+                            g.mmq_max_rows,
+                            g.widened
+                                .map(|w| format!(
+                                    ", a group's weights as BF16 {:.1} MiB for halved steps",
+                                    mib(w.bytes)
+                                ))
+                                .unwrap_or_default()
                         )
                     })
                     .unwrap_or_default(),
@@ -519,6 +535,7 @@ mod tests {
         inp.gemm = Some(GemmPlan {
             mmq_max_rows: 128,
             scratch_bytes: 30,
+            widened: None,
         });
         let with = memory_plan(&inp).unwrap();
         assert_eq!(with.gemm, inp.gemm);
@@ -527,6 +544,19 @@ mod tests {
         assert!(with.placement.resident_bytes < without.placement.resident_bytes);
         assert!(with.device_bytes() <= 5 + 32 + 160);
         assert!(with.to_string().contains("GEMM scratch"));
+        // the row split's widened copy is reserved beside it
+        inp.gemm = Some(GemmPlan {
+            widened: Some(crate::paging::gemm::Widened {
+                bytes: 20,
+                min_half_rows: 129,
+            }),
+            ..inp.gemm.unwrap()
+        });
+        let widened = memory_plan(&inp).unwrap();
+        assert_eq!(widened.placement.fixed_bytes, 5 + 30 + 20 + 32);
+        assert!(widened.placement.resident_bytes < with.placement.resident_bytes);
+        assert!(widened.device_bytes() <= 5 + 32 + 160);
+        assert!(widened.to_string().contains("for halved steps"));
     }
 
     #[test]

@@ -16,12 +16,12 @@ pub mod routing;
 pub mod sizes;
 mod split;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use devices::{split_layers, split_rows, DeviceSplitError, RowSplit};
 pub use experts::{plan_hot, refresh_hot, HotExperts, HotPlan};
-pub use gemm::{choose_mmq_max_rows, PathTiming};
+pub use gemm::{choose_mmq_max_rows, PathTiming, Widened};
 pub use groups::{set_hot_shares, Experts, GroupInfo, Where};
 pub use hybrid::{
     plan_hybrid, spread, CpuCalibration, CpuInput, ExpertSplit, HybridPlan, Prediction, SizePlan,

@@ -150,13 +150,15 @@ dev_70b() {
 
 # dev_split_flags CONFIG: the strata flags of a configuration of the
 # two-GPU profiling scripts: row (the row split), row-whole (the row split
-# without halves), one (one GPU).
+# without halves), row-dq (the row split's halves each dequantizing the
+# weights again, without the widened copy), one (one GPU).
 dev_split_flags() {
   case $1 in
     row) echo "--devices 0,1 --split-mode row" ;;
     row-whole) echo "--devices 0,1 --split-mode row --row-halves 0" ;;
+    row-dq) echo "--devices 0,1 --split-mode row --no-row-widen" ;;
     one) echo "--devices 0" ;;
-    *) echo "unknown configuration $1 (row, row-whole, one)" >&2; return 2 ;;
+    *) echo "unknown configuration $1 (row, row-whole, row-dq, one)" >&2; return 2 ;;
   esac
 }
 

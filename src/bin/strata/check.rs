@@ -26,6 +26,13 @@ pub struct CheckArgs {
     /// sequences moving through DRAM and spill files).
     #[arg(long, default_value_t = 0)]
     pub turns: usize,
+    /// The row split over two GPUs: also run a prompt of one full step
+    /// (--ubatch-size tokens) and greedy tokens after it against the same
+    /// split with --no-row-widen (each half dequantizing its weights
+    /// again): logits must be equal bit for bit. Instead of the comparison
+    /// with llama.cpp.
+    #[arg(long = "vs-unwidened")]
+    pub vs_unwidened: bool,
 }
 
 const PROMPTS: [&str; 3] = [
@@ -37,6 +44,11 @@ const PROMPTS: [&str; 3] = [
 pub fn check(a: CheckArgs) -> Result<()> {
     let cfg = super::engine_config(&a.model, false);
     let mut engine = Engine::load(&a.model.model, &cfg).context("loading strata")?;
+    if a.vs_unwidened {
+        // llama.cpp's model for its tokenizer alone
+        let lm = LlamaModel::load_as_users_run(&a.model.model, 0).context("loading llama.cpp")?;
+        return vs_unwidened(&a, &cfg, &mut engine, &lm);
+    }
     let on_gpu = !engine.device().is_cpu();
     // llama.cpp as its users run it: repacked CPU weights, flash attention auto
     let lm = LlamaModel::load_as_users_run(&a.model.model, if on_gpu { 999 } else { 0 })
@@ -170,6 +182,56 @@ pub fn check(a: CheckArgs) -> Result<()> {
         );
     }
     anyhow::ensure!(ok, "strata check failed");
+    println!("strata check: all passed");
+    Ok(())
+}
+
+/// `--vs-unwidened`: the row split's widened halves against halves that
+/// dequantize again, over one full step and greedy tokens after it.
+fn vs_unwidened(
+    a: &CheckArgs,
+    cfg: &EngineConfig,
+    engine: &mut Engine,
+    lm: &LlamaModel,
+) -> Result<()> {
+    let plain_cfg = EngineConfig {
+        paging: strata::engine::PagingOptions {
+            row_widen: false,
+            ..cfg.paging.clone()
+        },
+        ..cfg.clone()
+    };
+    let mut plain =
+        Engine::load(&a.model.model, &plain_cfg).context("loading strata with --no-row-widen")?;
+    println!(
+        "strata check: {} on {}\n  widened: {}\n  not: {}",
+        engine.spec.name,
+        engine.device().description(),
+        engine.placement_summary(),
+        plain.placement_summary()
+    );
+    // the prompts over and over, to one full step
+    let mut long = Vec::new();
+    while long.len() < cfg.n_batch as usize {
+        for p in PROMPTS {
+            long.extend(lm.tokenize(p, long.is_empty(), true)?);
+        }
+    }
+    long.truncate(cfg.n_batch as usize);
+    engine.apply_matmul_path();
+    let w = run_strata(engine, &long, a.n_gen)?;
+    plain.apply_matmul_path();
+    let p = run_strata(&mut plain, &long, a.n_gen)?;
+    let (worst, diff) = compare(&w, &p);
+    let pass = worst == 0.0 && diff.is_none();
+    println!(
+        "  a {}-token prompt and {} greedy tokens vs --no-row-widen: {:<4} nmse {worst:.3e} tokens {}",
+        long.len(),
+        a.n_gen,
+        if pass { "ok" } else { "FAIL" },
+        diff.map_or("identical".to_string(), |i| format!("differ at {i}")),
+    );
+    anyhow::ensure!(pass, "strata check failed");
     println!("strata check: all passed");
     Ok(())
 }

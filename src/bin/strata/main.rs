@@ -165,6 +165,12 @@ pub struct ModelArgs {
     /// are GPUs, off elsewhere; 0: off.
     #[arg(long = "row-halves")]
     row_halves: Option<u32>,
+    /// The row split's halved steps on GPUs dequantize each layer group's
+    /// quantized matrices once into a BF16 copy both halves multiply (a
+    /// buffer of the largest group's, in each GPU's budget); this turns it
+    /// off, so each half's products dequantize their weights again.
+    #[arg(long = "no-row-widen")]
+    no_row_widen: bool,
     /// Across several local GPUs, in steps of at least 64 tokens (prompts,
     /// batches), every other streamed FFN group of a part also goes up
     /// over the next GPU's bus and across by a peer copy (with peer access
@@ -644,6 +650,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             },
             relay: m.relay,
             row_halves: m.row_halves,
+            row_widen: !m.no_row_widen,
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
             look_ahead_layers: m.look_ahead_layers,
