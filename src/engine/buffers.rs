@@ -5,6 +5,9 @@ use super::error::EngineError;
 use crate::dtype::GgmlType;
 use crate::ggml::{Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
 use crate::graph::{Dims, Externals, Limits};
+use crate::model::{GroupSpec, ModelSpec, Role};
+use crate::paging::gemm::{widened_offsets, Widened};
+use std::sync::Arc;
 
 /// x, pos, mask, kv_idx, out_ids (in `Externals::all` order).
 pub struct Persistent {
@@ -217,4 +220,62 @@ impl Staging {
             }
         }
     }
+}
+
+/// A device's widened buffer and where each group's matrices go in it.
+pub struct Widening {
+    pub plan: Widened,
+    pub(super) buffer: Arc<Buffer>,
+    /// Per group (by index), the offset of each weight of its signature in
+    /// the buffer; None: bound where it is.
+    pub(super) offsets: Vec<Vec<Option<u64>>>,
+}
+
+/// A group's weights in signature order: type and shape.
+fn weights_of(g: &GroupSpec) -> Vec<(GgmlType, [i64; 4])> {
+    g.weights
+        .iter()
+        .filter(|w| w.role.is_some())
+        .map(|w| (w.ty, w.ne))
+        .collect()
+}
+
+impl Widening {
+    /// The plan's copy for `spec`'s groups, given each group's weights.
+    pub(super) fn plan(spec: &ModelSpec, mmq_max_rows: u32, n_batch: u32) -> Option<Widened> {
+        if spec.hp.is_moe() {
+            return None;
+        }
+        let groups: Vec<_> = spec.groups.iter().map(weights_of).collect();
+        Widened::plan(groups.iter().map(Vec::as_slice), mmq_max_rows, n_batch)
+    }
+
+    pub(super) fn alloc(
+        spec: &ModelSpec,
+        plan: Widened,
+        device: Device,
+    ) -> Result<Widening, EngineError> {
+        let offsets: Vec<_> = spec
+            .groups
+            .iter()
+            .map(|g| widened_offsets(&weights_of(g)).0)
+            .collect();
+        let buffer = Buffer::alloc(
+            device.buffer_type(),
+            plan.bytes as usize,
+            BufferUsage::Compute,
+        )?;
+        Ok(Widening {
+            plan,
+            buffer: Arc::new(buffer),
+            offsets,
+        })
+    }
+}
+
+/// A widened group, as its halves' templates take it: the signature with
+/// the widened matrices as BF16, and the weights bound to the copies.
+pub(super) struct WidenedGroup {
+    pub sig: Vec<(Role, GgmlType)>,
+    pub weights: Vec<Binding>,
 }

@@ -22,7 +22,7 @@ pub struct Halves {
     pub streams: Option<ExchangeStreams>,
     /// Where a group's weights are dequantized once for both halves
     /// (`widen.rs`); None: each half's products dequantize again.
-    pub widening: Option<super::widen::Widening>,
+    pub widening: Option<super::buffers::Widening>,
 }
 
 pub struct ExchangeStreams {

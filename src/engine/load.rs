@@ -434,7 +434,7 @@ impl Engine {
         // predicts it without: what it saves (a dequantizing pass a
         // group) is compute the plan's rate does not itemize
         if let Some(g) = input.gemm.filter(|_| halved) {
-            if let Some(w) = super::widen::Widening::plan(&spec, g.mmq_max_rows, n_batch) {
+            if let Some(w) = super::buffers::Widening::plan(&spec, g.mmq_max_rows, n_batch) {
                 let widened = MemoryInput {
                     gemm: Some(GemmPlan {
                         widened: Some(w),
@@ -657,7 +657,7 @@ impl Engine {
             _ => None,
         };
         if let (Some(h), Some(w)) = (halves.as_mut(), plan.gemm.and_then(|g| g.widened)) {
-            h.widening = Some(super::widen::Widening::alloc(&spec, w, device)?);
+            h.widening = Some(super::buffers::Widening::alloc(&spec, w, device)?);
         }
         let hot = match hot.filter(|h| !h.is_empty()) {
             Some(h) => {

@@ -249,7 +249,7 @@ impl Engine {
         g: &super::step::BoundGroup,
         shape: StepShape,
         half: usize,
-        widened: Option<&super::widen::WidenedGroup>,
+        widened: Option<&super::buffers::WidenedGroup>,
     ) -> Result<(), EngineError> {
         self.compute_group(g, shape, true, widened)?;
         if let Some(x) = exchange_streams(self) {

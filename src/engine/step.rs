@@ -675,7 +675,7 @@ impl Engine {
         g: &BoundGroup,
         shape: StepShape,
         half: bool,
-        widened: Option<&super::widen::WidenedGroup>,
+        widened: Option<&super::buffers::WidenedGroup>,
     ) -> Result<(), EngineError> {
         let (layer, kind) = (g.layer, g.kind);
         let (_, mut key) = self.group_key(layer, kind, shape);
