@@ -3,9 +3,10 @@
 # quantized matrices dequantized once into BF16 for both halves of a big
 # step: src/engine/widen.rs, vendor/patches/0005) checked and measured on
 # the 70B-shaped Q4_0, in one call:
-#   1. `strata check --vs-unwidened`: a 2048-token step and 8 greedy tokens
-#      on the row split at 12G on each GPU, widened against
-#      --no-row-widen: the logits must be equal bit for bit;
+#   1. `strata check --vs-row-widen off`: a 2048-token step and 8 greedy
+#      tokens on the row split at 12G on each GPU, widened against
+#      --no-row-widen: the logits must be equal bit for bit (CHECKS, below,
+#      adds other pairs);
 #   2. pp2048 (TESTS replaces `-p 2048 -b 2048 -ub 2048 -n 0 -B 0 -r 4`)
 #      for each of CONFIGS (default "row row-dq one": widened, each half
 #      dequantizing again, one GPU at 12G), interleaved over ROUNDS rounds
@@ -22,11 +23,17 @@ source tools/device/cupti-trace.sh
 f=$out/widen.txt
 dev_70b || exit 1
 dev_keep_module
-echo "== strata check --vs-unwidened" | tee "$f"
-timeout 300 $bin/strata check -m "$m" --device gpu --gpu-budget 12G $(dev_split_flags row) \
-  -b 2048 -ub 2048 -n 8 --vs-unwidened 2>&1 | quiet | tail -8 | tee -a "$f"
+# CHECKS: pairs THIS:AGAINST of the engine checked (row: widened, row-dq:
+# each half dequantizing again, row-whole: no halves) and the second
+# engine's widening (on, off); default "row:off"
+for c in ${CHECKS:-row:off}; do
+  echo "== strata check $(dev_split_flags ${c%%:*}) --vs-row-widen ${c##*:}" | tee -a "$f"
+  timeout 300 $bin/strata check -m "$m" --device gpu --gpu-budget 12G $(dev_split_flags ${c%%:*}) \
+    -b 2048 -ub 2048 -n 8 --vs-row-widen ${c##*:} 2>&1 | quiet | tail -5 | tee -a "$f"
+done
 tests=${TESTS:-"-p 2048 -b 2048 -ub 2048 -n 0 -B 0 -r 4"}
-for r in $(seq ${ROUNDS:-1}); do
+# NOBENCH set: the checks alone
+for r in $([ -n "${NOBENCH:-}" ] || seq ${ROUNDS:-1}); do
   for c in ${CONFIGS:-row row-dq one}; do
     echo "-- round $r: $c" | tee -a "$f"
     timeout 200 $bin/strata bench -m "$m" --device gpu --gpu-budget 12G $(dev_split_flags $c) $tests 2>&1 \

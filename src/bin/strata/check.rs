@@ -26,13 +26,13 @@ pub struct CheckArgs {
     /// sequences moving through DRAM and spill files).
     #[arg(long, default_value_t = 0)]
     pub turns: usize,
-    /// The row split over two GPUs: also run a prompt of one full step
-    /// (--ubatch-size tokens) and greedy tokens after it against the same
-    /// split with --no-row-widen (each half dequantizing its weights
-    /// again): logits must be equal bit for bit. Instead of the comparison
-    /// with llama.cpp.
-    #[arg(long = "vs-unwidened")]
-    pub vs_unwidened: bool,
+    /// The row split over two GPUs: instead of the comparison with
+    /// llama.cpp, run a prompt of one full step (--ubatch-size tokens) and
+    /// greedy tokens after it against a second engine of the same split
+    /// whose halved steps widen (on) or dequantize each weight again
+    /// (off, as --no-row-widen): logits must be equal bit for bit.
+    #[arg(long = "vs-row-widen", value_parser = ["on", "off"])]
+    pub vs_row_widen: Option<String>,
 }
 
 const PROMPTS: [&str; 3] = [
@@ -44,10 +44,10 @@ const PROMPTS: [&str; 3] = [
 pub fn check(a: CheckArgs) -> Result<()> {
     let cfg = super::engine_config(&a.model, false);
     let mut engine = Engine::load(&a.model.model, &cfg).context("loading strata")?;
-    if a.vs_unwidened {
+    if let Some(w) = a.vs_row_widen.as_deref() {
         // llama.cpp's model for its tokenizer alone
         let lm = LlamaModel::load_as_users_run(&a.model.model, 0).context("loading llama.cpp")?;
-        return vs_unwidened(&a, &cfg, &mut engine, &lm);
+        return vs_row_widen(&a, &cfg, w == "on", &mut engine, &lm);
     }
     let on_gpu = !engine.device().is_cpu();
     // llama.cpp as its users run it: repacked CPU weights, flash attention auto
@@ -186,29 +186,30 @@ pub fn check(a: CheckArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--vs-unwidened`: the row split's widened halves against halves that
-/// dequantize again, over one full step and greedy tokens after it.
-fn vs_unwidened(
+/// `--vs-row-widen`: the row split's halved steps against a second
+/// engine whose halves widen or not (`widen`), over one full step and
+/// greedy tokens after it.
+fn vs_row_widen(
     a: &CheckArgs,
     cfg: &EngineConfig,
+    widen: bool,
     engine: &mut Engine,
     lm: &LlamaModel,
 ) -> Result<()> {
-    let plain_cfg = EngineConfig {
+    let other_cfg = EngineConfig {
         paging: strata::engine::PagingOptions {
-            row_widen: false,
+            row_widen: widen,
             ..cfg.paging.clone()
         },
         ..cfg.clone()
     };
-    let mut plain =
-        Engine::load(&a.model.model, &plain_cfg).context("loading strata with --no-row-widen")?;
+    let mut other = Engine::load(&a.model.model, &other_cfg).context("loading the second engine")?;
     println!(
-        "strata check: {} on {}\n  widened: {}\n  not: {}",
+        "strata check: {} on {}\n  this engine: {}\n  against: {}",
         engine.spec.name,
         engine.device().description(),
         engine.placement_summary(),
-        plain.placement_summary()
+        other.placement_summary()
     );
     // the prompts over and over, to one full step
     let mut long = Vec::new();
@@ -219,17 +220,31 @@ fn vs_unwidened(
     }
     long.truncate(cfg.n_batch as usize);
     engine.apply_matmul_path();
-    let w = run_strata(engine, &long, a.n_gen)?;
-    plain.apply_matmul_path();
-    let p = run_strata(&mut plain, &long, a.n_gen)?;
-    let (worst, diff) = compare(&w, &p);
+    let r = run_strata(engine, &long, a.n_gen)?;
+    other.apply_matmul_path();
+    let o = run_strata(&mut other, &long, a.n_gen)?;
+    let (worst, diff) = compare(&r, &o);
+    let first = r
+        .logits
+        .iter()
+        .zip(&o.logits)
+        .position(|(x, y)| strata::parity::nmse(x, y) > 0.0);
     let pass = worst == 0.0 && diff.is_none();
     println!(
-        "  a {}-token prompt and {} greedy tokens vs --no-row-widen: {:<4} nmse {worst:.3e} tokens {}",
+        "  a {}-token prompt and {} greedy tokens vs --row-widen {}: {:<4} nmse {worst:.3e} tokens {}; {}",
         long.len(),
         a.n_gen,
+        if widen { "on" } else { "off" },
         if pass { "ok" } else { "FAIL" },
         diff.map_or("identical".to_string(), |i| format!("differ at {i}")),
+        match first {
+            None => "every position bit for bit".to_string(),
+            Some(i) => format!(
+                "logits first off at position {i} (nmse {:.3e} there; the prompt's last {:.3e})",
+                strata::parity::nmse(&r.logits[i], &o.logits[i]),
+                strata::parity::nmse(&r.logits[long.len() - 1], &o.logits[long.len() - 1])
+            ),
+        }
     );
     anyhow::ensure!(pass, "strata check failed");
     println!("strata check: all passed");
