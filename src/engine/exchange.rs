@@ -35,6 +35,18 @@ pub struct ExchangeStreams {
 }
 
 impl Halves {
+    /// The smallest step `device` cuts in halves under `row_halves`;
+    /// None where it never does.
+    pub(super) fn min_tokens(device: Device, row_halves: Option<u32>) -> Option<u32> {
+        let gpu = !device.is_cpu() && !device.is_remote();
+        match row_halves {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None if gpu => Some(512),
+            None => None,
+        }
+    }
+
     /// How `device`, one of the row split's two, cuts steps (`row_halves`
     /// as `PagingOptions::row_halves`); None where it does not.
     pub(super) fn new(
@@ -42,11 +54,8 @@ impl Halves {
         row_halves: Option<u32>,
     ) -> Result<Option<Halves>, EngineError> {
         let gpu = !device.is_cpu() && !device.is_remote();
-        let min_tokens = match row_halves {
-            Some(0) => return Ok(None),
-            Some(n) => n,
-            None if gpu => 512,
-            None => return Ok(None),
+        let Some(min_tokens) = Self::min_tokens(device, row_halves) else {
+            return Ok(None);
         };
         let streams = if gpu {
             let ev = || Event::new(device);

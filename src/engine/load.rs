@@ -352,9 +352,11 @@ impl Engine {
                 probe_kept as f64 / (1u64 << 20) as f64
             );
         }
-        // the row split's halves (two GPUs) dequantize each group once
+        // where the row split cuts its steps in halves, each group may be
+        // dequantized once for both (below)
         let halved = spec.shard.is_some_and(|s| s.count == 2)
-            && cfg.paging.row_halves != Some(0)
+            && super::exchange::Halves::min_tokens(device, cfg.paging.row_halves)
+                .is_some_and(|m| m <= n_batch)
             && cfg.paging.row_widen;
         let gemm = paths.map(|p| GemmPlan {
             mmq_max_rows: p.mmq_max_rows,
