@@ -74,3 +74,22 @@ impl Halves {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_on_a_cpu_only_where_asked() {
+        let cpu = crate::ggml::cpu_device().expect("the CPU backend loads");
+        assert_eq!(Halves::min_tokens(cpu, None), None);
+        assert_eq!(Halves::min_tokens(cpu, Some(0)), None);
+        assert_eq!(Halves::min_tokens(cpu, Some(64)), Some(64));
+        assert!(Halves::new(cpu, None).unwrap().is_none());
+        let h = Halves::new(cpu, Some(64)).unwrap().expect("asked for");
+        assert_eq!(h.min_tokens, 64);
+        // no exchange stream off a GPU, and nothing widened until the
+        // load plans it
+        assert!(h.streams.is_none() && h.widening.is_none());
+    }
+}
