@@ -5,8 +5,8 @@
 use strata::ggml::Context;
 use strata::gguf::GgmlType;
 use strata::graph::{
-    build_add_rows, build_attn, build_ffn, build_head, build_host_experts, build_router, Dims,
-    Limits, StepShape,
+    build_add_rows, build_attn, build_ffn, build_head, build_host_experts, build_router,
+    build_widen, Dims, Limits, StepShape,
 };
 use strata::model::{Arch, Hparams, Role};
 
@@ -270,6 +270,20 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
                 ..LIM
             },
         ),
+        // the row split's halves (engine/widen.rs): the FFN's quantized
+        // matrices copied into BF16 once, then each half multiplying the
+        // copies
+        "widen" => build_widen(&ctx, &d, &ffn_sig()[1..], LIM),
+        "ffn_widened" => {
+            let sig: Vec<_> = ffn_sig()
+                .into_iter()
+                .map(|(r, t)| match t {
+                    GgmlType::F32 => (r, t),
+                    _ => (r, GgmlType::BF16),
+                })
+                .collect();
+            build_ffn(&ctx, &d, &sig, s, Limits { ffn_rows: 512, ..LIM })
+        }
         _ => build_head(&ctx, &d, GgmlType::Q8_0, s, 0, LIM),
     };
     b.graph
@@ -334,6 +348,8 @@ fn llama_layouts() {
     check(Arch::Llama, "attn", "prefill_last_layer", LAST);
     check(Arch::Llama, "ffn_chunked", "prefill", PREFILL);
     check(Arch::Llama, "ffn_big", "step", BIG);
+    check(Arch::Llama, "widen", "step", BIG);
+    check(Arch::Llama, "ffn_widened", "step", BIG);
 }
 
 #[test]
