@@ -282,7 +282,16 @@ fn layout(arch: Arch, kind: &str, s: StepShape) -> String {
                     _ => (r, GgmlType::BF16),
                 })
                 .collect();
-            build_ffn(&ctx, &d, &sig, s, Limits { ffn_rows: 512, ..LIM })
+            build_ffn(
+                &ctx,
+                &d,
+                &sig,
+                s,
+                Limits {
+                    ffn_rows: 512,
+                    ..LIM
+                },
+            )
         }
         _ => build_head(&ctx, &d, GgmlType::Q8_0, s, 0, LIM),
     };
