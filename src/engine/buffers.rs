@@ -241,11 +241,9 @@ fn weights_of(g: &GroupSpec) -> Vec<(GgmlType, [i64; 4])> {
 }
 
 impl Widening {
-    /// The plan's copy for `spec`'s groups, given each group's weights.
+    /// The plan's copy for `spec`'s groups (an expert stack is never
+    /// widened: `gemm::widens`).
     pub(super) fn plan(spec: &ModelSpec, mmq_max_rows: u32, n_batch: u32) -> Option<Widened> {
-        if spec.hp.is_moe() {
-            return None;
-        }
         let groups: Vec<_> = spec.groups.iter().map(weights_of).collect();
         Widened::plan(groups.iter().map(Vec::as_slice), mmq_max_rows, n_batch)
     }

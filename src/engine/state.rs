@@ -252,8 +252,8 @@ impl Engine {
         let widened = match self.halves.as_ref().and_then(|h| h.widening.as_ref()) {
             None => String::new(),
             Some(w) => format!(
-                "; halved steps of over {} rows widen each group once ({:.1} MiB of BF16)",
-                2 * w.plan.min_half_rows - 1,
+                "; halved steps whose halves have {} rows or more widen each group once ({:.1} MiB of BF16)",
+                w.plan.min_half_rows,
                 mib(w.plan.bytes)
             ),
         };

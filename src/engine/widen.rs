@@ -40,12 +40,6 @@ impl Engine {
             .and_then(|h| h.widening.as_ref())
             .expect("widens() said so");
         let offsets = &w.offsets[gi.index()];
-        let mut copies = offsets
-            .iter()
-            .flatten()
-            .map(|&o| Binding::at(&w.buffer, o as usize))
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter();
         // the widened template's signature and weights: the copies (BF16)
         // where widened, the group's own elsewhere; the widening graph's:
         // the widened matrices, then their copies
@@ -56,8 +50,8 @@ impl Engine {
             weights: Vec::with_capacity(sig.len()),
         };
         for ((&(role, ty), b), o) in sig.iter().zip(g.weights()).zip(offsets) {
-            if o.is_some() {
-                let copy = copies.next().expect("one copy per widened weight");
+            if let Some(o) = *o {
+                let copy = Binding::at(&w.buffer, o as usize)?;
                 matrices.push((role, ty));
                 sources.push(b.clone());
                 targets.push(copy.clone());
