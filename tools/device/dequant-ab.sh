@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# On a GPU machine: vendor/patches/0004 (the vectorized Q4_0 dequantization
-# big steps use before cuBLAS) checked and measured, in one call:
-#   1. tools/device/dequant-check.cu: the new kernel against ggml's, bit for
-#      bit (BF16, F16, F32), and both timed;
-#   2. the 70B-shaped Q4_0 at pp2048 (TESTS replaces `-p 2048 -b 2048 -ub
-#      2048 -n 0 -B 0 -r 4`) with the module built here (the patch) and
-#      with the one carried in .carry/cuda (built before it: run from
+# On a GPU machine: vendor/patches/0004 and 0006 (the vectorized
+# dequantizations big steps use before cuBLAS: Q4_0; Q4_K, Q5_K, Q6_K)
+# checked and measured, in one call:
+#   1. tools/device/dequant-check.cu: each new kernel against ggml's, bit
+#      for bit (BF16, F16, F32), and both timed;
+#   2. the 70B-shaped model (TYPE: q4_0 unless set, q4_k_m for llama.cpp's
+#      Q4_K_M mix) at pp2048 (TESTS replaces `-p 2048 -b 2048 -ub 2048 -n 0
+#      -B 0 -r 4`) with the module built here (the patches) and with the
+#      one carried in .carry/cuda (built before the newest: run from
 #      /root/oldmod, unstamped, with the same binary), interleaved over
 #      ROUNDS rounds (default 1), for each of CONFIGS (default "row one":
 #      the row split at 12G on each of two GPUs, one GPU at 12G; also
@@ -16,6 +18,7 @@
 #   XZ_BIN=1 tools/device/pack.sh VOCAB.gguf   (here; .carry/cuda holds the
 #   module of the source before the patch), then on the device:
 #   CUPTI=1 bash tools/device/dequant-ab.sh
+#   TYPE=q4_k_m CONFIGS=one bash tools/device/dequant-ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/lib.sh
