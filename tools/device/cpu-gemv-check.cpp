@@ -6,6 +6,10 @@
 // then times the product at each thread count given, in GB/s of weights.
 // Run it with the module before the patch and after, and compare the
 // files (tools/device/cpu-gemv.sh does): they must be equal bit for bit.
+// GEMV_TYPE (q4_0, q4_K, q6_K; default q4_K), GEMV_BUFT (an extra buffer
+// type's name: CPU_REPACK, the default, or AMX; or CPU, plain memory) and GEMV_ROWS (the rows
+// multiplied, default 1) choose another product to time; GEMV_ONE_SHAPE
+// keeps the first shape alone.
 //   cpu-gemv-check MODULE.so OUT_PREFIX THREADS...
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -18,6 +22,24 @@
 #include <random>
 #include <string>
 #include <vector>
+
+// A type's block size and where its half-precision scales lie in a block.
+struct TypeInfo {
+    const char * name;
+    ggml_type type;
+    size_t block;
+    std::vector<size_t> halves;
+};
+static const TypeInfo TYPES[] = {
+    { "q4_0", GGML_TYPE_Q4_0, 18, { 0 } },
+    { "q4_K", GGML_TYPE_Q4_K, 144, { 0, 2 } },
+    { "q6_K", GGML_TYPE_Q6_K, 210, { 208 } },
+};
+
+static const char * env_or(const char * name, const char * dflt) {
+    const char * v = getenv(name);
+    return v && *v ? v : dflt;
+}
 
 static void die(const char * what) {
     fprintf(stderr, "cpu-gemv-check: %s\n", what);
@@ -39,29 +61,45 @@ int main(int argc, char ** argv) {
     if (!backend || !set_threads || !get_extra) {
         die("the module lacks a CPU backend, its thread count or its extra buffer types");
     }
+    const char * buft_name = env_or("GEMV_BUFT", "CPU_REPACK");
+    const char * type_name = env_or("GEMV_TYPE", "q4_K");
+    const int64_t rows = atoll(env_or("GEMV_ROWS", "1"));
     ggml_backend_buffer_type_t repack = nullptr;
     for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
-        if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) {
+        if (strcmp(ggml_backend_buft_name(*b), buft_name) == 0) {
             repack = *b;
         }
     }
-    if (!repack) {
-        die("no CPU_REPACK buffer type");
+    if (strcmp(buft_name, "CPU") == 0) {
+        repack = ggml_backend_dev_buffer_type(dev);  // plain memory: ggml's vec_dot kernels
     }
-    printf("module %s\n", argv[1]);
+    if (!repack) {
+        die("no such extra buffer type in this module");
+    }
+    const TypeInfo * ti = nullptr;
+    for (const auto & t : TYPES) {
+        if (strcmp(t.name, type_name) == 0) {
+            ti = &t;
+        }
+    }
+    if (!ti || rows < 1) {
+        die("GEMV_TYPE is one of q4_0, q4_K, q6_K; GEMV_ROWS at least 1");
+    }
+    printf("module %s, %s weights in %s, %lld row(s)\n", argv[1], ti->name, buft_name, (long long) rows);
 
     // (rows, columns): a 70B FFN's gate/up and down, and one of 8 rows
     const int64_t shapes[][2] = { { 28672, 8192 }, { 8192, 28672 }, { 8, 256 } };
     int rc = 0;
-    for (const auto & sh : shapes) {
-        const int64_t N = sh[0], K = sh[1];
+    const int n_shapes = getenv("GEMV_ONE_SHAPE") ? 1 : 3;  // timing alone: the first
+    for (int si = 0; si < n_shapes; ++si) {
+        const int64_t N = shapes[si][0], K = shapes[si][1];
         ggml_init_params pw = { 2 * ggml_tensor_overhead(), nullptr, true };
         ggml_context * cw = ggml_init(pw);
-        ggml_tensor * w = ggml_new_tensor_2d(cw, GGML_TYPE_Q4_K, K, N);
+        ggml_tensor * w = ggml_new_tensor_2d(cw, ti->type, K, N);
         ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, repack);
         ggml_init_params pa = { 8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
         ggml_context * ca = ggml_init(pa);
-        ggml_tensor * x = ggml_new_tensor_2d(ca, GGML_TYPE_F32, K, 1);
+        ggml_tensor * x = ggml_new_tensor_2d(ca, GGML_TYPE_F32, K, rows);
         ggml_tensor * y = ggml_mul_mat(ca, w, x);
         ggml_cgraph * gf = ggml_new_graph(ca);
         ggml_build_forward_expand(gf, y);
@@ -70,8 +108,7 @@ int main(int argc, char ** argv) {
             die("allocation failed");
         }
 
-        // random Q4_K blocks (144 bytes: d, dmin, 12 bytes of scales, 128 of
-        // quants) with finite scales, and a random row
+        // random blocks with finite scales, and random rows
         std::mt19937 rng(7);
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         const size_t nbytes = ggml_nbytes(w);
@@ -79,12 +116,13 @@ int main(int argc, char ** argv) {
         for (auto & b : wq) {
             b = uint8_t(rng());
         }
-        for (size_t o = 0; o < nbytes; o += 144) {
-            const ggml_fp16_t d = ggml_fp32_to_fp16(0.01f * u(rng)), m = ggml_fp32_to_fp16(0.01f * u(rng));
-            memcpy(&wq[o], &d, 2);
-            memcpy(&wq[o + 2], &m, 2);
+        for (size_t o = 0; o < nbytes; o += ti->block) {
+            for (size_t h : ti->halves) {
+                const ggml_fp16_t d = ggml_fp32_to_fp16(0.01f * u(rng));
+                memcpy(&wq[o + h], &d, 2);
+            }
         }
-        std::vector<float> xv(K);
+        std::vector<float> xv(K * rows);
         for (auto & v : xv) {
             v = u(rng);
         }
@@ -95,11 +133,11 @@ int main(int argc, char ** argv) {
         if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
             die("compute failed");
         }
-        std::vector<float> out(N);
-        ggml_backend_tensor_get(y, out.data(), 0, N * sizeof(float));
+        std::vector<float> out(N * rows);
+        ggml_backend_tensor_get(y, out.data(), 0, out.size() * sizeof(float));
         const std::string path = std::string(argv[2]) + "." + std::to_string(N) + "." + std::to_string(K) + ".bin";
         FILE * f = fopen(path.c_str(), "wb");
-        if (!f || fwrite(out.data(), sizeof(float), N, f) != size_t(N)) {
+        if (!f || fwrite(out.data(), sizeof(float), out.size(), f) != out.size()) {
             die("cannot write the outputs");
         }
         fclose(f);
