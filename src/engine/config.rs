@@ -2,6 +2,7 @@
 //! options, and the CPU threads. Plain data and the defaults the binaries
 //! start from; [`Engine::load`](super::Engine::load) carries them out.
 
+pub use super::cpuweights::{Amx, CpuLayout};
 use crate::ggml::Device;
 use crate::paging::Budgets;
 
@@ -87,6 +88,8 @@ pub struct EngineConfig {
     /// CPU weights in the CPU's repacked buffer types (llama.cpp's
     /// default; its --no-repack turns it off).
     pub repack: bool,
+    /// Whether those may be AMX's (see [`Amx`]).
+    pub cpu_amx: Amx,
     /// Batch-invariant numerics on the CPU: ggml's reference kernels and
     /// plain weights, so a sequence's logits do not depend on what it is
     /// batched with (slower; the server's --batch-invariant).
@@ -215,6 +218,16 @@ pub struct Faults {
     pub skip_load_wait: bool,
 }
 
+impl EngineConfig {
+    /// Where the CPU's weights go.
+    pub fn cpu_layout(&self) -> CpuLayout {
+        CpuLayout {
+            repack: self.repack,
+            amx: self.cpu_amx,
+        }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -235,6 +248,7 @@ impl Default for EngineConfig {
             paging: PagingOptions::default(),
             kv_tier: KvTierOptions::default(),
             repack: true,
+            cpu_amx: Amx::Auto,
             batch_invariant: false,
             faults: Faults::default(),
         }

@@ -3,9 +3,17 @@
 //! takes it (repacked layouts such as CPU_REPACK or AMX, which interleave
 //! rows for the SIMD kernels), everything else in plain CPU memory.
 //! Repacking is both llama.cpp's CPU speed and its CPU numerics.
+//!
+//! One exception, [`Amx::Auto`]: ggml lists AMX first on CPUs that have
+//! it, and its AMX kernels multiply one row of activations (hybrid
+//! decode's step) by Q4_K and Q6_K weights slower than the repacked Q4_K
+//! kernel and the plain Q6_K one (40.6 against 50.4 GB/s and 37.5 against
+//! 45.4 on a Sapphire Rapids host; Q4_0 the other way, 99.9 against 62.5:
+//! docs/device-runs.md run 124). So those two types skip AMX unless asked.
 
 use super::error::EngineError;
 use super::model_file::ModelFile;
+use crate::dtype::GgmlType;
 use crate::ggml::{Buffer, BufferType, BufferUsage, Context, Device};
 use crate::graph::Binding;
 use crate::model::WeightSpec;
@@ -26,30 +34,81 @@ pub struct CpuWeights {
     _bufs: Vec<Arc<Buffer>>,
 }
 
-/// Where each weight goes: the index of an extra buffer type, or None for
-/// plain memory. Decided once per (type, shape).
-fn choose(cpu: Device, extras: &[BufferType], w: &WeightSpec, repack: bool) -> Option<usize> {
-    let matrix = w.ne.len() >= 2 && w.ne[1] > 1 && w.ne[2..].iter().all(|&d| d == 1);
-    if !repack || !matrix {
+/// Whether the CPU's weights may use AMX (where the CPU module offers it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Amx {
+    /// AMX for the types whose one-row products it speeds up; Q4_K and
+    /// Q6_K go to the next layout that takes them (see the module's text)
+    #[default]
+    Auto,
+    /// AMX first for every type it takes, as llama.cpp places weights
+    On,
+    /// never AMX
+    Off,
+}
+
+impl Amx {
+    /// Whether weights of type `ty` may go into AMX's buffer type.
+    pub fn allows(self, ty: GgmlType) -> bool {
+        match self {
+            Amx::On => true,
+            Amx::Off => false,
+            Amx::Auto => !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K),
+        }
+    }
+}
+
+/// Where the CPU computes its weights from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuLayout {
+    /// the CPU's extra buffer types where they take a weight
+    /// (llama.cpp's default; its --no-repack turns it off)
+    pub repack: bool,
+    pub amx: Amx,
+}
+
+/// The name ggml gives AMX's buffer type.
+const AMX_BUFT: &str = "AMX";
+
+/// The extra buffer type a matrix of `ty`/`ne` goes into under `layout`:
+/// an index into `extras`, or None for plain memory.
+pub fn choose_buft(
+    cpu: Device,
+    extras: &[BufferType],
+    ty: GgmlType,
+    ne: &[i64],
+    layout: CpuLayout,
+) -> Option<usize> {
+    if !layout.repack {
         return None;
     }
-    extras
-        .iter()
-        .position(|&b| cpu.supports_weight(b, w.ty, &w.ne[..2]))
+    extras.iter().position(|&b| {
+        (layout.amx.allows(ty) || b.name() != AMX_BUFT) && cpu.supports_weight(b, ty, &ne[..2])
+    })
+}
+
+/// Where each weight goes: the index of an extra buffer type, or None for
+/// plain memory. Decided once per (type, shape).
+fn choose(cpu: Device, extras: &[BufferType], w: &WeightSpec, layout: CpuLayout) -> Option<usize> {
+    let matrix = w.ne.len() >= 2 && w.ne[1] > 1 && w.ne[2..].iter().all(|&d| d == 1);
+    if !matrix {
+        return None;
+    }
+    choose_buft(cpu, extras, w.ty, &w.ne, layout)
 }
 
 impl CpuWeights {
-    /// Loads `sets` of weights from `file` into CPU memory (`repack`: into
-    /// the extra buffer types where they take them, as llama.cpp does
-    /// unless run with --no-repack).
+    /// Loads `sets` of weights from `file` into CPU memory (with
+    /// `layout.repack`: into the extra buffer types where they take them,
+    /// as llama.cpp does unless run with --no-repack).
     pub fn load(
         cpu: Device,
         sets: &[Vec<&WeightSpec>],
         file: &ModelFile,
-        repack: bool,
+        layout: CpuLayout,
         bar: &ProgressBar,
     ) -> Result<CpuWeights, EngineError> {
-        let extras = if repack {
+        let extras = if layout.repack {
             cpu.extra_buffer_types()
         } else {
             Vec::new()
@@ -64,7 +123,7 @@ impl CpuWeights {
         for &w in sets.iter().flat_map(|s| s.iter()) {
             let k = *memo
                 .entry((w.ty, w.ne.to_vec()))
-                .or_insert_with(|| choose(cpu, &extras, w, repack).map_or(0, |i| i + 1));
+                .or_insert_with(|| choose(cpu, &extras, w, layout).map_or(0, |i| i + 1));
             let buft = if k == 0 { plain } else { extras[k - 1] };
             let t = ctx.new_tensor(w.ty, &w.ne[..]).named(&w.name);
             let off = sizes[k];
@@ -106,5 +165,22 @@ impl CpuWeights {
             _ctx: ctx,
             _bufs: bufs.into_iter().flatten().collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amx_auto_keeps_the_k_quants_it_slows_off_amx() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            assert!(!Amx::Auto.allows(ty), "{ty:?}");
+            assert!(Amx::On.allows(ty), "{ty:?}");
+        }
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q5_K] {
+            assert!(Amx::Auto.allows(ty), "{ty:?}");
+        }
+        assert!(!Amx::Off.allows(GgmlType::Q4_0));
     }
 }

@@ -9,7 +9,7 @@
 //! tens of KB each way.
 
 use super::buffers::{self, Persistent};
-use super::cpuweights::CpuWeights;
+use super::cpuweights::{CpuLayout, CpuWeights};
 use super::error::EngineError;
 use super::model_file::ModelFile;
 use crate::dtype::GgmlType;
@@ -160,7 +160,7 @@ impl HostCompute {
         file: &ModelFile,
         n_threads: usize,
         poll: u32,
-        repack: bool,
+        layout: CpuLayout,
         bar: &ProgressBar,
     ) -> Result<HostCompute, EngineError> {
         let cpu = crate::ggml::cpu_device()?;
@@ -172,7 +172,7 @@ impl HostCompute {
             .iter()
             .map(|&i| spec.groups[i].weights.iter().collect())
             .collect();
-        let weights = CpuWeights::load(cpu, &sets, file, repack, bar)?;
+        let weights = CpuWeights::load(cpu, &sets, file, layout, bar)?;
         let persistent = Persistent::alloc(dims, lim, cpu)?;
         Ok(HostCompute {
             templates: HashMap::new(),
@@ -475,11 +475,15 @@ pub fn pad_picks(n: u32) -> u32 {
     }
 }
 
-/// The extra (repacked) CPU buffer type that takes weights of `ty`/`ne`,
-/// or plain CPU memory.
-pub fn cpu_weight_buft(cpu: Device, ty: crate::dtype::GgmlType, ne: [i64; 2]) -> BufferType {
-    cpu.extra_buffer_types()
-        .into_iter()
-        .find(|&b| cpu.supports_weight(b, ty, &ne))
-        .unwrap_or_else(|| cpu.buffer_type())
+/// The CPU buffer type weights of `ty`/`ne` go into under `layout`: an
+/// extra (repacked) one that takes them, or plain CPU memory.
+pub fn cpu_weight_buft(
+    cpu: Device,
+    ty: crate::dtype::GgmlType,
+    ne: [i64; 2],
+    layout: CpuLayout,
+) -> BufferType {
+    let extras = cpu.extra_buffer_types();
+    super::cpuweights::choose_buft(cpu, &extras, ty, &ne, layout)
+        .map_or_else(|| cpu.buffer_type(), |i| extras[i])
 }

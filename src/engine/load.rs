@@ -538,7 +538,7 @@ impl Engine {
             device,
             &plan,
             layouts,
-            cfg.repack,
+            cfg.cpu_layout(),
             cfg.progress,
         )?;
         // the host's threads (a row split's device: its share of the cores)
@@ -568,7 +568,7 @@ impl Engine {
                     &file,
                     pool_threads,
                     cfg.poll,
-                    cfg.repack,
+                    cfg.cpu_layout(),
                     &bar,
                 )?;
                 bar.finish_and_clear();

@@ -65,7 +65,7 @@ mod window;
 pub use crate::paging::{Budgets, ExpertSplit, SplitInput};
 pub use batch::{BatchToken, StepStats};
 pub use config::{
-    default_threads, DeviceChoice, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions,
+    default_threads, Amx, DeviceChoice, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions,
     PagingOptions, SplitMode,
 };
 pub use error::EngineError;

@@ -56,11 +56,7 @@ pub(super) fn cpu_input(
     let threads = host_threads(device, cfg.n_threads);
     cb.set_n_threads(threads);
     cb.attach_cpu_threadpool(threads, cfg.poll)?;
-    let buft = if cfg.repack {
-        host::cpu_weight_buft(cpu, w.ty, ne)
-    } else {
-        cpu.buffer_type()
-    };
+    let buft = host::cpu_weight_buft(cpu, w.ty, ne, cfg.cpu_layout());
     const PROBE_TOKENS: u32 = 16;
     // measured while the bus uploads: DMA and CPU share the host's memory
     // bandwidth in a hybrid step (on the H100 machine the CPU read 93 GB/s

@@ -2,7 +2,7 @@
 //! memory laid out exactly like a slot, so streaming a group into a slot is
 //! one contiguous copy.
 
-use super::cpuweights::CpuWeights;
+use super::cpuweights::{CpuLayout, CpuWeights};
 use super::error::EngineError;
 use super::model_file::ModelFile;
 use super::window::DramWindow;
@@ -127,7 +127,7 @@ impl WeightStore {
         dev: Device,
         plan: &MemoryPlan,
         layouts: Vec<GroupLayout>,
-        repack: bool,
+        cpu_layout: CpuLayout,
         show_progress: bool,
     ) -> Result<WeightStore, EngineError> {
         let buft = dev.buffer_type();
@@ -151,8 +151,8 @@ impl WeightStore {
         }
         // on the CPU device, matrices go into the CPU's repacked buffer
         // types as llama.cpp puts them (unless repacking is off)
-        let (resident, bindings, size) = if dev.is_cpu() && repack {
-            let w = CpuWeights::load(dev, &[resident_specs.clone()], file, true, &bar)?;
+        let (resident, bindings, size) = if dev.is_cpu() && cpu_layout.repack {
+            let w = CpuWeights::load(dev, &[resident_specs.clone()], file, cpu_layout, &bar)?;
             let size = (w.repacked_bytes + w.plain_bytes) as usize;
             let b = w.sets[0].clone();
             (ResidentMemory::Cpu { _weights: w }, b, size)

@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use strata::engine::{
+    Amx,
     Budgets, DeviceChoice, Engine, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions, PagingOptions,
 };
 use strata::generate::Session;
@@ -290,6 +291,22 @@ pub struct ModelArgs {
     /// layouts (llama.cpp's --no-repack).
     #[arg(long = "no-repack", visible_alias = "nr")]
     pub no_repack: bool,
+    /// Whether CPU weights may use the CPU's AMX layout (where its module
+    /// has one). auto: AMX for the types it computes one-row products of
+    /// faster, the repacked or plain layout for Q4_K and Q6_K (AMX was
+    /// slower for those at hybrid decode's step sizes); on: AMX first for
+    /// every type it takes, as llama.cpp places them; off: never.
+    #[arg(long = "cpu-amx", default_value = "auto", value_parser = parse_amx)]
+    pub cpu_amx: Amx,
+}
+
+fn parse_amx(s: &str) -> Result<Amx, String> {
+    match s {
+        "auto" => Ok(Amx::Auto),
+        "on" => Ok(Amx::On),
+        "off" => Ok(Amx::Off),
+        _ => Err(format!("expected auto, on or off, not {s:?}")),
+    }
 }
 
 fn parse_hybrid(s: &str) -> Result<Hybrid, String> {
@@ -661,6 +678,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             spill_max: m.kv_spill_max,
         },
         repack: !m.no_repack,
+        cpu_amx: m.cpu_amx,
         faults: Faults {
             poison_slots: m.poison_slots,
             skip_load_wait: false,
