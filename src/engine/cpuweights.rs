@@ -4,12 +4,15 @@
 //! rows for the SIMD kernels), everything else in plain CPU memory.
 //! Repacking is both llama.cpp's CPU speed and its CPU numerics.
 //!
-//! One exception, [`Amx::Auto`]: ggml lists AMX first on CPUs that have
-//! it, and its AMX kernels multiply one row of activations (hybrid
-//! decode's step) by Q4_K and Q6_K weights slower than the repacked Q4_K
-//! kernel and the plain Q6_K one (40.6 against 50.4 GB/s and 37.5 against
-//! 45.4 on a Sapphire Rapids host; Q4_0 the other way, 99.9 against 62.5:
-//! docs/device-runs.md run 124). So those two types skip AMX unless asked.
+//! One exception, [`Amx::Auto`] for the groups hybrid decode gives the
+//! host (steps of at most 16 tokens): ggml lists AMX first on CPUs that
+//! have it, and its AMX kernels multiply one row of activations by Q4_K and
+//! Q6_K weights slower than the repacked Q4_K kernel and the plain Q6_K one
+//! (40.6 against 50.4 GB/s and 37.5 against 45.4 on a Sapphire Rapids host;
+//! Q4_0 the other way, 99.9 against 62.5: docs/device-runs.md run 124). So
+//! there those two types skip AMX unless asked. A CPU device computes
+//! prompt steps too, where AMX's tiles pay (at 16 rows it was already the
+//! faster for both), so its weights keep llama.cpp's placement.
 
 use super::error::EngineError;
 use super::model_file::ModelFile;
@@ -65,6 +68,18 @@ pub struct CpuLayout {
     /// (llama.cpp's default; its --no-repack turns it off)
     pub repack: bool,
     pub amx: Amx,
+}
+
+impl CpuLayout {
+    /// The layout of weights the CPU computes prompt steps with too (a
+    /// CPU device's): `Auto` there is AMX for every type it takes.
+    pub fn for_prompt_steps(self) -> CpuLayout {
+        let amx = match self.amx {
+            Amx::Auto => Amx::On,
+            a => a,
+        };
+        CpuLayout { amx, ..self }
+    }
 }
 
 /// The name ggml gives AMX's buffer type.
@@ -182,5 +197,13 @@ mod tests {
             assert!(Amx::Auto.allows(ty), "{ty:?}");
         }
         assert!(!Amx::Off.allows(GgmlType::Q4_0));
+    }
+
+    #[test]
+    fn a_cpu_device_keeps_amx_under_auto_and_obeys_on_or_off() {
+        let l = |amx| CpuLayout { repack: true, amx };
+        assert_eq!(l(Amx::Auto).for_prompt_steps().amx, Amx::On);
+        assert_eq!(l(Amx::Off).for_prompt_steps().amx, Amx::Off);
+        assert_eq!(l(Amx::On).for_prompt_steps().amx, Amx::On);
     }
 }

@@ -150,9 +150,11 @@ impl WeightStore {
             }
         }
         // on the CPU device, matrices go into the CPU's repacked buffer
-        // types as llama.cpp puts them (unless repacking is off)
+        // types as llama.cpp puts them (unless repacking is off); it
+        // computes prompt steps too
         let (resident, bindings, size) = if dev.is_cpu() && cpu_layout.repack {
-            let w = CpuWeights::load(dev, &[resident_specs.clone()], file, cpu_layout, &bar)?;
+            let layout = cpu_layout.for_prompt_steps();
+            let w = CpuWeights::load(dev, &[resident_specs.clone()], file, layout, &bar)?;
             let size = (w.repacked_bytes + w.plain_bytes) as usize;
             let b = w.sets[0].clone();
             (ResidentMemory::Cpu { _weights: w }, b, size)

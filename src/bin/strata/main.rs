@@ -5,8 +5,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use strata::engine::{
-    Amx,
-    Budgets, DeviceChoice, Engine, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions, PagingOptions,
+    Amx, Budgets, DeviceChoice, Engine, EngineConfig, Faults, Gemm, Hybrid, KvTierOptions,
+    PagingOptions,
 };
 use strata::generate::Session;
 use strata::llama::LlamaModel;
@@ -292,10 +292,12 @@ pub struct ModelArgs {
     #[arg(long = "no-repack", visible_alias = "nr")]
     pub no_repack: bool,
     /// Whether CPU weights may use the CPU's AMX layout (where its module
-    /// has one). auto: AMX for the types it computes one-row products of
-    /// faster, the repacked or plain layout for Q4_K and Q6_K (AMX was
-    /// slower for those at hybrid decode's step sizes); on: AMX first for
-    /// every type it takes, as llama.cpp places them; off: never.
+    /// has one). auto: the groups hybrid decode gives the host CPU use AMX
+    /// for the types it computes one-row products of faster, and the
+    /// repacked or plain layout for Q4_K and Q6_K (AMX was slower for
+    /// those at one and four rows); a CPU device, which computes prompts
+    /// too, keeps AMX for every type. on: AMX first for every type it
+    /// takes, as llama.cpp places them; off: never.
     #[arg(long = "cpu-amx", default_value = "auto", value_parser = parse_amx)]
     pub cpu_amx: Amx,
 }
