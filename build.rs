@@ -18,6 +18,15 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| panic!("vendor/source.sh id failed"));
     println!("cargo:rustc-env=STRATA_GGML_SOURCE={id}");
+    // the CUDA module's: the patches of files it is built from
+    let cuda = std::process::Command::new("bash")
+        .args(["vendor/source.sh", "id", "cuda"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| panic!("vendor/source.sh id cuda failed"));
+    println!("cargo:rustc-env=STRATA_GGML_SOURCE_CUDA={cuda}");
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN");
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/..");
 }

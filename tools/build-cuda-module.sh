@@ -14,8 +14,10 @@ archs=${2:-90}
 work=${STRATA_CUDA_BUILD:-/root/strata-cuda-build}
 (cd "$root/vendor" && echo "$(cat llama.cpp.tar.xz.sha256)  llama.cpp.tar.xz" | sha256sum -c --quiet -) \
   || { echo "error: vendor/llama.cpp.tar.xz does not match its checksum" >&2; exit 1; }
-# the archive with vendor/patches/ applied, as ffi/build.rs unpacks it
+# the archive with vendor/patches/ applied, as ffi/build.rs unpacks it; the
+# stamp names the patches the module is built from (source.sh id cuda)
 id=$(bash "$root/vendor/source.sh" id)
+cuda_id=$(bash "$root/vendor/source.sh" id cuda)
 mkdir -p "$work"
 if [ "$(cat "$work/src.id" 2>/dev/null)" != "$id" ]; then
   rm -rf "$work/src" "$work/build" "$work/src.id"
@@ -38,5 +40,5 @@ mod=$(find "$work/build" -name 'libggml-cuda.so' | head -1)
 mkdir -p "$dest"
 cp "$mod" "$dest/.libggml-cuda.so.tmp" && mv "$dest/.libggml-cuda.so.tmp" "$dest/libggml-cuda.so"
 ver=$(sed -n 's/^set(GGML_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$work/src/ggml/CMakeLists.txt" | paste -sd.)
-printf "%s\n%s\n" "$ver" "$id" > "$dest/libggml-cuda.so.ggml-version"
+printf "%s\n%s\n" "$ver" "$cuda_id" > "$dest/libggml-cuda.so.ggml-version"
 echo "built $dest/libggml-cuda.so (ggml $ver, sm_$archs)"

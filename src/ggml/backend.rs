@@ -58,18 +58,30 @@ fn has_module(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// The source identity a module's stamp must name: the archive's sha256
+/// and the patches applied (`vendor/source.sh id`); for the CUDA module,
+/// only the patches of files it is built from (`vendor/source.sh id
+/// cuda`), so that a CPU-only patch leaves a built module valid.
+fn expected_stamp(module: &str) -> String {
+    let source = if module.starts_with("libggml-cuda") {
+        env!("STRATA_GGML_SOURCE_CUDA")
+    } else {
+        env!("STRATA_GGML_SOURCE")
+    };
+    format!("{} {source}", super::rows::version())
+}
+
 /// Refuses a backend module whose version stamp names another ggml: the
 /// stamp's first line is the ggml version, the second the identity of the
-/// vendored source it was built from (the archive's sha256 and the patches
-/// applied, `vendor/source.sh id`).
+/// vendored source it was built from ([`expected_stamp`]).
 fn check_module_stamps(dir: &Path) -> std::result::Result<(), GgmlError> {
-    let expected = format!("{} {}", super::rows::version(), env!("STRATA_GGML_SOURCE"));
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Ok(());
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some(module) = name.strip_suffix(MODULE_STAMP_SUFFIX) {
+            let expected = expected_stamp(module);
             let text = std::fs::read_to_string(e.path()).unwrap_or_default();
             let found = text.lines().map(str::trim).collect::<Vec<_>>().join(" ");
             if found.trim() != expected {
@@ -590,5 +602,60 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: we own the event.
         unsafe { sys::ggml_backend_event_free(self.ptr.as_ptr()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp(dir: &Path, module: &str, source: &str) {
+        let text = format!("{}\n{source}\n", super::super::rows::version());
+        std::fs::write(dir.join(format!("{module}{MODULE_STAMP_SUFFIX}")), text).unwrap();
+    }
+
+    #[test]
+    fn the_cuda_module_names_its_own_patches_and_others_every_patch() {
+        let d = tempfile::tempdir().unwrap();
+        stamp(d.path(), "libggml-cuda.so", env!("STRATA_GGML_SOURCE_CUDA"));
+        stamp(d.path(), "libggml-rpc.so", env!("STRATA_GGML_SOURCE"));
+        assert!(check_module_stamps(d.path()).is_ok());
+        // a module stamped with another source is refused, naming it
+        stamp(d.path(), "libggml-cuda.so", "0000+0001-other:000000000000");
+        match check_module_stamps(d.path()) {
+            Err(GgmlError::VersionMismatch { module, found, .. }) => {
+                assert_eq!(module, "libggml-cuda.so");
+                assert!(found.contains("0001-other"), "{found}");
+            }
+            other => panic!("expected a mismatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_cuda_identity_is_the_full_one_less_cpu_and_libllama_patches() {
+        let full = env!("STRATA_GGML_SOURCE");
+        let cuda = env!("STRATA_GGML_SOURCE_CUDA");
+        let archive = |id: &str| id.split('+').next().unwrap().to_string();
+        assert_eq!(archive(full), archive(cuda));
+        let patches = |id: &str| id.split('+').skip(1).map(String::from).collect::<Vec<_>>();
+        let (f, c) = (patches(full), patches(cuda));
+        // every patch the module names is one of the source's, in order
+        assert!(c.iter().all(|p| f.contains(p)), "{cuda} vs {full}");
+        // and the ones it leaves out touch only the CPU backend or libllama
+        for p in f.iter().filter(|p| !c.contains(p)) {
+            let name = p.split(':').next().unwrap();
+            let text = std::fs::read_to_string(format!(
+                "{}/vendor/patches/{name}.patch",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap();
+            for path in text.lines().filter_map(|l| l.strip_prefix("+++ ")) {
+                let path = path.split_whitespace().next().unwrap();
+                assert!(
+                    path.starts_with("b/ggml/src/ggml-cpu/") || path.starts_with("b/src/"),
+                    "{name} touches {path}, yet the CUDA module's identity leaves it out"
+                );
+            }
+        }
     }
 }

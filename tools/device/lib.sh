@@ -68,11 +68,11 @@ dev_synth() {
 }
 
 # dev_module_ok DIR: whether DIR holds a CUDA module whose version stamp
-# names this checkout's vendor/ source, archive and patches (strata refuses
-# any other).
+# names this checkout's vendor/ source: the archive and the patches the
+# module is built from (`source.sh id cuda`; strata refuses any other).
 dev_module_ok() {
   [ -f "$1/libggml-cuda.so" ] &&
-    [ "$(sed -n 2p "$1/libggml-cuda.so.ggml-version" 2>/dev/null)" = "$(bash vendor/source.sh id)" ]
+    [ "$(sed -n 2p "$1/libggml-cuda.so.ggml-version" 2>/dev/null)" = "$(bash vendor/source.sh id cuda)" ]
 }
 
 # dev_module_get: makes /root/cuda hold the CUDA module: kept from an earlier
