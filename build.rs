@@ -9,24 +9,25 @@ fn main() {
     println!("cargo:rerun-if-changed=vendor/patches");
     println!("cargo:rerun-if-changed=vendor/source.sh");
     // the ggml source identity a backend module's stamp must name: the
-    // archive and the patches applied to it (vendor/source.sh)
-    let id = std::process::Command::new("bash")
-        .args(["vendor/source.sh", "id"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| panic!("vendor/source.sh id failed"));
-    println!("cargo:rustc-env=STRATA_GGML_SOURCE={id}");
-    // the CUDA module's: the patches of files it is built from
-    let cuda = std::process::Command::new("bash")
-        .args(["vendor/source.sh", "id", "cuda"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| panic!("vendor/source.sh id cuda failed"));
-    println!("cargo:rustc-env=STRATA_GGML_SOURCE_CUDA={cuda}");
+    // archive and the patches applied to it (vendor/source.sh); the CUDA
+    // module's names the patches of files it is built from
+    println!("cargo:rustc-env=STRATA_GGML_SOURCE={}", source_id(&[]));
+    println!(
+        "cargo:rustc-env=STRATA_GGML_SOURCE_CUDA={}",
+        source_id(&["cuda"])
+    );
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN");
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/..");
+}
+
+/// `vendor/source.sh id ARGS...`.
+fn source_id(args: &[&str]) -> String {
+    std::process::Command::new("bash")
+        .args(["vendor/source.sh", "id"])
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| panic!("vendor/source.sh id {} failed", args.join(" ")))
 }
