@@ -226,6 +226,25 @@ impl EngineConfig {
             amx: self.cpu_amx,
         }
     }
+
+    /// The flags set that act only on a mixture of experts' layers, as
+    /// the command line spells them: a dense model's load warns that they
+    /// do nothing rather than ignoring them silently.
+    pub fn mixture_only_options(&self) -> Vec<&'static str> {
+        let p = &self.paging;
+        [
+            (p.hot != crate::paging::HotExperts::Off, "--hot-experts"),
+            (p.look_ahead > 0, "--look-ahead"),
+            (
+                p.split.mode != crate::paging::ExpertSplit::Off,
+                "--expert-split",
+            ),
+            (self.expert_stats, "--expert-stats"),
+        ]
+        .into_iter()
+        .filter_map(|(set, flag)| set.then_some(flag))
+        .collect()
+    }
 }
 
 impl Default for EngineConfig {
@@ -321,5 +340,33 @@ mod default_threads_tests {
         assert_eq!(physical_cores(&info.join("\n")), Some(4));
         assert_eq!(physical_cores("processor\t: 0\nmodel name\t: x\n"), None);
         assert!(default_threads() >= 1);
+    }
+}
+
+#[cfg(test)]
+mod mixture_options_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_mixture_flags_that_are_set_are_named() {
+        let mut cfg = EngineConfig::default();
+        assert!(cfg.mixture_only_options().is_empty());
+        cfg.paging.look_ahead = 4;
+        cfg.expert_stats = true;
+        assert_eq!(
+            cfg.mixture_only_options(),
+            ["--look-ahead", "--expert-stats"]
+        );
+        cfg.paging.hot = crate::paging::HotExperts::Force(8);
+        cfg.paging.split.mode = crate::paging::ExpertSplit::Auto;
+        assert_eq!(
+            cfg.mixture_only_options(),
+            [
+                "--hot-experts",
+                "--look-ahead",
+                "--expert-split",
+                "--expert-stats"
+            ]
+        );
     }
 }

@@ -280,6 +280,13 @@ impl Engine {
                 "batch-invariant numerics need the CPU device (GPU kernels depend on the batch size)",
             ));
         }
+        if !spec.hp.is_moe() && spec.shard.is_none_or(|s| s.index == 0) {
+            for flag in cfg.mixture_only_options() {
+                tracing::warn!(
+                    "{flag}: this model has no mixture-of-experts layers, so it does nothing"
+                );
+            }
+        }
         // KV cells padded as llama.cpp pads them (see KvCells::n_kv)
         let n_ctx = sizes::kv_cells(cfg.n_ctx).ok_or(EngineError::BadContext(cfg.n_ctx))?;
         let dims = Dims {
