@@ -1,8 +1,9 @@
-// Checks vendor/patches/0007 (Q4_K's one-row product over repacked
-// weights with AVX512-VNNI) on a CPU that has it: loads a CPU backend
-// module (a ggml-cpu variant .so), multiplies random Q4_K weights of 70B
-// FFN shapes (in the module's CPU_REPACK buffer, as strata's host copies
-// are) by one random row, and writes the outputs to OUT_PREFIX.N.K.bin;
+// Checks a patch to the CPU backend's kernels (vendor/patches/0007: Q4_K's
+// one-row product over repacked weights; 0008: Q4_K's and Q6_K's plain dot
+// products) on a CPU that has the instructions: loads a CPU backend module
+// (a ggml-cpu variant .so), multiplies random weights of 70B FFN shapes
+// (by default Q4_K in the module's CPU_REPACK buffer, as strata's host
+// copies are) by random rows, and writes the outputs to OUT_PREFIX.N.K.bin;
 // then times the product at each thread count given, in GB/s of weights.
 // Run it with the module before the patch and after, and compare the
 // files (tools/device/cpu-gemv.sh does): they must be equal bit for bit.
