@@ -317,6 +317,7 @@ const PREFILL: StepShape = StepShape {
     last_layer: false,
     swa: false,
     dev_experts: 0,
+    routed: false,
     row0: 0,
 };
 const DECODE: StepShape = StepShape {
@@ -326,6 +327,7 @@ const DECODE: StepShape = StepShape {
     last_layer: false,
     swa: false,
     dev_experts: 0,
+    routed: false,
     row0: 0,
 };
 const BIG: StepShape = StepShape {
@@ -335,6 +337,7 @@ const BIG: StepShape = StepShape {
     last_layer: false,
     swa: false,
     dev_experts: 0,
+    routed: false,
     row0: 0,
 };
 const LAST: StepShape = StepShape {
@@ -344,6 +347,7 @@ const LAST: StepShape = StepShape {
     last_layer: true,
     swa: false,
     dev_experts: 0,
+    routed: false,
     row0: 0,
 };
 
@@ -389,6 +393,7 @@ fn qwen3moe_layouts() {
     // an expert split: the device holds the first 48 of 128 experts
     let split = StepShape {
         dev_experts: 48,
+        routed: false,
         ..PREFILL
     };
     check(Arch::Qwen3Moe, "moe_ffn", "split", split);

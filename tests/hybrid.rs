@@ -645,3 +645,93 @@ fn moe_hot_experts_equal_resident() {
         assert_eq!(st.pager.bytes, carried, "{preset}: bytes up");
     }
 }
+
+/// Routed uploads (`--routed-uploads on`): every streamed mixture layer of
+/// a prompt step sends ahead its other weights and the experts the counts
+/// make all but sure (experts 0 and 1 of every layer, from a counts file
+/// that names them the most picked), runs its router, then uploads the
+/// other experts its tokens picked; experts nobody picked never go up.
+/// Slots are poisoned after use, so an expert the graph read without its
+/// upload would show as NaN. Logits within rounding of the resident
+/// engine's and equal tokens; the bytes the bus carried are the routed
+/// groups' parts and the attention groups whole.
+#[test]
+fn moe_routed_uploads_equal_resident() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::synth_moe(dir.path(), &vocab, 1.0);
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let plain = EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    };
+    let mut resident = Engine::load(&path, &plain).expect("resident engine");
+    let hp = resident.spec.hp.clone();
+    let (n_layer, n_exp, n_used) = (
+        hp.n_layer as usize,
+        hp.n_expert as usize,
+        hp.n_expert_used as usize,
+    );
+    // counts naming experts 0 and 1 of every layer the most picked
+    let mut counts = strata::paging::routing::RouterCounts::new(n_layer, n_exp, n_used);
+    let ids: Vec<i32> = (0..5000 * n_used).map(|i| (i % 2) as i32).collect();
+    for l in 0..n_layer {
+        counts.add(l, &ids).expect("counts");
+    }
+    let counts_path = dir.path().join("counts.json");
+    strata::engine::save_router_counts(&counts_path, &counts).expect("save counts");
+    let cfg = EngineConfig {
+        expert_counts: Some(counts_path),
+        paging: PagingOptions {
+            stream_all: true,
+            hybrid: Hybrid::Off,
+            routed: strata::paging::RoutedUploads::Force,
+            ..PagingOptions::default()
+        },
+        repack: false,
+        faults: strata::engine::Faults {
+            poison_slots: true,
+            ..Default::default()
+        },
+        ..cpu_cfg()
+    };
+    let mut routed = Engine::load(&path, &cfg).expect("routed engine");
+    for p in PROMPTS {
+        let prompt = lm.tokenize(p, true, true).expect("tokenize");
+        let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+        let b = run_strata(&mut routed, &prompt, 12).expect("routed run");
+        let (worst, diff) = compare(&b, &a);
+        assert!(worst < 1e-8, "NMSE {worst}");
+        assert_eq!(diff, None, "tokens differ");
+        // one-token steps stream whole groups
+        assert_eq!(routed.last_step.routed.groups, 0);
+    }
+    // a prompt step: every FFN group routed
+    let prompt = lm.tokenize(PROMPTS[0], true, true).expect("tokenize");
+    routed.clear();
+    resident.clear();
+    let batch = common::all_positions(&[prompt]);
+    let a = resident.decode(&batch).expect("resident prompt");
+    let b = routed.decode(&batch).expect("routed prompt");
+    assert!(common::nmse(&b, &a) < 1e-8);
+    let st = routed.last_step;
+    let r = st.routed;
+    eprintln!("routed prompt step: {r:?}, {} bytes up", st.pager.bytes);
+    assert_eq!(r.groups, n_layer as u64);
+    assert_eq!(r.ahead, 2 * n_layer as u64, "experts 0 and 1 sent ahead");
+    assert!(r.after > 0 && r.after <= r.picked);
+    assert!(r.picked < (n_layer * n_exp) as u64, "some expert unpicked");
+    let whole: u64 = routed.spec.groups.iter().map(|g| g.bytes()).sum();
+    let attn: u64 = routed
+        .spec
+        .groups
+        .iter()
+        .filter(|g| g.kind == strata::model::GroupKind::Attn)
+        .map(|g| g.bytes())
+        .sum();
+    assert_eq!(st.pager.bytes, attn + r.ahead_bytes + r.after_bytes);
+    assert!(st.pager.bytes < whole);
+    assert_eq!(r.whole_bytes, whole - attn);
+}

@@ -29,6 +29,9 @@ pub struct StepStats {
     pub host: HostStats,
     /// Groups the row split computed in two halves of rows (`rows.rs`).
     pub halved: u32,
+    /// Mixture groups that went up only as far as their experts were
+    /// picked (`routed.rs`).
+    pub routed: super::routed::RoutedStats,
 }
 
 impl StepStats {
@@ -54,5 +57,6 @@ impl StepStats {
         h.bytes += g.bytes;
         h.compute += g.compute;
         h.hops += g.hops;
+        self.routed.add(&o.routed);
     }
 }

@@ -151,6 +151,9 @@ pub struct PagingOptions {
     /// the bus, and the device computes the picks they catch
     /// (`paging::lookahead`); 0: off.
     pub look_ahead: u32,
+    /// Whether a mixture's streamed expert groups go up only as far as
+    /// a step's tokens picked their experts (`paging::routed`).
+    pub routed: crate::paging::RoutedUploads,
     /// How many host layers ahead the look-ahead predicts (at least 1).
     pub look_ahead_layers: u32,
     /// The row split over two devices: steps of at least this many tokens
@@ -179,6 +182,7 @@ impl Default for PagingOptions {
             split: crate::paging::SplitInput::default(),
             hot: crate::paging::HotExperts::Off,
             look_ahead: 0,
+            routed: crate::paging::RoutedUploads::Off,
             look_ahead_layers: 1,
             relay: false,
             row_halves: None,
@@ -240,6 +244,10 @@ impl EngineConfig {
                 "--expert-split",
             ),
             (self.expert_stats, "--expert-stats"),
+            (
+                p.routed == crate::paging::RoutedUploads::Force,
+                "--routed-uploads on",
+            ),
         ]
         .into_iter()
         .filter_map(|(set, flag)| set.then_some(flag))
@@ -367,6 +375,13 @@ mod mixture_options_tests {
                 "--expert-split",
                 "--expert-stats"
             ]
+        );
+        cfg.paging.routed = crate::paging::RoutedUploads::Auto;
+        assert_eq!(cfg.mixture_only_options().len(), 4);
+        cfg.paging.routed = crate::paging::RoutedUploads::Force;
+        assert_eq!(
+            cfg.mixture_only_options().last(),
+            Some(&"--routed-uploads on")
         );
     }
 }

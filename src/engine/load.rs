@@ -469,6 +469,9 @@ impl Engine {
         let mut cpu_cal = None;
         let mut hot: Option<crate::paging::HotPlan> = None;
         let mut hot_counted = None;
+        // router counts kept beside the model, for hot experts and routed
+        // uploads
+        let saved_counts = saved_counts(&spec, cfg)?;
         let cpu = match &like {
             Some(p) => p.cpu.clone(),
             None => probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
@@ -496,7 +499,7 @@ impl Engine {
             }
             plan = crate::paging::memory_plan(&input)?;
             // hot experts: their pool out of the budget, so the plan again
-            hot_counted = hot_counts(&spec, cfg)?;
+            hot_counted = saved_counts.clone();
             let counts = hot_counted.as_ref();
             if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, counts, None) {
                 // the CPU's share of those groups falls by the hot sets'
@@ -738,7 +741,12 @@ impl Engine {
             compute: measured_compute,
             cpu: input.cpu.clone(),
         };
-        let count_routing = dims.read_routing || (host.is_some() && dims.hp.is_moe());
+        let routes = cfg.paging.routed != crate::paging::RoutedUploads::Off;
+        let count_routing = dims.read_routing || ((host.is_some() || routes) && dims.hp.is_moe());
+        let routed = dims
+            .hp
+            .is_moe()
+            .then(|| super::routed::Routed::new(cfg.paging.routed, saved_counts));
         Ok(Engine {
             probes,
             spec,
@@ -764,6 +772,7 @@ impl Engine {
             auto_budgets: budgets,
             cpu_cal,
             count_device: dims.read_routing,
+            routed,
             routing: count_routing.then(|| {
                 crate::paging::routing::RouterCounts::new(
                     dims.hp.n_layer as usize,
@@ -984,14 +993,16 @@ fn hot_plan(
     (!h.is_empty()).then_some(h)
 }
 
-/// The router counts kept beside the model where hot experts are asked
-/// for (read once per load), None where there are none or they are
-/// another model's.
-fn hot_counts(
+/// The router counts kept beside the model where hot experts or routed
+/// uploads are asked for (read once per load), None where there are none
+/// or they are another model's.
+fn saved_counts(
     spec: &ModelSpec,
     cfg: &EngineConfig,
 ) -> Result<Option<crate::paging::routing::RouterCounts>, EngineError> {
-    if cfg.paging.hot == crate::paging::HotExperts::Off || !spec.hp.is_moe() {
+    let wanted = cfg.paging.hot != crate::paging::HotExperts::Off
+        || cfg.paging.routed != crate::paging::RoutedUploads::Off;
+    if !wanted || !spec.hp.is_moe() {
         return Ok(None);
     }
     let counts = match &cfg.expert_counts {

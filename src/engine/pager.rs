@@ -426,6 +426,75 @@ impl Pager {
         Ok(())
     }
 
+    /// Uploads `ranges` of streamed group `gi`'s extent into its slot
+    /// `slot` (between its [`Pager::before_compute`] and
+    /// [`Pager::after_compute`]), after whatever the copy stream holds;
+    /// the device's stream waits for them. A routed group's picked
+    /// experts that were not sent ahead (`engine::routed`).
+    pub fn top_up(
+        &mut self,
+        gi: GroupId,
+        ring: Ring,
+        slot: usize,
+        ranges: &[Range],
+        store: &WeightStore,
+        compute: &Backend,
+    ) -> Result<(), EngineError> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let src = match &self.streams {
+            Streams::Async { copy, .. } => store.host_extent(gi, || copy.synchronize())?,
+            Streams::Sync { .. } => store.host_extent(gi, || {})?,
+        };
+        if ranges.iter().any(|&(off, len)| off + len > src.len()) {
+            return Err(EngineError::Unsupported(
+                "a routed upload of a group without a host copy",
+            ));
+        }
+        let t = store.rings[ring as usize]
+            .as_ref()
+            .expect("ring")
+            .slot_tensor(slot);
+        let bytes: usize = ranges.iter().map(|r| r.1).sum();
+        self.stats.bytes += bytes as u64;
+        let name = || {
+            format!(
+                "picked experts g{} -> {}{slot}",
+                gi.index() + self.group0,
+                ring.label()
+            )
+        };
+        match &self.streams {
+            Streams::Async { copy, loaded, .. } => {
+                let rec = self.rec.scope(Stream::Copy, copy, name, bytes as u64);
+                for &(off, len) in ranges {
+                    // SAFETY: src is pinned memory owned by the store (a
+                    // routed group has a host copy outside any DRAM window,
+                    // never rewritten after load); the slot holds `gi` until
+                    // its `free` event, recorded after the graph that waits
+                    // for this copy; the range lies in the extent (checked).
+                    unsafe { copy.tensor_set_async(t, &src[off..off + len], off) };
+                }
+                drop(rec);
+                store.copy_enqueued(gi);
+                // the slot is resident again once these copies completed
+                let ev = &loaded[ring as usize][slot];
+                ev.record(copy);
+                ev.wait_on(compute);
+            }
+            Streams::Sync { .. } => {
+                let _rec = self.rec.scope(Stream::Copy, compute, name, bytes as u64);
+                let t0 = Instant::now();
+                for &(off, len) in ranges {
+                    t.set_bytes(&src[off..off + len], off)?;
+                }
+                self.stats.copy_wait += t0.elapsed();
+            }
+        }
+        Ok(())
+    }
+
     fn upload_kv(
         &mut self,
         slot: usize,

@@ -218,6 +218,7 @@ impl Engine {
         if n < h.min_tokens.max(2)
             || shape.last_layer
             || shape.dev_experts > 0
+            || shape.routed
             || shape.row0 != 0
             || self.spec.hp.n_swa > 0
             || (kind == GroupKind::Attn && self.kv.is_windowed(layer))

@@ -110,6 +110,9 @@ pub struct Engine {
     /// Whether the device's mixture layers are counted too
     /// (`EngineConfig::expert_stats`: the device waits for each).
     pub(super) count_device: bool,
+    /// Routed uploads of streamed mixture groups (`routed.rs`); None on
+    /// a dense model.
+    pub(super) routed: Option<super::routed::Routed>,
     /// The next device's part of the model, where it is split across
     /// devices (`Engine::load`): it takes this part's residual stream and
     /// computes the layers after it. Its KV cells mirror this part's.

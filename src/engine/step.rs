@@ -311,6 +311,7 @@ impl Engine {
                         last_layer: false,
                         swa: self.spec.hp.is_swa(l),
                         dev_experts: 0,
+                        routed: false,
                         row0: 0,
                     },
                 ));
@@ -327,6 +328,7 @@ impl Engine {
                     last_layer: last,
                     swa: self.spec.hp.is_swa(l),
                     dev_experts: 0,
+                    routed: false,
                     row0: 0,
                 },
             ));
@@ -340,6 +342,7 @@ impl Engine {
                     last_layer: false,
                     swa: false,
                     dev_experts: dev_experts(l),
+                    routed: false,
                     row0: 0,
                 },
             ));
@@ -360,6 +363,13 @@ impl Engine {
             .map(|(l, k, _)| GroupId::new(*l, *k))
             .filter(|gi| !on_cpu[gi.index()])
             .collect();
+        let split: Vec<(GroupId, u32)> = order
+            .iter()
+            .filter(|(_, k, s)| *k == GroupKind::Ffn && s.dev_experts > 0)
+            .map(|(l, k, s)| (GroupId::new(*l, *k), s.dev_experts))
+            .collect();
+        self.plan_partial_uploads(&split);
+        self.plan_routed_uploads(n, &mut order, &on_cpu);
         // with the halves the row split cuts groups in (rows.rs)
         let shapes: Vec<StepShape> = order
             .iter()
@@ -369,12 +379,6 @@ impl Engine {
             .collect();
         self.templates
             .evict(&shapes, 4 * self.spec.groups.len() + 16, &self.backend);
-        let split: Vec<(GroupId, u32)> = order
-            .iter()
-            .filter(|(_, k, s)| *k == GroupKind::Ffn && s.dev_experts > 0)
-            .map(|(l, k, s)| (GroupId::new(*l, *k), s.dev_experts))
-            .collect();
-        self.plan_partial_uploads(&split);
         self.pager.relay_step = n >= super::pager::RELAY_MIN_TOKENS;
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         self.pager
@@ -417,6 +421,9 @@ impl Engine {
                         h.park_threads();
                     }
                 }
+            } else if shape.routed {
+                self.residual_to_device(&mut x_host)?;
+                self.run_routed_ffn(l, shape)?;
             } else if shape.dev_experts > 0 {
                 self.residual_to_device(&mut x_host)?;
                 self.run_split_ffn(l, shape)?;
@@ -484,6 +491,7 @@ impl Engine {
             kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
             halved: 0,
+            routed: self.routed.as_ref().map(|r| r.stats).unwrap_or_default(),
         };
         let n = p.n_tokens as u32;
         self.calibrate_cpu(n);

@@ -348,7 +348,7 @@ pub fn build_ffn<'c>(
         let x = rows_at(ctx, ext.x, s.row0 + r0, n).named("ffn_in");
         let cur = rms_norm(ctx, x, role(Role::FfnNorm), d.hp.rms_eps, "ffn_norm");
         let down = match &experts {
-            Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur, s.dev_experts > 0),
+            Some(ex) => moe_ffn(ctx, &mut g, d, ex, cur, s.dev_experts > 0 || s.routed),
             None => {
                 let up = ctx.mul_mat(role(Role::Up), cur).named("ffn_up");
                 let gate = ctx.mul_mat(role(Role::Gate), cur).named("ffn_gate");

@@ -21,6 +21,10 @@ pub struct StepShape {
     /// place of the others, whose picks the host computes (see
     /// `paging::split`); 0: no split.
     pub dev_experts: u32,
+    /// A mixture's FFN group whose slot holds only the experts this
+    /// step's tokens picked (`paging::routed`): its routing runs unfused,
+    /// as the router graph before it does, so both pick alike.
+    pub routed: bool,
     /// The first of the step's rows this graph computes: the row split
     /// computes a big step's groups in two halves of rows (`engine::rows`),
     /// each reading and writing its own rows of the residual stream and

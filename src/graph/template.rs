@@ -158,6 +158,7 @@ impl Template {
                         last_layer: false,
                         swa: false,
                         dev_experts: 0,
+                        routed: false,
                         row0: 0,
                     };
                     build_head(&ctx, d, *out_ty, s, *row0, lim)

@@ -12,6 +12,7 @@ pub mod lookahead;
 mod memory;
 mod plan;
 mod ring;
+pub mod routed;
 pub mod routing;
 pub mod sizes;
 mod split;
@@ -31,6 +32,7 @@ pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
 };
 pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput, ResidentOrder};
+pub use routed::RoutedUploads;
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
 pub use sizes::{Activations, Limits};
 

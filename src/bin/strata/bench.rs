@@ -242,6 +242,18 @@ struct StepFigures {
     gpu_share: f64,
     ahead_experts: f64,
     ahead_mib: f64,
+    /// Routed uploads, per step: groups routed, their MiB whole, the MiB
+    /// the plan expected them to carry, and those they carried ahead of
+    /// their routers and after; per group, experts sent ahead, after, and
+    /// picked.
+    routed_groups: f64,
+    routed_whole_mib: f64,
+    routed_expected_mib: f64,
+    routed_ahead_mib: f64,
+    routed_after_mib: f64,
+    routed_ahead_experts: f64,
+    routed_after_experts: f64,
+    routed_picked: f64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -282,6 +294,7 @@ fn time_strata(
     let wait0 = e.store().read_wait();
     let (mut kv_up, mut kv_down) = (0u64, 0u64);
     let mut relayed = 0u64;
+    let mut routed = strata::engine::RoutedStats::default();
     let mut host = strata::engine::host::HostStats::default();
     let (mut predicted, mut cal_predicted) = (0.0, 0.0);
     let t0 = Instant::now();
@@ -290,6 +303,7 @@ fn time_strata(
         e.decode(b)?;
         kv_up += e.last_step.kv.up_bytes;
         relayed += e.last_step.pager.relayed;
+        routed.add(&e.last_step.routed);
         kv_down += e.last_step.kv.down_bytes;
         let h = e.last_step.host;
         host.groups += h.groups;
@@ -373,6 +387,14 @@ fn time_strata(
         gpu_share: (host.hot_picks + host.ahead_hits) as f64 / host.picks.max(1) as f64,
         ahead_experts: host.ahead_experts as f64 / steps as f64,
         ahead_mib: host.ahead_bytes as f64 / steps as f64 / (1u64 << 20) as f64,
+        routed_groups: routed.groups as f64 / steps as f64,
+        routed_whole_mib: routed.whole_bytes as f64 / steps as f64 / (1u64 << 20) as f64,
+        routed_expected_mib: routed.expected_bytes / steps as f64 / (1u64 << 20) as f64,
+        routed_ahead_mib: routed.ahead_bytes as f64 / steps as f64 / (1u64 << 20) as f64,
+        routed_after_mib: routed.after_bytes as f64 / steps as f64 / (1u64 << 20) as f64,
+        routed_ahead_experts: routed.ahead as f64 / routed.groups.max(1) as f64,
+        routed_after_experts: routed.after as f64 / routed.groups.max(1) as f64,
+        routed_picked: routed.picked as f64 / routed.groups.max(1) as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -1001,6 +1023,21 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                 println!(
                     "{:<47} look-ahead: {:.1} experts ({:.1} MiB) up per step; they caught {:.1}% of their layers' picks beyond hot experts; {:.1}% of all picks on the GPU",
                     "", f.ahead_experts, f.ahead_mib, 100.0 * f.ahead_hit, 100.0 * f.gpu_share
+                );
+            }
+            if f.routed_groups > 0.0 {
+                println!(
+                    "{:<47} routed uploads: {:.1} groups/step, {:.1} MiB whole, {:.1} expected, {:.1} sent ({:.1} ahead, {:.1} after the routers); a group's experts: {:.1} ahead, {:.1} after, {:.1} picked",
+                    "",
+                    f.routed_groups,
+                    f.routed_whole_mib,
+                    f.routed_expected_mib,
+                    f.routed_ahead_mib + f.routed_after_mib,
+                    f.routed_ahead_mib,
+                    f.routed_after_mib,
+                    f.routed_ahead_experts,
+                    f.routed_after_experts,
+                    f.routed_picked
                 );
             }
             if f.relayed_mib > 0.0 {

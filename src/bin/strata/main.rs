@@ -269,6 +269,17 @@ pub struct ModelArgs {
     #[arg(long = "look-ahead-layers", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=8))]
     pub look_ahead_layers: u32,
+    /// A mixture of experts' steps of several tokens on the GPU: each
+    /// streamed layer's experts go up only if a token of the step picked
+    /// them. The router runs first, the experts its picks name (beyond
+    /// those the router counts make all but sure, sent ahead) go up
+    /// after it. off (the default); auto: the layers where the bytes the
+    /// counts (--expert-counts, and this run's) predict saved outweigh
+    /// the layer's wait for its router; on: every streamed mixture layer
+    /// of a step of 2 or more tokens. Counts are added to the counts file
+    /// at exit.
+    #[arg(long = "routed-uploads", default_value = "off", value_parser = parse_routed)]
+    pub routed_uploads: strata::paging::RoutedUploads,
     /// The fewest tokens a step splits its experts at (at least 2).
     #[arg(long = "split-min-tokens", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(2..))]
@@ -348,6 +359,16 @@ fn parse_hot(s: &str) -> Result<strata::paging::HotExperts, String> {
                 "'{s}': use auto, off or a number of experts per layer (at least 1)"
             )),
         },
+    }
+}
+
+fn parse_routed(s: &str) -> Result<strata::paging::RoutedUploads, String> {
+    use strata::paging::RoutedUploads;
+    match s {
+        "auto" => Ok(RoutedUploads::Auto),
+        "off" => Ok(RoutedUploads::Off),
+        "on" => Ok(RoutedUploads::Force),
+        _ => Err(format!("'{s}': use auto, off or on")),
     }
 }
 
@@ -602,7 +623,9 @@ impl ModelArgs {
     /// (the host CPU's mixture layers count their picks in every run;
     /// the next load plans its hot sets from them).
     pub fn saves_counts(&self) -> bool {
-        self.expert_stats || self.hot_experts != strata::paging::HotExperts::Off
+        self.expert_stats
+            || self.hot_experts != strata::paging::HotExperts::Off
+            || self.routed_uploads != strata::paging::RoutedUploads::Off
     }
     /// Where this model's router counts are kept (--expert-counts).
     pub fn counts_path(&self) -> PathBuf {
@@ -673,6 +696,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
             look_ahead_layers: m.look_ahead_layers,
+            routed: m.routed_uploads,
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,

@@ -1,0 +1,349 @@
+//! Routed uploads, the execution side (`paging::routed` says what and
+//! why): a streamed mixture FFN group of a step on the device goes up
+//! only as far as the step's tokens picked its experts.
+//!
+//! For a routed group at a step of n tokens:
+//! 1. the ring uploads, ahead as ever, the group's other weights and the
+//!    experts the plan called sure (`Pager::partial`);
+//! 2. the router graph runs on the device and the host reads its picks
+//!    (one drain of the compute stream);
+//! 3. the picked experts not sent ahead go up into the slot behind
+//!    whatever the copy stream holds (`Pager::top_up`), and the device's
+//!    stream waits for them;
+//! 4. the group's FFN graph, routing unfused as the router graph does (so
+//!    both pick alike), reads only the experts its picks name: the slot's
+//!    other experts hold whatever they held.
+
+use super::error::EngineError;
+use super::pager::{Partial, Range};
+use super::state::Engine;
+use super::store::Location;
+use super::timeline;
+use crate::graph::{BindId, StepShape, TemplateKey, ROUTED};
+use crate::model::{GroupId, GroupKind, WeightSpec};
+use crate::paging::routed::{choose, pick_chances, RoutedUploads};
+use crate::paging::routing::RouterCounts;
+use std::collections::HashMap;
+
+/// The engine's routed uploads: the mode, the counts it predicts from,
+/// this step's groups.
+pub(super) struct Routed {
+    pub(super) mode: RoutedUploads,
+    /// Router counts persisted beside the model, read at load (None:
+    /// none, or another model's); the online counts are added to them.
+    pub(super) prior: Option<RouterCounts>,
+    /// This step's routed groups: by group index, the experts sent ahead.
+    step: HashMap<usize, Vec<u32>>,
+    pub(super) stats: RoutedStats,
+}
+
+/// What a step's routed uploads did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoutedStats {
+    /// Groups routed.
+    pub groups: u64,
+    /// Their bytes whole.
+    pub whole_bytes: u64,
+    /// The bytes the plan expected them to carry.
+    pub expected_bytes: f64,
+    /// The bytes they carried ahead of their routers, and after.
+    pub ahead_bytes: u64,
+    pub after_bytes: u64,
+    /// Experts of theirs sent ahead of the routers, and sent after.
+    pub ahead: u64,
+    pub after: u64,
+    /// Experts of theirs the steps' tokens picked.
+    pub picked: u64,
+}
+
+impl RoutedStats {
+    pub fn add(&mut self, o: &RoutedStats) {
+        self.groups += o.groups;
+        self.whole_bytes += o.whole_bytes;
+        self.expected_bytes += o.expected_bytes;
+        self.ahead_bytes += o.ahead_bytes;
+        self.after_bytes += o.after_bytes;
+        self.ahead += o.ahead;
+        self.after += o.after;
+        self.picked += o.picked;
+    }
+}
+
+impl Routed {
+    pub(super) fn new(mode: RoutedUploads, prior: Option<RouterCounts>) -> Routed {
+        Routed {
+            mode,
+            prior,
+            step: HashMap::new(),
+            stats: RoutedStats::default(),
+        }
+    }
+}
+
+/// Whether a weight is an expert tensor of `n_expert` experts (the
+/// outermost dimension).
+fn is_experts(w: &WeightSpec, n_expert: u32) -> bool {
+    w.role.is_some_and(|r| r.is_expert()) && w.ne[2] == i64::from(n_expert) && n_expert > 0
+}
+
+/// Ranges sorted by offset, adjacent ones merged.
+fn merged(mut r: Vec<Range>) -> Vec<Range> {
+    r.sort_unstable();
+    let mut out: Vec<Range> = Vec::with_capacity(r.len());
+    for (off, len) in r {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == off => last.1 += len,
+            _ => out.push((off, len)),
+        }
+    }
+    out
+}
+
+/// The byte ranges of a group's extent (weights at `offsets`) holding
+/// `experts` of each expert tensor, and with `others` every weight that
+/// is not an expert tensor whole; adjacent ranges merged.
+pub(super) fn expert_ranges(
+    weights: &[WeightSpec],
+    offsets: &[usize],
+    n_expert: u32,
+    experts: &[u32],
+    others: bool,
+) -> Vec<Range> {
+    let mut r = Vec::new();
+    for (w, &off) in weights.iter().zip(offsets) {
+        let size = w.size as usize;
+        if is_experts(w, n_expert) {
+            let per = size / n_expert as usize;
+            r.extend(
+                experts
+                    .iter()
+                    .filter(|&&e| e < n_expert)
+                    .map(|&e| (off + e as usize * per, per)),
+            );
+        } else if others {
+            r.push((off, size));
+        }
+    }
+    merged(r)
+}
+
+impl Engine {
+    /// Chooses this step's routed groups among `order`'s streamed mixture
+    /// FFN groups on the device (not `on_cpu`, not split), marks their
+    /// shapes, and adds their first uploads to the pager's partial ones.
+    pub(super) fn plan_routed_uploads(
+        &mut self,
+        n: u32,
+        order: &mut [(u32, GroupKind, StepShape)],
+        on_cpu: &[bool],
+    ) {
+        let Some(r) = self.routed.as_mut() else {
+            return;
+        };
+        r.step.clear();
+        r.stats = RoutedStats::default();
+        let hp = &self.spec.hp;
+        if r.mode == RoutedUploads::Off
+            || n < 2
+            || n > self.lim.ffn_rows
+            || self.spec.shard.is_some()
+            || !hp.is_moe()
+        {
+            return;
+        }
+        // the counts read at load and those of this load's steps
+        let counts = match (&r.prior, &self.routing) {
+            (Some(p), Some(o)) => {
+                let mut c = p.clone();
+                c.merge(o).ok().map(|()| c)
+            }
+            (Some(p), None) => Some(p.clone()),
+            (None, o) => o.clone(),
+        };
+        for (l, kind, shape) in order.iter_mut() {
+            let gi = GroupId::new(*l, *kind);
+            if *kind != GroupKind::Ffn || on_cpu[gi.index()] || shape.dev_experts > 0 {
+                continue;
+            }
+            // a host copy outside any DRAM window: its experts are read
+            // again after the router
+            if !matches!(
+                self.store.groups[gi.index()],
+                Location::Streamed { host: Some(_), .. }
+            ) {
+                continue;
+            }
+            let g = &self.spec.groups[gi.index()];
+            let expert_bytes: u64 = g
+                .weights
+                .iter()
+                .filter(|w| is_experts(w, hp.n_expert))
+                .map(|w| w.size / u64::from(hp.n_expert))
+                .sum();
+            if expert_bytes == 0 {
+                continue;
+            }
+            let chances = pick_chances(
+                counts.as_ref(),
+                *l as usize,
+                hp.n_expert as usize,
+                hp.n_expert_used as usize,
+                shape.n_tokens,
+            );
+            let whole = g.bytes();
+            let Some(c) = choose(r.mode, &chances, expert_bytes, whole, self.probes.copy_bw) else {
+                continue;
+            };
+            let offsets = &self.store.layouts[gi.index()].offsets;
+            let up = expert_ranges(&g.weights, offsets, hp.n_expert, &c.sure, true);
+            r.stats.ahead_bytes += up.iter().map(|u| u.1 as u64).sum::<u64>();
+            self.pager
+                .partial
+                .insert(gi.index(), Partial { up, zero: vec![] });
+            shape.routed = true;
+            r.stats.groups += 1;
+            r.stats.whole_bytes += whole;
+            r.stats.expected_bytes += c.expected_bytes;
+            r.stats.ahead += c.sure.len() as u64;
+            r.step.insert(gi.index(), c.sure);
+        }
+    }
+
+    /// Runs routed FFN group `layer` (see the module notes). The
+    /// residual is on the device.
+    pub(super) fn run_routed_ffn(&mut self, layer: u32, shape: StepShape) -> Result<(), EngineError> {
+        let gi = GroupId::new(layer, GroupKind::Ffn);
+        let Location::Streamed { ring, .. } = self.store.groups[gi.index()] else {
+            return Err(EngineError::Unsupported("a routed upload of a resident group"));
+        };
+        let n = shape.n_tokens;
+        let sig = self.spec.groups[gi.index()].signature();
+        let slot =
+            self.pager
+                .before_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
+        let b = self.store.slot_bindings(gi, ring, slot)?;
+        let id = BindId {
+            group: Some(gi),
+            weight_slot: Some(slot),
+            kv_window: None,
+        };
+
+        // 2. the router, and its picks on the host
+        let rkey = TemplateKey::Router {
+            sig,
+            n_tokens: n,
+            instance: gi.index() as u32,
+        };
+        self.templates.get(&rkey)?.bind(id, &b, None)?;
+        let t = self.templates.allocated(&rkey, &self.backend)?;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("router {layer}"),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        self.backend.synchronize();
+        let ids: Vec<i32> = t.read_node(ROUTED)?;
+        self.count_routed(layer, &ids)?;
+        let n_expert = self.spec.hp.n_expert;
+        let mut picked = vec![false; n_expert as usize];
+        for &e in &ids {
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < picked.len())
+                .ok_or(EngineError::Unsupported("a router pick out of range"))?;
+            picked[e] = true;
+        }
+
+        // 3. the picked experts not sent ahead
+        let r = self.routed.as_mut().expect("a routed step has routed state");
+        let sure = r.step.get(&gi.index()).map_or(&[][..], |s| s.as_slice());
+        let after: Vec<u32> = (0..n_expert)
+            .filter(|&e| picked[e as usize] && sure.binary_search(&e).is_err())
+            .collect();
+        let n_picked = picked.iter().filter(|&&p| p).count();
+        r.stats.after += after.len() as u64;
+        r.stats.picked += n_picked as u64;
+        let g = &self.spec.groups[gi.index()];
+        let ranges = expert_ranges(
+            &g.weights,
+            &self.store.layouts[gi.index()].offsets,
+            n_expert,
+            &after,
+            false,
+        );
+        let r = self.routed.as_mut().expect("checked above");
+        r.stats.after_bytes += ranges.iter().map(|u| u.1 as u64).sum::<u64>();
+        self.pager
+            .top_up(gi, ring, slot, &ranges, &self.store, &self.backend)?;
+
+        // 4. the experts, over the picks
+        let (_, key) = self.group_key(layer, GroupKind::Ffn, shape);
+        self.templates.get(&key)?.bind(id, &b, None)?;
+        let t = self.templates.allocated(&key, &self.backend)?;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("ffn {layer} ({n_picked} experts picked)"),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        self.pager
+            .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::GgmlType;
+    use crate::model::Role;
+
+    fn w(role: Role, ne: [i64; 4], size: u64) -> WeightSpec {
+        WeightSpec {
+            role: Some(role),
+            name: String::new(),
+            ty: GgmlType::F32,
+            ne,
+            offset: 0,
+            size,
+            cols: None,
+        }
+    }
+
+    #[test]
+    fn ranges_hold_the_named_experts_of_each_expert_tensor() {
+        let ws = [
+            w(Role::FfnNorm, [8, 1, 1, 1], 32),
+            w(Role::GateInp, [8, 4, 1, 1], 128),
+            w(Role::GateExps, [8, 6, 4, 1], 768),
+            w(Role::DownExps, [6, 8, 4, 1], 768),
+        ];
+        let offsets = [0, 256, 512, 1536];
+        // experts 1 and 3: 192 bytes each, per tensor
+        assert_eq!(
+            expert_ranges(&ws, &offsets, 4, &[1, 3], false),
+            vec![(704, 192), (1088, 192), (1728, 192), (2112, 192)]
+        );
+        // adjacent experts merge, and the other weights come whole
+        assert_eq!(
+            expert_ranges(&ws, &offsets, 4, &[0, 1], true),
+            vec![(0, 32), (256, 128), (512, 384), (1536, 384)]
+        );
+        // every expert: each tensor whole
+        assert_eq!(
+            expert_ranges(&ws, &offsets, 4, &[0, 1, 2, 3], false),
+            vec![(512, 768), (1536, 768)]
+        );
+        // nothing picked, no others: nothing
+        assert!(expert_ranges(&ws, &offsets, 4, &[], false).is_empty());
+        // another expert count: not expert tensors of this model's
+        assert_eq!(
+            expert_ranges(&ws, &offsets, 8, &[0], true),
+            vec![(0, 32), (256, 128), (512, 768), (1536, 768)]
+        );
+    }
+}
