@@ -30,6 +30,11 @@
 #                                       # auto beside llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults,
 #                                       # best) with pp2048 too; TRACE=1: a trace of each
 #                                       # configuration's tg16; B=0: no 64-sequence test
+#   [SKEW=1] [BS="64 16"] [ROUTED="off auto"] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-routed
+#                                       # the 30B shape at 8G: router counts from a 2048-token prompt,
+#                                       # then B sequences (each of BS) with --routed-uploads X (each of
+#                                       # ROUTED); LLAMA=1: auto at 64 sequences beside llama.cpp ngl=99
+#                                       # --n-cpu-moe ${NCM:-31} (defaults, best); TRACE=1: traces
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
 #                                       # sequences with N whole CPU groups forced (--hybrid N) and S
 #                                       # slots a ring (--slots S)
@@ -66,7 +71,7 @@ routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew
 [ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
-  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot|qwen3moe-b64|qwen3moe-ahead) first=qwen3-30b-a3b ;;
+  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot|qwen3moe-b64|qwen3moe-ahead|qwen3moe-routed) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3|gemma3-swa) first=gemma3-27b ;;
   qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
@@ -177,6 +182,31 @@ case $what in
       timeout 150 $bin/strata bench $common -p 0 -n 16 -B 0 -r ${R:-3} $flags \
         ${TRACE:+--trace $out/trace_ahead$sk${HOT:+-hot$HOT}-$n-${d:-def}.json} 2>&1 | quiet | tee -a "$f"
     done
+    ;;
+  qwen3moe-routed)
+    # routed uploads at 8G: router counts from a 2048-token prompt
+    # (--expert-stats, saved beside the model; every run after adds its
+    # own), then B sequences decoding with the streamed mixture layers
+    # uploading whole groups (off) or only their picked experts
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_routed$sk.txt
+    echo "$routing" | tee -a "$f"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+    if [ ! -f "$s.experts.json" ]; then
+      echo "== router counts: strata bench $common -p 2048 -n 0 -B 0 -r 1 --expert-stats" | tee -a "$f"
+      timeout 200 $bin/strata bench $common -p 2048 -n 0 -B 0 -r 1 --expert-stats 2>&1 | quiet | tee -a "$f"
+    fi
+    for bb in ${BS:-64 16}; do
+      for x in ${ROUTED:-off auto}; do
+        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x" | tee -a "$f"
+        timeout 150 $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x \
+          ${TRACE:+--trace $out/trace_routed$sk-$bb-$x.json} 2>&1 | quiet | tee -a "$f"
+      done
+    done
+    if [ -n "${LLAMA:-}" ]; then
+      echo "== strata bench $common -p 0 -n 0 -B 64 -r 2 --routed-uploads auto --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31}" | tee -a "$f"
+      timeout ${BENCH_TIMEOUT:-240} $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --routed-uploads auto \
+        --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+    fi
     ;;
   qwen3moe-hot)
     # hot experts at 8G: the router counts a 2048-token prompt of random
