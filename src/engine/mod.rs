@@ -74,7 +74,7 @@ pub use hot::HotRefresh;
 pub use kvcache::KvCache;
 pub use model_file::{read_router_counts, save_router_counts, ModelFile, COUNTS_MAX_BYTES};
 pub use pager::PagerStats;
-pub use routed::RoutedStats;
 pub use probe::{measure_h2d, reset_matmul_path};
+pub use routed::RoutedStats;
 pub use state::Engine;
 pub use store::{GroupLayout, Location, WeightStore};

@@ -650,17 +650,50 @@ impl Pager {
         compute: &Backend,
         kv: Option<&mut KvTier>,
     ) -> Result<usize, EngineError> {
-        let j = self.lists[ring as usize]
-            .iter()
-            .position(|&g| g == gi)
-            .expect("group is in this step's order");
+        self.before_compute_holding(gi, ring, store, compute, kv, 0)
+    }
+
+    /// [`Pager::before_compute`] leaving the last `hold` uploads of the
+    /// group's window for [`Pager::issue_window`] (`SlotRing::before_compute_holding`).
+    pub fn before_compute_holding(
+        &mut self,
+        gi: GroupId,
+        ring: Ring,
+        store: &WeightStore,
+        compute: &Backend,
+        kv: Option<&mut KvTier>,
+        hold: usize,
+    ) -> Result<usize, EngineError> {
+        let j = self.position(gi, ring);
         let mut kv = kv;
-        self.issue_in_step_order(ring, j, store, compute, kv.as_deref_mut())?;
+        self.issue_in_step_order(ring, j, hold, store, compute, kv.as_deref_mut())?;
         let r = self.rings[ring as usize].as_mut().expect("ring");
-        let ops = r.before_compute(j);
+        let ops = r.before_compute_holding(j, hold);
         let slot = r.slot_of(j);
         self.run_ops(ring, ops, store, compute, kv)?;
         Ok(slot)
+    }
+
+    /// Issues what is left of streamed group `gi`'s window (after
+    /// [`Pager::before_compute_holding`]).
+    pub fn issue_window(
+        &mut self,
+        gi: GroupId,
+        ring: Ring,
+        store: &WeightStore,
+        compute: &Backend,
+        kv: Option<&mut KvTier>,
+    ) -> Result<(), EngineError> {
+        let j = self.position(gi, ring);
+        self.issue_in_step_order(ring, j, 0, store, compute, kv)
+    }
+
+    /// Group `gi`'s place in `ring`'s list of this step.
+    fn position(&self, gi: GroupId, ring: Ring) -> usize {
+        self.lists[ring as usize]
+            .iter()
+            .position(|&g| g == gi)
+            .expect("group is in this step's order")
     }
 
     /// Issues every ring's first uploads (their whole windows) at the start
@@ -713,10 +746,12 @@ impl Pager {
     /// before it (as far as their windows allow): the copy stream runs
     /// them in the order enqueued, so an FFN group prefetched for later
     /// must not hold up the attention group needed next.
+    /// `hold`: leave the window's last that many uploads for later.
     fn issue_in_step_order(
         &mut self,
         ring: Ring,
         j: usize,
+        hold: usize,
         store: &WeightStore,
         compute: &Backend,
         mut kv: Option<&mut KvTier>,
@@ -724,7 +759,8 @@ impl Pager {
         let Some(r) = self.rings[ring as usize].as_ref() else {
             return Ok(());
         };
-        let (first, last) = (r.issued(), (j + r.depth()).min(r.n().saturating_sub(1)));
+        let last = (j + r.depth().saturating_sub(hold)).min(r.n().saturating_sub(1));
+        let (first, last) = (r.issued(), last);
         for k in first..=last {
             let p = self.pos[self.lists[ring as usize][k].index()];
             for other in [Ring::Attn, Ring::Ffn, Ring::Kv] {

@@ -9,7 +9,11 @@
 //!    (one drain of the compute stream);
 //! 3. the picked experts not sent ahead go up into the slot behind
 //!    whatever the copy stream holds (`Pager::top_up`), and the device's
-//!    stream waits for them;
+//!    stream waits for them; the ring's window issues its last upload
+//!    only after them (`Pager::before_compute_holding`): that upload's
+//!    slot is already free, so the bus carries it while the device
+//!    computes this layer and the next one's router, where it would
+//!    otherwise wait for a slot this layer frees and leave the bus idle;
 //! 4. the group's FFN graph, routing unfused as the router graph does (so
 //!    both pick alike), reads only the experts its picks name: the slot's
 //!    other experts hold whatever they held.
@@ -211,16 +215,30 @@ impl Engine {
 
     /// Runs routed FFN group `layer` (see the module notes). The
     /// residual is on the device.
-    pub(super) fn run_routed_ffn(&mut self, layer: u32, shape: StepShape) -> Result<(), EngineError> {
+    pub(super) fn run_routed_ffn(
+        &mut self,
+        layer: u32,
+        shape: StepShape,
+    ) -> Result<(), EngineError> {
         let gi = GroupId::new(layer, GroupKind::Ffn);
         let Location::Streamed { ring, .. } = self.store.groups[gi.index()] else {
-            return Err(EngineError::Unsupported("a routed upload of a resident group"));
+            return Err(EngineError::Unsupported(
+                "a routed upload of a resident group",
+            ));
         };
         let n = shape.n_tokens;
         let sig = self.spec.groups[gi.index()].signature();
-        let slot =
-            self.pager
-                .before_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
+        // the window's last upload waits for this group's picked experts
+        // (step 3), so that the bus has it to carry while the device
+        // computes this layer and the next one's router
+        let slot = self.pager.before_compute_holding(
+            gi,
+            ring,
+            &self.store,
+            &self.backend,
+            self.kv.tier_mut(),
+            1,
+        )?;
         let b = self.store.slot_bindings(gi, ring, slot)?;
         let id = BindId {
             group: Some(gi),
@@ -258,7 +276,10 @@ impl Engine {
         }
 
         // 3. the picked experts not sent ahead
-        let r = self.routed.as_mut().expect("a routed step has routed state");
+        let r = self
+            .routed
+            .as_mut()
+            .expect("a routed step has routed state");
         let sure = r.step.get(&gi.index()).map_or(&[][..], |s| s.as_slice());
         let after: Vec<u32> = (0..n_expert)
             .filter(|&e| picked[e as usize] && sure.binary_search(&e).is_err())
@@ -278,6 +299,8 @@ impl Engine {
         r.stats.after_bytes += ranges.iter().map(|u| u.1 as u64).sum::<u64>();
         self.pager
             .top_up(gi, ring, slot, &ranges, &self.store, &self.backend)?;
+        self.pager
+            .issue_window(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
 
         // 4. the experts, over the picks
         let (_, key) = self.group_key(layer, GroupKind::Ffn, shape);

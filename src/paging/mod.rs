@@ -32,8 +32,8 @@ pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
 };
 pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput, ResidentOrder};
-pub use routed::RoutedUploads;
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
+pub use routed::RoutedUploads;
 pub use sizes::{Activations, Limits};
 
 /// Parses a size like "12G", "512M", "1.5GiB", "4096" (bytes). K/M/G/T are

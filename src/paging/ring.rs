@@ -216,12 +216,20 @@ impl SlotRing {
 
     /// Operations to enqueue before computing streamed group `j`.
     pub fn before_compute(&mut self, j: usize) -> Vec<Op> {
+        self.before_compute_holding(j, 0)
+    }
+
+    /// [`SlotRing::before_compute`] leaving the last `hold` uploads of
+    /// group `j`'s window to a later [`SlotRing::prefetch`]: a routed
+    /// group's (`engine::routed`), issued after the upload its router
+    /// asks for, so that the bus has work while the device computes it.
+    pub fn before_compute_holding(&mut self, j: usize, hold: usize) -> Vec<Op> {
         assert!(
             j < self.n && j <= self.issued,
             "groups must compute in order"
         );
         let mut ops = Vec::new();
-        let last = (j + self.depth).min(self.n - 1);
+        let last = (j + self.depth.saturating_sub(hold)).min(self.n - 1);
         while self.issued <= last {
             let k = self.issued;
             self.upload_ops(k, &mut ops);
@@ -506,6 +514,34 @@ mod tests {
         ) {
             let mut r = SlotRing::new(slots, depth);
             let ops = schedule_prefetching(&mut r, &steps, &reach);
+            let uploads = ops.iter().filter(|o| matches!(o, Op::Upload { .. })).count();
+            prop_assert_eq!(uploads, steps.iter().sum::<usize>());
+            prop_assert_eq!(simulate(&ops, r.slots(), &choices), Ok(()));
+        }
+
+        /// Routed groups hold back their window's last uploads and issue
+        /// them after their routers (`before_compute_holding`, then a
+        /// prefetch of the whole window).
+        #[test]
+        fn holding_back_is_safe_and_live(
+            slots in 2usize..6,
+            depth in 1usize..6,
+            steps in proptest::collection::vec(1usize..12, 1..4),
+            holds in proptest::collection::vec(0usize..3, 1..16),
+            choices in proptest::collection::vec(any::<bool>(), 1..64),
+        ) {
+            let mut r = SlotRing::new(slots, depth);
+            let mut ops = Vec::new();
+            let mut h = holds.iter().cycle();
+            for &n in &steps {
+                r.begin_step(n);
+                for j in 0..n {
+                    let hold = h.next().copied().unwrap_or(0);
+                    ops.extend(r.before_compute_holding(j, hold));
+                    ops.extend(r.prefetch(j + r.depth()));
+                    ops.extend(r.after_compute(j));
+                }
+            }
             let uploads = ops.iter().filter(|o| matches!(o, Op::Upload { .. })).count();
             prop_assert_eq!(uploads, steps.iter().sum::<usize>());
             prop_assert_eq!(simulate(&ops, r.slots(), &choices), Ok(()));

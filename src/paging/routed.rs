@@ -160,7 +160,15 @@ mod tests {
 
     #[test]
     fn uniform_routing_routes_small_steps_only() {
-        let at = |n| choose(RoutedUploads::Auto, &pick_chances(None, 0, E, 8, n), BYTES, WHOLE, BW);
+        let at = |n| {
+            choose(
+                RoutedUploads::Auto,
+                &pick_chances(None, 0, E, 8, n),
+                BYTES,
+                WHOLE,
+                BW,
+            )
+        };
         // 16 tokens touch about 64% of the experts: 1.3 ms saved a layer
         let g = at(16).expect("routed at 16 tokens");
         assert!(g.sure.is_empty());
@@ -169,10 +177,25 @@ mod tests {
         assert_eq!(at(64), None);
         assert_eq!(at(2048), None);
         // forced, it routes with every expert sent ahead
-        let f = choose(RoutedUploads::Force, &pick_chances(None, 0, E, 8, 64), BYTES, WHOLE, BW)
-            .expect("forced");
+        let f = choose(
+            RoutedUploads::Force,
+            &pick_chances(None, 0, E, 8, 64),
+            BYTES,
+            WHOLE,
+            BW,
+        )
+        .expect("forced");
         assert_eq!(f.sure.len(), E);
-        assert_eq!(choose(RoutedUploads::Off, &pick_chances(None, 0, E, 8, 1), BYTES, WHOLE, BW), None);
+        assert_eq!(
+            choose(
+                RoutedUploads::Off,
+                &pick_chances(None, 0, E, 8, 1),
+                BYTES,
+                WHOLE,
+                BW
+            ),
+            None
+        );
     }
 
     #[test]
@@ -193,8 +216,14 @@ mod tests {
     #[test]
     fn counts_of_another_shape_are_ignored() {
         let c = zipf(2, 1000);
-        assert_eq!(pick_chances(Some(&c), 5, E, 8, 4), pick_chances(None, 5, E, 8, 4));
-        assert_eq!(pick_chances(Some(&c), 0, 64, 8, 4), pick_chances(None, 0, 64, 8, 4));
+        assert_eq!(
+            pick_chances(Some(&c), 5, E, 8, 4),
+            pick_chances(None, 5, E, 8, 4)
+        );
+        assert_eq!(
+            pick_chances(Some(&c), 0, 64, 8, 4),
+            pick_chances(None, 0, 64, 8, 4)
+        );
     }
 
     proptest! {
