@@ -25,7 +25,7 @@ use super::store::Location;
 use super::timeline;
 use crate::graph::{BindId, StepShape, TemplateKey, ROUTED};
 use crate::model::{GroupId, GroupKind, WeightSpec};
-use crate::paging::routed::{choose, pick_chances, RoutedUploads};
+use crate::paging::routed::{choose, pick_chances, Coverage, RoutedUploads};
 use crate::paging::routing::RouterCounts;
 use std::collections::HashMap;
 
@@ -38,6 +38,8 @@ pub(super) struct Routed {
     pub(super) prior: Option<RouterCounts>,
     /// This step's routed groups: by group index, the experts sent ahead.
     step: HashMap<usize, Vec<u32>>,
+    /// What routed steps picked, by layer and size.
+    seen: Coverage,
     pub(super) stats: RoutedStats,
 }
 
@@ -79,6 +81,7 @@ impl Routed {
             mode,
             prior,
             step: HashMap::new(),
+            seen: Coverage::default(),
             stats: RoutedStats::default(),
         }
     }
@@ -147,7 +150,11 @@ impl Engine {
         r.step.clear();
         r.stats = RoutedStats::default();
         let hp = &self.spec.hp;
+        // `auto`: only where the bus is the step's bottleneck (no host
+        // CPU groups, whose time the bus overlaps)
+        let hybrid_step = on_cpu.iter().any(|&c| c);
         if r.mode == RoutedUploads::Off
+            || (r.mode == RoutedUploads::Auto && hybrid_step)
             || n < 2
             || n > self.lim.ffn_rows
             || self.spec.shard.is_some()
@@ -195,7 +202,15 @@ impl Engine {
                 shape.n_tokens,
             );
             let whole = g.bytes();
-            let Some(c) = choose(r.mode, &chances, expert_bytes, whole, self.probes.copy_bw) else {
+            let seen = r.seen.get(*l as usize, shape.n_tokens);
+            let Some(c) = choose(
+                r.mode,
+                &chances,
+                seen,
+                expert_bytes,
+                whole,
+                self.probes.copy_bw,
+            ) else {
                 continue;
             };
             let offsets = &self.store.layouts[gi.index()].offsets;
@@ -285,6 +300,8 @@ impl Engine {
             .filter(|&e| picked[e as usize] && sure.binary_search(&e).is_err())
             .collect();
         let n_picked = picked.iter().filter(|&&p| p).count();
+        r.seen
+            .observe(layer as usize, n, n_picked, n_expert as usize);
         r.stats.after += after.len() as u64;
         r.stats.picked += n_picked as u64;
         let g = &self.spec.groups[gi.index()];

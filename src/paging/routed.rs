@@ -25,7 +25,11 @@
 //! the picks to the host, and the upload after the router starts only
 //! then, so the bus idles while the device computes the layer
 //! ([`LAYER_COST_S`]). `auto` routes a group only where the bytes it
-//! expects to save take longer on the bus than that.
+//! expects to save take longer on the bus than that, and only in steps
+//! the host CPU takes no part in: there the bus carries uploads while
+//! the CPU computes its groups, and an upload after a router would wait
+//! in the layer chain instead (16 sequences on an H100, hybrid: 0.85x,
+//! run 131).
 
 use super::routing::RouterCounts;
 
@@ -46,11 +50,43 @@ pub enum RoutedUploads {
 pub const SURE: f64 = 0.9;
 
 /// What routing a group costs its layer beyond the bytes: the device's
-/// drain for the picks, the host's read of them, and the bus idle while
-/// the device computes the layer's router and products. An estimate (a
-/// 64-token Qwen3-30B-A3B-shaped layer on an H100 computes in about
-/// 0.3-0.5 ms), checked against measured steps in BENCHMARKS.md.
-pub const LAYER_COST_S: f64 = 0.5e-3;
+/// drain for the picks, the host's read of them and its many small
+/// copies, and the bus idle while the device computes the layer's router
+/// and products. Measured on an H100 (run 131, Qwen3-30B-A3B shape, 64
+/// sequences at 8G): the step lost 0.73 ms a routed group beyond the
+/// bytes saved with uniform routing and 0.93 ms with skewed routing.
+pub const LAYER_COST_S: f64 = 0.9e-3;
+
+/// The share of a layer's experts that routed steps actually picked, by
+/// layer and step size (rounded up to a power of two), each a running
+/// mean of the last steps': the chances from router counts assume tokens
+/// pick independently, and overestimated what 64 sequences skip by about
+/// twice with skewed routing (run 131); once a layer was routed at a
+/// size, its own steps say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Coverage {
+    seen: std::collections::HashMap<(usize, u32), f64>,
+}
+
+impl Coverage {
+    fn key(layer: usize, n_tokens: u32) -> (usize, u32) {
+        (layer, n_tokens.max(1).next_power_of_two())
+    }
+
+    /// A routed step of `n_tokens` picked `picked` of `layer`'s `n_expert`.
+    pub fn observe(&mut self, layer: usize, n_tokens: u32, picked: usize, n_expert: usize) {
+        let x = picked.min(n_expert) as f64 / n_expert.max(1) as f64;
+        self.seen
+            .entry(Self::key(layer, n_tokens))
+            .and_modify(|m| *m = 0.75 * *m + 0.25 * x)
+            .or_insert(x);
+    }
+
+    /// The share seen at this size, if any step of it was routed.
+    pub fn get(&self, layer: usize, n_tokens: u32) -> Option<f64> {
+        self.seen.get(&Self::key(layer, n_tokens)).copied()
+    }
+}
 
 /// Per expert of `layer`, the chance that at least one of `n_tokens`
 /// tokens picks it: each token picks expert `e` with probability
@@ -89,11 +125,14 @@ pub struct RoutedGroup {
 }
 
 /// Decides one streamed mixture group: `chances` per expert (from
-/// [`pick_chances`]), `expert_bytes` each expert's weights (every expert
+/// [`pick_chances`]), `seen` the share of its experts the routed steps
+/// of this size picked ([`Coverage`]; it replaces the chances' sum where
+/// there is one), `expert_bytes` each expert's weights (every expert
 /// tensor's slice), `whole` the group's bytes. None: it goes up whole.
 pub fn choose(
     mode: RoutedUploads,
     chances: &[f64],
+    seen: Option<f64>,
     expert_bytes: u64,
     whole: u64,
     copy_bw: f64,
@@ -106,12 +145,14 @@ pub fn choose(
     let sure: Vec<u32> = (0..chances.len() as u32)
         .filter(|&e| chances[e as usize] >= SURE)
         .collect();
-    let expected_bytes = other
-        + chances
+    let experts_up = match seen {
+        Some(c) => (c * chances.len() as f64).max(sure.len() as f64),
+        None => chances
             .iter()
             .map(|&p| if p >= SURE { 1.0 } else { p })
-            .sum::<f64>()
-            * expert_bytes as f64;
+            .sum::<f64>(),
+    };
+    let expected_bytes = other + experts_up * expert_bytes as f64;
     let saved_s = (whole as f64 - expected_bytes) / copy_bw.max(1.0);
     let pays = saved_s > LAYER_COST_S && sure.len() < chances.len();
     (mode == RoutedUploads::Force || pays).then_some(RoutedGroup {
@@ -164,12 +205,13 @@ mod tests {
             choose(
                 RoutedUploads::Auto,
                 &pick_chances(None, 0, E, 8, n),
+                None,
                 BYTES,
                 WHOLE,
                 BW,
             )
         };
-        // 16 tokens touch about 64% of the experts: 1.3 ms saved a layer
+        // 16 tokens touch about 64% of the experts: 2.4 ms saved a layer
         let g = at(16).expect("routed at 16 tokens");
         assert!(g.sure.is_empty());
         assert!((g.expected_bytes / WHOLE as f64 - 0.64).abs() < 0.01);
@@ -180,6 +222,7 @@ mod tests {
         let f = choose(
             RoutedUploads::Force,
             &pick_chances(None, 0, E, 8, 64),
+            None,
             BYTES,
             WHOLE,
             BW,
@@ -190,6 +233,7 @@ mod tests {
             choose(
                 RoutedUploads::Off,
                 &pick_chances(None, 0, E, 8, 1),
+                None,
                 BYTES,
                 WHOLE,
                 BW
@@ -202,7 +246,7 @@ mod tests {
     fn skewed_routing_routes_64_tokens_and_sends_the_popular_ahead() {
         let c = zipf(2, 100_000);
         let p = pick_chances(Some(&c), 1, E, 8, 64);
-        let g = choose(RoutedUploads::Auto, &p, BYTES, WHOLE, BW).expect("routed");
+        let g = choose(RoutedUploads::Auto, &p, None, BYTES, WHOLE, BW).expect("routed");
         // the most picked experts first
         assert!(g.sure.contains(&0) && g.sure.contains(&20));
         assert!(!g.sure.contains(&127));
@@ -210,7 +254,35 @@ mod tests {
         assert!((0.7..0.85).contains(&share), "{share}");
         // 2048 tokens pick every expert
         let p = pick_chances(Some(&c), 1, E, 8, 2048);
-        assert_eq!(choose(RoutedUploads::Auto, &p, BYTES, WHOLE, BW), None);
+        assert_eq!(
+            choose(RoutedUploads::Auto, &p, None, BYTES, WHOLE, BW),
+            None
+        );
+    }
+
+    #[test]
+    fn what_routed_steps_picked_overrides_the_counts() {
+        let c = zipf(2, 100_000);
+        let p = pick_chances(Some(&c), 1, E, 8, 64);
+        assert!(choose(RoutedUploads::Auto, &p, None, BYTES, WHOLE, BW).is_some());
+        // the steps picked 98% of the experts: nothing worth the wait
+        assert_eq!(
+            choose(RoutedUploads::Auto, &p, Some(0.98), BYTES, WHOLE, BW),
+            None
+        );
+        // 60% picked: routed, expecting 60% of the experts' bytes
+        let g = choose(RoutedUploads::Auto, &p, Some(0.6), BYTES, WHOLE, BW).expect("routed");
+        let experts = (128 * BYTES) as f64;
+        assert!((g.expected_bytes - 1e6 - 0.6 * experts).abs() < 1.0);
+        let mut cov = Coverage::default();
+        assert_eq!(cov.get(3, 64), None);
+        cov.observe(3, 64, 64, 128);
+        assert_eq!(cov.get(3, 64), Some(0.5));
+        // 33 to 64 tokens share a size; a running mean
+        cov.observe(3, 40, 128, 128);
+        assert_eq!(cov.get(3, 50), Some(0.625));
+        assert_eq!(cov.get(3, 16), None);
+        assert_eq!(cov.get(2, 64), None);
     }
 
     #[test]
@@ -250,7 +322,7 @@ mod tests {
             }
             let whole = 16 * bytes + other;
             for mode in [RoutedUploads::Auto, RoutedUploads::Force] {
-                if let Some(g) = choose(mode, &p, bytes, whole, BW) {
+                if let Some(g) = choose(mode, &p, None, bytes, whole, BW) {
                     prop_assert!(g.expected_bytes <= whole as f64 + 1e-6);
                     prop_assert!(g.sure.iter().all(|&e| p[e as usize] >= SURE));
                     prop_assert!(g.sure.windows(2).all(|w| w[0] < w[1]));
