@@ -11,7 +11,7 @@ that (a step starts at an "attn 0" computation). Standard library only."""
 import argparse
 import json
 
-COLORS = {"upload": "#e4572e", "kv": "#f6ae2d", "attn": "#17bebb", "ffn": "#2e86ab", "draft": "#8e44ad", "head": "#a0a0a0"}
+COLORS = {"upload": "#e4572e", "picked": "#b5179e", "kv": "#f6ae2d", "attn": "#17bebb", "ffn": "#2e86ab", "router": "#3a0ca3", "draft": "#8e44ad", "head": "#a0a0a0"}
 
 
 def kind(name):
