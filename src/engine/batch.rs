@@ -31,7 +31,7 @@ pub struct StepStats {
     pub halved: u32,
     /// Mixture groups that went up only as far as their experts were
     /// picked (`routed.rs`).
-    pub routed: super::routed::RoutedStats,
+    pub routed: crate::paging::routed::RoutedStats,
 }
 
 impl StepStats {

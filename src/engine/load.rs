@@ -746,7 +746,7 @@ impl Engine {
         let routed = dims
             .hp
             .is_moe()
-            .then(|| super::routed::Routed::new(cfg.paging.routed, saved_counts));
+            .then(|| crate::paging::routed::RoutedSteps::new(cfg.paging.routed, saved_counts));
         Ok(Engine {
             probes,
             spec,

@@ -63,6 +63,7 @@ pub mod timeline;
 mod widen;
 mod window;
 
+pub use crate::paging::routed::RoutedStats;
 pub use crate::paging::{Budgets, ExpertSplit, SplitInput};
 pub use batch::{BatchToken, StepStats};
 pub use config::{
@@ -75,6 +76,5 @@ pub use kvcache::KvCache;
 pub use model_file::{read_router_counts, save_router_counts, ModelFile, COUNTS_MAX_BYTES};
 pub use pager::PagerStats;
 pub use probe::{measure_h2d, reset_matmul_path};
-pub use routed::RoutedStats;
 pub use state::Engine;
 pub use store::{GroupLayout, Location, WeightStore};

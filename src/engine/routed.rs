@@ -23,69 +23,9 @@ use super::pager::{Partial, Range};
 use super::state::Engine;
 use super::store::Location;
 use super::timeline;
-use crate::graph::{BindId, StepShape, TemplateKey, ROUTED};
+use crate::graph::{BindId, StepShape, ROUTED};
 use crate::model::{GroupId, GroupKind, WeightSpec};
-use crate::paging::routed::{choose, pick_chances, Coverage, RoutedUploads};
-use crate::paging::routing::RouterCounts;
-use std::collections::HashMap;
-
-/// The engine's routed uploads: the mode, the counts it predicts from,
-/// this step's groups.
-pub(super) struct Routed {
-    pub(super) mode: RoutedUploads,
-    /// Router counts persisted beside the model, read at load (None:
-    /// none, or another model's); the online counts are added to them.
-    pub(super) prior: Option<RouterCounts>,
-    /// This step's routed groups: by group index, the experts sent ahead.
-    step: HashMap<usize, Vec<u32>>,
-    /// What routed steps picked, by layer and size.
-    seen: Coverage,
-    pub(super) stats: RoutedStats,
-}
-
-/// What a step's routed uploads did.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RoutedStats {
-    /// Groups routed.
-    pub groups: u64,
-    /// Their bytes whole.
-    pub whole_bytes: u64,
-    /// The bytes the plan expected them to carry.
-    pub expected_bytes: f64,
-    /// The bytes they carried ahead of their routers, and after.
-    pub ahead_bytes: u64,
-    pub after_bytes: u64,
-    /// Experts of theirs sent ahead of the routers, and sent after.
-    pub ahead: u64,
-    pub after: u64,
-    /// Experts of theirs the steps' tokens picked.
-    pub picked: u64,
-}
-
-impl RoutedStats {
-    pub fn add(&mut self, o: &RoutedStats) {
-        self.groups += o.groups;
-        self.whole_bytes += o.whole_bytes;
-        self.expected_bytes += o.expected_bytes;
-        self.ahead_bytes += o.ahead_bytes;
-        self.after_bytes += o.after_bytes;
-        self.ahead += o.ahead;
-        self.after += o.after;
-        self.picked += o.picked;
-    }
-}
-
-impl Routed {
-    pub(super) fn new(mode: RoutedUploads, prior: Option<RouterCounts>) -> Routed {
-        Routed {
-            mode,
-            prior,
-            step: HashMap::new(),
-            seen: Coverage::default(),
-            stats: RoutedStats::default(),
-        }
-    }
-}
+use crate::paging::routed::{choose, pick_chances, RoutedStats, RoutedUploads};
 
 /// Whether a weight is an expert tensor of `n_expert` experts (the
 /// outermost dimension).
@@ -242,7 +182,6 @@ impl Engine {
             ));
         };
         let n = shape.n_tokens;
-        let sig = self.spec.groups[gi.index()].signature();
         // the window's last upload waits for this group's picked experts
         // (step 3), so that the bus has it to carry while the device
         // computes this layer and the next one's router
@@ -262,22 +201,7 @@ impl Engine {
         };
 
         // 2. the router, and its picks on the host
-        let rkey = TemplateKey::Router {
-            sig,
-            n_tokens: n,
-            instance: gi.index() as u32,
-        };
-        self.templates.get(&rkey)?.bind(id, &b, None)?;
-        let t = self.templates.allocated(&rkey, &self.backend)?;
-        let rec = self.rec.scope(
-            timeline::Stream::Compute,
-            &self.backend,
-            || format!("router {layer}"),
-            0,
-        );
-        self.backend.compute_async(&t.graph())?;
-        drop(rec);
-        self.backend.synchronize();
+        let t = self.run_router(gi, n, id, &b)?;
         let ids: Vec<i32> = t.read_node(ROUTED)?;
         self.count_routed(layer, &ids)?;
         let n_expert = self.spec.hp.n_expert;
@@ -339,30 +263,10 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::GgmlType;
-    use crate::model::Role;
-
-    fn w(role: Role, ne: [i64; 4], size: u64) -> WeightSpec {
-        WeightSpec {
-            role: Some(role),
-            name: String::new(),
-            ty: GgmlType::F32,
-            ne,
-            offset: 0,
-            size,
-            cols: None,
-        }
-    }
 
     #[test]
     fn ranges_hold_the_named_experts_of_each_expert_tensor() {
-        let ws = [
-            w(Role::FfnNorm, [8, 1, 1, 1], 32),
-            w(Role::GateInp, [8, 4, 1, 1], 128),
-            w(Role::GateExps, [8, 6, 4, 1], 768),
-            w(Role::DownExps, [6, 8, 4, 1], 768),
-        ];
-        let offsets = [0, 256, 512, 1536];
+        let (ws, offsets) = super::super::split::tests::group();
         // experts 1 and 3: 192 bytes each, per tensor
         assert_eq!(
             expert_ranges(&ws, &offsets, 4, &[1, 3], false),

@@ -68,6 +68,36 @@ impl Engine {
         }
     }
 
+    /// Runs mixture FFN group `gi`'s router graph over `n` rows on the
+    /// device (its weights bound as `b`) and drains the device; returns
+    /// the graph, whose picks are then readable. The expert split's and
+    /// routed uploads' first step.
+    pub(super) fn run_router(
+        &mut self,
+        gi: GroupId,
+        n: u32,
+        id: BindId,
+        b: &[crate::ggml::Binding],
+    ) -> Result<&crate::graph::Template, EngineError> {
+        let rkey = TemplateKey::Router {
+            sig: self.spec.groups[gi.index()].signature(),
+            n_tokens: n,
+            instance: gi.index() as u32,
+        };
+        self.templates.get(&rkey)?.bind(id, b, None)?;
+        let t = self.templates.allocated(&rkey, &self.backend)?;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("router {}", gi.layer()),
+            0,
+        );
+        self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        self.backend.synchronize();
+        Ok(t)
+    }
+
     /// Runs FFN group `layer` split at `shape.dev_experts` (see the module
     /// notes). The residual is on the device.
     pub(super) fn run_split_ffn(
@@ -95,22 +125,7 @@ impl Engine {
         };
 
         // 2. the router, and its picks on the host
-        let rkey = TemplateKey::Router {
-            sig: sig.clone(),
-            n_tokens: n,
-            instance: gi.index() as u32,
-        };
-        self.templates.get(&rkey)?.bind(id, &b, None)?;
-        let t = self.templates.allocated(&rkey, &self.backend)?;
-        let rec = self.rec.scope(
-            timeline::Stream::Compute,
-            &self.backend,
-            || format!("router {layer}"),
-            0,
-        );
-        self.backend.compute_async(&t.graph())?;
-        drop(rec);
-        self.backend.synchronize();
+        let t = self.run_router(gi, n, id, &b)?;
         let cur: Vec<f32> = t.read_node(ROUTER_IN)?;
         let ids: Vec<i32> = t.read_node(ROUTED)?;
         let wts: Vec<f32> = t.read_node(WEIGHTS)?;
@@ -184,10 +199,21 @@ impl Engine {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::dtype::GgmlType;
     use crate::model::{Role, WeightSpec};
+
+    /// A mixture FFN group of 4 experts and its weights' offsets.
+    pub(in crate::engine) fn group() -> ([WeightSpec; 4], [usize; 4]) {
+        let ws = [
+            w(Role::FfnNorm, [8, 1, 1, 1], 32),
+            w(Role::GateInp, [8, 4, 1, 1], 128),
+            w(Role::GateExps, [8, 6, 4, 1], 768),
+            w(Role::DownExps, [6, 8, 4, 1], 768),
+        ];
+        (ws, [0, 256, 512, 1536])
+    }
 
     fn w(role: Role, ne: [i64; 4], size: u64) -> WeightSpec {
         WeightSpec {
@@ -203,13 +229,7 @@ mod tests {
 
     #[test]
     fn a_split_upload_carries_each_expert_tensors_prefix() {
-        let ws = [
-            w(Role::FfnNorm, [8, 1, 1, 1], 32),
-            w(Role::GateInp, [8, 4, 1, 1], 128),
-            w(Role::GateExps, [8, 6, 4, 1], 768),
-            w(Role::DownExps, [6, 8, 4, 1], 768),
-        ];
-        let offsets = [0, 256, 512, 1536];
+        let (ws, offsets) = group();
         assert_eq!(
             split_ranges(&ws, &offsets, 1),
             Partial {

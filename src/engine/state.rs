@@ -112,7 +112,7 @@ pub struct Engine {
     pub(super) count_device: bool,
     /// Routed uploads of streamed mixture groups (`routed.rs`); None on
     /// a dense model.
-    pub(super) routed: Option<super::routed::Routed>,
+    pub(super) routed: Option<crate::paging::routed::RoutedSteps>,
     /// The next device's part of the model, where it is split across
     /// devices (`Engine::load`): it takes this part's residual stream and
     /// computes the layers after it. Its KV cells mirror this part's.

@@ -32,6 +32,7 @@
 //! run 131).
 
 use super::routing::RouterCounts;
+use std::collections::HashMap;
 
 /// Whether streamed mixture layers upload only their picked experts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -159,6 +160,65 @@ pub fn choose(
         sure,
         expected_bytes,
     })
+}
+
+/// An engine's routed uploads: the mode, the counts it predicts from,
+/// this step's groups, what its steps picked and sent.
+#[derive(Clone, Debug)]
+pub struct RoutedSteps {
+    pub mode: RoutedUploads,
+    /// Router counts persisted beside the model, read at load (None:
+    /// none, or another model's); the online counts are added to them.
+    pub prior: Option<RouterCounts>,
+    /// This step's routed groups: by group index, the experts sent ahead.
+    pub step: HashMap<usize, Vec<u32>>,
+    /// What routed steps picked, by layer and size.
+    pub seen: Coverage,
+    pub stats: RoutedStats,
+}
+
+/// What a step's routed uploads did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoutedStats {
+    /// Groups routed.
+    pub groups: u64,
+    /// Their bytes whole.
+    pub whole_bytes: u64,
+    /// The bytes the plan expected them to carry.
+    pub expected_bytes: f64,
+    /// The bytes they carried ahead of their routers, and after.
+    pub ahead_bytes: u64,
+    pub after_bytes: u64,
+    /// Experts of theirs sent ahead of the routers, and sent after.
+    pub ahead: u64,
+    pub after: u64,
+    /// Experts of theirs the steps' tokens picked.
+    pub picked: u64,
+}
+
+impl RoutedStats {
+    pub fn add(&mut self, o: &RoutedStats) {
+        self.groups += o.groups;
+        self.whole_bytes += o.whole_bytes;
+        self.expected_bytes += o.expected_bytes;
+        self.ahead_bytes += o.ahead_bytes;
+        self.after_bytes += o.after_bytes;
+        self.ahead += o.ahead;
+        self.after += o.after;
+        self.picked += o.picked;
+    }
+}
+
+impl RoutedSteps {
+    pub fn new(mode: RoutedUploads, prior: Option<RouterCounts>) -> RoutedSteps {
+        RoutedSteps {
+            mode,
+            prior,
+            step: HashMap::new(),
+            seen: Coverage::default(),
+            stats: RoutedStats::default(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -619,9 +619,9 @@ impl ModelArgs {
         self.ubatch_size.min(self.batch_size)
     }
     /// Whether the router counts a run made are added to the file at
-    /// exit: with --expert-stats, and where hot experts are asked for
-    /// (the host CPU's mixture layers count their picks in every run;
-    /// the next load plans its hot sets from them).
+    /// exit: with --expert-stats, and where hot experts or routed uploads
+    /// are asked for (the host CPU's mixture layers and routed layers
+    /// count their picks; the next load plans from them).
     pub fn saves_counts(&self) -> bool {
         self.expert_stats
             || self.hot_experts != strata::paging::HotExperts::Off
