@@ -34,7 +34,8 @@
 #                                       # the 30B shape at 8G: router counts from a 2048-token prompt,
 #                                       # then B sequences (each of BS) with --routed-uploads X (each of
 #                                       # ROUTED); LLAMA=1: auto at 64 sequences beside llama.cpp ngl=99
-#                                       # --n-cpu-moe ${NCM:-31} (defaults, best); TRACE=1: traces
+#                                       # --n-cpu-moe ${NCM:-31} (defaults, best); TRACE=1: traces;
+#                                       # FLAGS="...": more strata flags (--hybrid off)
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
 #                                       # sequences with N whole CPU groups forced (--hybrid N) and S
 #                                       # slots a ring (--slots S)
@@ -197,8 +198,8 @@ case $what in
     fi
     for bb in ${BS:-64 16}; do
       for x in ${ROUTED:-off auto}; do
-        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x" | tee -a "$f"
-        timeout 150 $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x \
+        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x ${FLAGS:-}" | tee -a "$f"
+        timeout 150 $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x ${FLAGS:-} \
           ${TRACE:+--trace $out/trace_routed$sk-$bb-$x.json} 2>&1 | quiet | tee -a "$f"
       done
     done
