@@ -23,7 +23,7 @@ use super::pager::{Partial, Range};
 use super::state::Engine;
 use super::store::Location;
 use super::timeline;
-use crate::graph::{BindId, StepShape, ROUTED};
+use crate::graph::{StepShape, ROUTED};
 use crate::model::{GroupId, GroupKind, WeightSpec};
 use crate::paging::routed::{choose, pick_chances, RoutedStats, RoutedUploads};
 
@@ -176,29 +176,12 @@ impl Engine {
         shape: StepShape,
     ) -> Result<(), EngineError> {
         let gi = GroupId::new(layer, GroupKind::Ffn);
-        let Location::Streamed { ring, .. } = self.store.groups[gi.index()] else {
-            return Err(EngineError::Unsupported(
-                "a routed upload of a resident group",
-            ));
-        };
         let n = shape.n_tokens;
         // the window's last upload waits for this group's picked experts
         // (step 3), so that the bus has it to carry while the device
         // computes this layer and the next one's router
-        let slot = self.pager.before_compute_holding(
-            gi,
-            ring,
-            &self.store,
-            &self.backend,
-            self.kv.tier_mut(),
-            1,
-        )?;
-        let b = self.store.slot_bindings(gi, ring, slot)?;
-        let id = BindId {
-            group: Some(gi),
-            weight_slot: Some(slot),
-            kv_window: None,
-        };
+        let (ring, b, id) = self.bind_streamed(gi, 1, "a routed upload of a resident group")?;
+        let slot = id.weight_slot.expect("a streamed group's slot");
 
         // 2. the router, and its picks on the host
         let t = self.run_router(gi, n, id, &b)?;

@@ -98,6 +98,37 @@ impl Engine {
         Ok(t)
     }
 
+    /// Streamed group `gi` bound in its slot once its upload is in (the
+    /// device's stream waits for it), leaving the last `hold` uploads of
+    /// its ring's window for later (`Pager::before_compute_holding`): its
+    /// ring, its weights' bindings there and the bind id. `resident`: the
+    /// error for a group that is not streamed.
+    pub(super) fn bind_streamed(
+        &mut self,
+        gi: GroupId,
+        hold: usize,
+        resident: &'static str,
+    ) -> Result<(crate::paging::Ring, Vec<crate::ggml::Binding>, BindId), EngineError> {
+        let Location::Streamed { ring, .. } = self.store.groups[gi.index()] else {
+            return Err(EngineError::Unsupported(resident));
+        };
+        let slot = self.pager.before_compute_holding(
+            gi,
+            ring,
+            &self.store,
+            &self.backend,
+            self.kv.tier_mut(),
+            hold,
+        )?;
+        let b = self.store.slot_bindings(gi, ring, slot)?;
+        let id = BindId {
+            group: Some(gi),
+            weight_slot: Some(slot),
+            kv_window: None,
+        };
+        Ok((ring, b, id))
+    }
+
     /// Runs FFN group `layer` split at `shape.dev_experts` (see the module
     /// notes). The residual is on the device.
     pub(super) fn run_split_ffn(
@@ -106,23 +137,10 @@ impl Engine {
         shape: StepShape,
     ) -> Result<(), EngineError> {
         let gi = GroupId::new(layer, GroupKind::Ffn);
-        let Location::Streamed { ring, .. } = self.store.groups[gi.index()] else {
-            return Err(EngineError::Unsupported(
-                "an expert split of a resident group",
-            ));
-        };
+        let (ring, b, id) = self.bind_streamed(gi, 0, "an expert split of a resident group")?;
         let n = shape.n_tokens;
         let dev = shape.dev_experts as i32;
         let sig = self.spec.groups[gi.index()].signature();
-        let slot =
-            self.pager
-                .before_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
-        let b = self.store.slot_bindings(gi, ring, slot)?;
-        let id = BindId {
-            group: Some(gi),
-            weight_slot: Some(slot),
-            kv_window: None,
-        };
 
         // 2. the router, and its picks on the host
         let t = self.run_router(gi, n, id, &b)?;
