@@ -25,7 +25,7 @@ use super::store::Location;
 use super::timeline;
 use crate::graph::{StepShape, ROUTED};
 use crate::model::{GroupId, GroupKind, WeightSpec};
-use crate::paging::routed::{choose, pick_chances, RoutedStats, RoutedUploads};
+use crate::paging::routed::{choose, pick_chances, RoutedGroup, RoutedStats, RoutedUploads};
 
 /// Whether a weight is an expert tensor of `n_expert` experts (the
 /// outermost dimension).
@@ -75,32 +75,27 @@ pub(super) fn expert_ranges(
 }
 
 impl Engine {
-    /// Chooses this step's routed groups among `order`'s streamed mixture
-    /// FFN groups on the device (not `on_cpu`, not split), marks their
-    /// shapes, and adds their first uploads to the pager's partial ones.
-    pub(super) fn plan_routed_uploads(
-        &mut self,
+    /// The groups of `order` a step of `n` tokens would route, with how
+    /// each goes up (by group index): its streamed mixture FFN groups on
+    /// the device (not `on_cpu`, not split) whose routing pays (`auto`)
+    /// or all of them (forced). Empty where nothing can be routed.
+    fn routed_choices(
+        &self,
         n: u32,
-        order: &mut [(u32, GroupKind, StepShape)],
+        order: &[(u32, GroupKind, StepShape)],
         on_cpu: &[bool],
-    ) {
-        let Some(r) = self.routed.as_mut() else {
-            return;
+    ) -> Vec<(usize, RoutedGroup)> {
+        let Some(r) = self.routed.as_ref() else {
+            return Vec::new();
         };
-        r.step.clear();
-        r.stats = RoutedStats::default();
         let hp = &self.spec.hp;
-        // `auto`: only where the bus is the step's bottleneck (no host
-        // CPU groups, whose time the bus overlaps)
-        let hybrid_step = on_cpu.iter().any(|&c| c);
         if r.mode == RoutedUploads::Off
-            || (r.mode == RoutedUploads::Auto && hybrid_step)
             || n < 2
             || n > self.lim.ffn_rows
             || self.spec.shard.is_some()
             || !hp.is_moe()
         {
-            return;
+            return Vec::new();
         }
         // the counts read at load and those of this load's steps
         let counts = match (&r.prior, &self.routing) {
@@ -111,7 +106,8 @@ impl Engine {
             (Some(p), None) => Some(p.clone()),
             (None, o) => o.clone(),
         };
-        for (l, kind, shape) in order.iter_mut() {
+        let mut out = Vec::new();
+        for (l, kind, shape) in order {
             let gi = GroupId::new(*l, *kind);
             if *kind != GroupKind::Ffn || on_cpu[gi.index()] || shape.dev_experts > 0 {
                 continue;
@@ -141,30 +137,117 @@ impl Engine {
                 hp.n_expert_used as usize,
                 shape.n_tokens,
             );
-            let whole = g.bytes();
             let seen = r.seen.get(*l as usize, shape.n_tokens);
-            let Some(c) = choose(
+            if let Some(c) = choose(
                 r.mode,
+                shape.n_tokens,
                 &chances,
                 seen,
                 expert_bytes,
-                whole,
+                g.bytes(),
                 self.probes.copy_bw,
-            ) else {
+            ) {
+                out.push((gi.index(), c));
+            }
+        }
+        out
+    }
+
+    /// Hybrid decode with routed uploads on `auto`: whether a step of `n`
+    /// tokens, whose plan has the host CPU compute the groups `on_cpu`,
+    /// is predicted faster with no host group and its mixture groups
+    /// routed (`CpuCalibration::predict_routed`, against the hybrid
+    /// step's `predict`, the CPU at the speed the steps showed). Some:
+    /// both predictions, the routed one first, where it is.
+    pub(super) fn routed_beats_hybrid(
+        &self,
+        n: u32,
+        order: &[(u32, GroupKind, StepShape)],
+        on_cpu: &[bool],
+    ) -> Option<(f64, f64)> {
+        let r = self.routed.as_ref()?;
+        let (cal, plan) = (self.cpu_cal.as_ref()?, self.plan.placement.hybrid.as_ref()?);
+        if r.mode != RoutedUploads::Auto || !on_cpu.iter().any(|&c| c) {
+            return None;
+        }
+        let none = vec![false; on_cpu.len()];
+        let choices = self.routed_choices(n, order, &none);
+        if choices.is_empty() {
+            return None;
+        }
+        let mut expected = vec![None; on_cpu.len()];
+        for (i, c) in &choices {
+            expected[*i] = Some(c.expected_bytes.round() as u64);
+        }
+        let routed = cal.predict_routed(n, &expected).step_s();
+        let hybrid = cal.predict(plan, n);
+        (routed < hybrid).then_some((routed, hybrid))
+    }
+
+    /// Chooses this step's routed groups among `order`'s (see
+    /// [`Engine::routed_choices`]), marks their shapes, and adds their
+    /// first uploads to the pager's partial ones. `auto` routes only
+    /// steps without host groups: there the bus carries uploads while the
+    /// CPU computes, and an upload after a router would wait in the layer
+    /// chain instead (`routed_beats_hybrid` moves a whole step off the
+    /// host where that pays). `over_hybrid`: the predictions that did.
+    pub(super) fn plan_routed_uploads(
+        &mut self,
+        n: u32,
+        order: &mut [(u32, GroupKind, StepShape)],
+        on_cpu: &[bool],
+        over_hybrid: Option<(f64, f64)>,
+    ) {
+        let hybrid_step = on_cpu.iter().any(|&c| c);
+        let choices = match self.routed.as_ref() {
+            Some(r) if !(r.mode == RoutedUploads::Auto && hybrid_step) => {
+                self.routed_choices(n, order, on_cpu)
+            }
+            _ => Vec::new(),
+        };
+        // the routed step's prediction, for `strata bench`
+        let predicted = match (&self.cpu_cal, over_hybrid) {
+            (_, Some((p, _))) => Some(p),
+            (Some(cal), None) if !choices.is_empty() => {
+                let mut expected = vec![None; on_cpu.len()];
+                for (i, c) in &choices {
+                    expected[*i] = Some(c.expected_bytes.round() as u64);
+                }
+                Some(cal.predict_routed(n, &expected).step_s())
+            }
+            _ => None,
+        };
+        let Some(r) = self.routed.as_mut() else {
+            return;
+        };
+        r.step.clear();
+        r.stats = RoutedStats::default();
+        if let Some((_, h)) = over_hybrid {
+            r.stats.over_hybrid = 1;
+            r.stats.hybrid_s = h;
+        }
+        if let Some(p) = predicted {
+            r.stats.predicted = 1;
+            r.stats.predicted_s = p;
+        }
+        for (i, c) in choices {
+            let Some((_, _, shape)) = order
+                .iter_mut()
+                .find(|(l, k, _)| GroupId::new(*l, *k).index() == i)
+            else {
                 continue;
             };
-            let offsets = &self.store.layouts[gi.index()].offsets;
-            let up = expert_ranges(&g.weights, offsets, hp.n_expert, &c.sure, true);
+            let g = &self.spec.groups[i];
+            let offsets = &self.store.layouts[i].offsets;
+            let up = expert_ranges(&g.weights, offsets, self.spec.hp.n_expert, &c.sure, true);
             r.stats.ahead_bytes += up.iter().map(|u| u.1 as u64).sum::<u64>();
-            self.pager
-                .partial
-                .insert(gi.index(), Partial { up, zero: vec![] });
+            self.pager.partial.insert(i, Partial { up, zero: vec![] });
             shape.routed = true;
             r.stats.groups += 1;
-            r.stats.whole_bytes += whole;
+            r.stats.whole_bytes += g.bytes();
             r.stats.expected_bytes += c.expected_bytes;
             r.stats.ahead += c.sure.len() as u64;
-            r.step.insert(gi.index(), c.sure);
+            r.step.insert(i, c.sure);
         }
     }
 

@@ -348,10 +348,16 @@ impl Engine {
             ));
         }
         // hybrid decode: the groups the CPU computes at this step size
-        let on_cpu = match (&self.host, &self.plan.placement.hybrid) {
+        let mut on_cpu = match (&self.host, &self.plan.placement.hybrid) {
             (Some(_), Some(h)) if split_k.is_none() => h.cpu_groups(n),
             _ => vec![false; self.spec.groups.len()],
         };
+        // routed uploads on `auto`: the step without host groups, its
+        // mixture groups routed, where that is predicted faster
+        let over_hybrid = self.routed_beats_hybrid(n, &order, &on_cpu);
+        if over_hybrid.is_some() {
+            on_cpu.fill(false);
+        }
         if let Some(h) = self.host.as_mut() {
             h.stats = host::HostStats::default();
         }
@@ -369,7 +375,7 @@ impl Engine {
             .map(|(l, k, s)| (GroupId::new(*l, *k), s.dev_experts))
             .collect();
         self.plan_partial_uploads(&split);
-        self.plan_routed_uploads(n, &mut order, &on_cpu);
+        self.plan_routed_uploads(n, &mut order, &on_cpu, over_hybrid);
         // with the halves the row split cuts groups in (rows.rs)
         let shapes: Vec<StepShape> = order
             .iter()

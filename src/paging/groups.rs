@@ -13,6 +13,10 @@ pub enum Where {
     /// computed by the GPU while the CPU computes the others (see
     /// `paging::split`).
     Split(u32),
+    /// A streamed mixture FFN group whose experts go up only as far as a
+    /// step's tokens picked them, carrying this many bytes over the bus
+    /// (expected; `paging::routed`), computed by the GPU.
+    Routed(u64),
 }
 
 /// What the planner knows about one layer group.
@@ -106,12 +110,14 @@ impl GroupInfo {
     }
 
     /// Bytes crossing the bus for a group placed at `w`: all of a streamed
-    /// one, of a split one its shared part and its device's experts.
+    /// one, of a split one its shared part and its device's experts, of a
+    /// routed one what it is expected to carry.
     pub fn upload_bytes(&self, w: Where) -> u64 {
         match (w, self.experts) {
             (Where::Split(k), Some(x)) => {
                 self.shared_bytes() + (x.bytes as f64 * self.device_share(k)).round() as u64
             }
+            (Where::Routed(b), _) => b.min(self.bytes),
             _ => self.bytes,
         }
     }

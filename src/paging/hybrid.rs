@@ -202,11 +202,13 @@ pub struct Prediction {
     /// Time the chain waits for uploads (the step starts with drained
     /// streams, and uploads bunch up behind large groups).
     pub stall_s: f64,
+    /// Routed groups' round trips (`paging::routed::layer_cost_s`).
+    pub routed_s: f64,
 }
 
 impl Prediction {
     pub fn step_s(&self) -> f64 {
-        self.cpu_s + self.gpu_s + self.stall_s
+        self.cpu_s + self.gpu_s + self.stall_s + self.routed_s
     }
 }
 
@@ -217,7 +219,9 @@ impl Prediction {
 /// `slots - 1` earlier (the host issues GPU groups at once but waits for
 /// the chain at each CPU group); a GPU group waits for its upload; a CPU
 /// group costs a residual hop and its bytes at the CPU's rate. Where the
-/// CPU takes part, uploads run at the bus's rate beside the CPU.
+/// CPU takes part, uploads run at the bus's rate beside the CPU. A
+/// `Routed` group's expected bytes go up as a `Bus` group's; at its turn
+/// the chain and the bus both wait out its router's round trip.
 pub fn simulate(
     groups: &[GroupInfo],
     at: &[Where],
@@ -238,7 +242,7 @@ pub fn simulate(
     // uploads are issued in order as far ahead as the rings allow; the
     // next one's index in `order`
     let order: Vec<usize> = (0..groups.len())
-        .filter(|&i| matches!(at[i], Where::Bus | Where::Split(_)))
+        .filter(|&i| matches!(at[i], Where::Bus | Where::Split(_) | Where::Routed(_)))
         .collect();
     let mut uploaded: Vec<f64> = Vec::with_capacity(order.len());
     let mut issued = [0usize; 2];
@@ -271,7 +275,7 @@ pub fn simulate(
                 t += d;
                 host = t;
             }
-            Where::Bus | Where::Split(_) => {
+            Where::Bus | Where::Split(_) | Where::Routed(_) => {
                 // issue uploads up to this one: each waits for the bus and
                 // for its slot's previous group to finish computing
                 issued_at[ring_of(g.kind)].push(host);
@@ -310,6 +314,18 @@ pub fn simulate(
                     p.cpu_s += d;
                     t += d;
                     host = t;
+                } else if let Where::Routed(_) = at[i] {
+                    // the router's round trip: the chain waits for the
+                    // picks and their copies, and the bus, holding back
+                    // what comes after them, carries nothing else
+                    let d = super::routed::layer_cost_s(n);
+                    p.routed_s += d;
+                    t += d;
+                    host = t;
+                    bus_free = bus_free.max(t);
+                    let d = c.gpu_group_s(g, n);
+                    p.gpu_s += d;
+                    t += d;
                 } else {
                     let d = c.gpu_group_s(g, n);
                     p.gpu_s += d;
@@ -577,6 +593,27 @@ impl CpuCalibration {
     }
 }
 
+impl CpuCalibration {
+    /// The step of `n` tokens without host groups: every streamed group on
+    /// the bus, those with `routed[i]` (by group index: the bytes it is
+    /// expected to carry) routed (`paging::routed`). Weighed against
+    /// [`CpuCalibration::predict`], it says whether a step runs better
+    /// routed on the device alone than as the hybrid plan's.
+    pub fn predict_routed(&self, n: u32, routed: &[Option<u64>]) -> Prediction {
+        let at: Vec<Where> = self
+            .streamed
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| match (s, routed.get(i).copied().flatten()) {
+                (true, Some(b)) => Where::Routed(b),
+                (true, None) => Where::Bus,
+                (false, _) => Where::Resident,
+            })
+            .collect();
+        simulate(&self.groups, &at, self.slots, self.copy_bw, &self.probe, n)
+    }
+}
+
 impl HybridPlan {
     /// The device's experts of each split group at a step of `n` tokens,
     /// where that step splits.
@@ -736,6 +773,59 @@ mod tests {
         let at = [Where::Bus, Where::Bus, Where::Bus, Where::Cpu];
         let beside = simulate(&g, &at, (2, 2), 4.0, &c, 1);
         assert_eq!(beside.bus_s, 1.5);
+    }
+
+    #[test]
+    fn a_routed_step_costs_its_bytes_and_a_round_trip_a_group() {
+        use super::super::groups::Experts;
+        use super::super::routed::layer_cost_s;
+        // Qwen3-30B-A3B-like: 48 layers, 8 MB of attention, 128 experts
+        // of 2.9 MB and 1 MB of router; all streamed over 55 GB/s
+        let ffn = GroupInfo {
+            kind: GroupKind::Ffn,
+            bytes: 1_000_000 + 128 * 2_900_000,
+            experts: Some(Experts {
+                bytes: 128 * 2_900_000,
+                n_expert: 128,
+                n_used: 8,
+                hot: 0.0,
+            }),
+        };
+        let g: Vec<GroupInfo> = (0..48)
+            .flat_map(|_| [GroupInfo::dense(GroupKind::Attn, 8_000_000), ffn])
+            .collect();
+        let streamed = vec![true; g.len()];
+        let cal = CpuCalibration::new(cpu(1e-9), g.clone(), streamed, (8, 3), 55e9);
+        // nothing routed: the bus step
+        let none = vec![None; g.len()];
+        let bus = simulate(&g, &[Where::Bus; 96], (8, 3), 55e9, &cpu(1e-9), 16);
+        assert_eq!(cal.predict_routed(16, &none), bus);
+        // every FFN group carrying half its bytes: a bus-bound step of the
+        // bytes sent plus each group's round trip
+        let half = ffn.bytes / 2;
+        let routed: Vec<Option<u64>> = g
+            .iter()
+            .map(|x| (x.kind == GroupKind::Ffn).then_some(half))
+            .collect();
+        let p = cal.predict_routed(16, &routed);
+        let sent = 48.0 * (8e6 + half as f64);
+        let expect = sent / 55e9 + 48.0 * layer_cost_s(16);
+        assert!(
+            (p.step_s() / expect - 1.0).abs() < 0.03,
+            "{p:?} against {expect}"
+        );
+        assert!(p.step_s() < bus.step_s());
+        // sending everything anyway, routing only adds the round trips
+        let whole: Vec<Option<u64>> = g
+            .iter()
+            .map(|x| (x.kind == GroupKind::Ffn).then_some(x.bytes))
+            .collect();
+        let p = cal.predict_routed(16, &whole);
+        let extra = p.step_s() - bus.step_s();
+        assert!(
+            (extra / (48.0 * layer_cost_s(16)) - 1.0).abs() < 0.05,
+            "{extra}"
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@
 //! A routed group costs the layer a round trip: the device drains to hand
 //! the picks to the host, and the upload after the router starts only
 //! then, so the bus idles while the device computes the layer
-//! ([`LAYER_COST_S`]). `auto` routes a group only where the bytes it
+//! ([`layer_cost_s`]). `auto` routes a group only where the bytes it
 //! expects to save take longer on the bus than that, and only in steps
 //! the host CPU takes no part in: there the bus carries uploads while
 //! the CPU computes its groups, and an upload after a router would wait
@@ -50,13 +50,18 @@ pub enum RoutedUploads {
 /// A pick chance at or above which an expert goes up ahead of the router.
 pub const SURE: f64 = 0.9;
 
-/// What routing a group costs its layer beyond the bytes: the device's
-/// drain for the picks, the host's read of them and its many small
-/// copies, and the bus idle while the device computes the layer's router
-/// and products. Measured on an H100 (run 131, Qwen3-30B-A3B shape, 64
-/// sequences at 8G): the step lost 0.73 ms a routed group beyond the
-/// bytes saved with uniform routing and 0.93 ms with skewed routing.
-pub const LAYER_COST_S: f64 = 0.9e-3;
+/// What routing a group costs its layer beyond the bytes at a step of
+/// `n_tokens`: the device's drain for the picks, the host's read of them
+/// and its many small copies, and the bus idle while the device computes
+/// the layer's router and products, which take longer at larger steps.
+/// Measured on an H100 (Qwen3-30B-A3B shape at 8G, the step against the
+/// bytes it sent at the bus's rate): 0.45-0.52 ms a routed group at 8 and
+/// 16 sequences (run 133), 0.73-0.93 ms at 64 (run 131); linear between.
+pub fn layer_cost_s(n_tokens: u32) -> f64 {
+    let (few, many) = (0.5e-3, 0.9e-3);
+    let f = ((f64::from(n_tokens) - 16.0) / 48.0).clamp(0.0, 1.0);
+    few + (many - few) * f
+}
 
 /// The share of a layer's experts that routed steps actually picked, by
 /// layer and step size (rounded up to a power of two), each a running
@@ -129,9 +134,11 @@ pub struct RoutedGroup {
 /// [`pick_chances`]), `seen` the share of its experts the routed steps
 /// of this size picked ([`Coverage`]; it replaces the chances' sum where
 /// there is one), `expert_bytes` each expert's weights (every expert
-/// tensor's slice), `whole` the group's bytes. None: it goes up whole.
+/// tensor's slice), `whole` the group's bytes, at a step of `n_tokens`.
+/// None: it goes up whole.
 pub fn choose(
     mode: RoutedUploads,
+    n_tokens: u32,
     chances: &[f64],
     seen: Option<f64>,
     expert_bytes: u64,
@@ -155,7 +162,7 @@ pub fn choose(
     };
     let expected_bytes = other + experts_up * expert_bytes as f64;
     let saved_s = (whole as f64 - expected_bytes) / copy_bw.max(1.0);
-    let pays = saved_s > LAYER_COST_S && sure.len() < chances.len();
+    let pays = saved_s > layer_cost_s(n_tokens) && sure.len() < chances.len();
     (mode == RoutedUploads::Force || pays).then_some(RoutedGroup {
         sure,
         expected_bytes,
@@ -194,6 +201,15 @@ pub struct RoutedStats {
     pub after: u64,
     /// Experts of theirs the steps' tokens picked.
     pub picked: u64,
+    /// Steps routed whose plan had the host CPU compute groups: the
+    /// routed step was predicted faster (`predicted_s`) than the hybrid
+    /// one (`hybrid_s`), and ran instead.
+    pub over_hybrid: u64,
+    /// Routed steps predicted (the engine's `CpuCalibration::predict_routed`
+    /// where it has one), and their predictions.
+    pub predicted: u64,
+    pub predicted_s: f64,
+    pub hybrid_s: f64,
 }
 
 impl RoutedStats {
@@ -206,6 +222,10 @@ impl RoutedStats {
         self.ahead += o.ahead;
         self.after += o.after;
         self.picked += o.picked;
+        self.over_hybrid += o.over_hybrid;
+        self.predicted += o.predicted;
+        self.predicted_s += o.predicted_s;
+        self.hybrid_s += o.hybrid_s;
     }
 }
 
@@ -264,6 +284,7 @@ mod tests {
         let at = |n| {
             choose(
                 RoutedUploads::Auto,
+                n,
                 &pick_chances(None, 0, E, 8, n),
                 None,
                 BYTES,
@@ -281,6 +302,7 @@ mod tests {
         // forced, it routes with every expert sent ahead
         let f = choose(
             RoutedUploads::Force,
+            64,
             &pick_chances(None, 0, E, 8, 64),
             None,
             BYTES,
@@ -292,6 +314,7 @@ mod tests {
         assert_eq!(
             choose(
                 RoutedUploads::Off,
+                1,
                 &pick_chances(None, 0, E, 8, 1),
                 None,
                 BYTES,
@@ -306,7 +329,7 @@ mod tests {
     fn skewed_routing_routes_64_tokens_and_sends_the_popular_ahead() {
         let c = zipf(2, 100_000);
         let p = pick_chances(Some(&c), 1, E, 8, 64);
-        let g = choose(RoutedUploads::Auto, &p, None, BYTES, WHOLE, BW).expect("routed");
+        let g = choose(RoutedUploads::Auto, 64, &p, None, BYTES, WHOLE, BW).expect("routed");
         // the most picked experts first
         assert!(g.sure.contains(&0) && g.sure.contains(&20));
         assert!(!g.sure.contains(&127));
@@ -315,7 +338,7 @@ mod tests {
         // 2048 tokens pick every expert
         let p = pick_chances(Some(&c), 1, E, 8, 2048);
         assert_eq!(
-            choose(RoutedUploads::Auto, &p, None, BYTES, WHOLE, BW),
+            choose(RoutedUploads::Auto, 2048, &p, None, BYTES, WHOLE, BW),
             None
         );
     }
@@ -324,14 +347,14 @@ mod tests {
     fn what_routed_steps_picked_overrides_the_counts() {
         let c = zipf(2, 100_000);
         let p = pick_chances(Some(&c), 1, E, 8, 64);
-        assert!(choose(RoutedUploads::Auto, &p, None, BYTES, WHOLE, BW).is_some());
+        assert!(choose(RoutedUploads::Auto, 64, &p, None, BYTES, WHOLE, BW).is_some());
         // the steps picked 98% of the experts: nothing worth the wait
         assert_eq!(
-            choose(RoutedUploads::Auto, &p, Some(0.98), BYTES, WHOLE, BW),
+            choose(RoutedUploads::Auto, 64, &p, Some(0.98), BYTES, WHOLE, BW),
             None
         );
         // 60% picked: routed, expecting 60% of the experts' bytes
-        let g = choose(RoutedUploads::Auto, &p, Some(0.6), BYTES, WHOLE, BW).expect("routed");
+        let g = choose(RoutedUploads::Auto, 64, &p, Some(0.6), BYTES, WHOLE, BW).expect("routed");
         let experts = (128 * BYTES) as f64;
         assert!((g.expected_bytes - 1e6 - 0.6 * experts).abs() < 1.0);
         let mut cov = Coverage::default();
@@ -382,12 +405,12 @@ mod tests {
             }
             let whole = 16 * bytes + other;
             for mode in [RoutedUploads::Auto, RoutedUploads::Force] {
-                if let Some(g) = choose(mode, &p, None, bytes, whole, BW) {
+                if let Some(g) = choose(mode, n, &p, None, bytes, whole, BW) {
                     prop_assert!(g.expected_bytes <= whole as f64 + 1e-6);
                     prop_assert!(g.sure.iter().all(|&e| p[e as usize] >= SURE));
                     prop_assert!(g.sure.windows(2).all(|w| w[0] < w[1]));
                     if mode == RoutedUploads::Auto {
-                        prop_assert!((whole as f64 - g.expected_bytes) / BW > LAYER_COST_S);
+                        prop_assert!((whole as f64 - g.expected_bytes) / BW > layer_cost_s(n));
                     }
                 }
             }

@@ -33,8 +33,8 @@
 #   [SKEW=1] [BS="64 16"] [ROUTED="off auto"] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-routed
 #                                       # the 30B shape at 8G: router counts from a 2048-token prompt,
 #                                       # then B sequences (each of BS) with --routed-uploads X (each of
-#                                       # ROUTED); LLAMA=1: auto at 64 sequences beside llama.cpp ngl=99
-#                                       # --n-cpu-moe ${NCM:-31} (defaults, best); TRACE=1: traces;
+#                                       # ROUTED); LLAMA=1: auto at 64 sequences (each of LLAMA_BS) beside
+#                                       # llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults, best); TRACE=1: traces;
 #                                       # FLAGS="...": more strata flags (--hybrid off)
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
 #                                       # sequences with N whole CPU groups forced (--hybrid N) and S
@@ -204,9 +204,11 @@ case $what in
       done
     done
     if [ -n "${LLAMA:-}" ]; then
-      echo "== strata bench $common -p 0 -n 0 -B 64 -r 2 --routed-uploads auto --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31}" | tee -a "$f"
-      timeout ${BENCH_TIMEOUT:-240} $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --routed-uploads auto \
-        --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+      for bb in ${LLAMA_BS:-64}; do
+        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads auto --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31}" | tee -a "$f"
+        timeout ${BENCH_TIMEOUT:-240} $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads auto \
+          --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+      done
     fi
     ;;
   qwen3moe-hot)

@@ -254,8 +254,16 @@ struct StepFigures {
     routed_ahead_experts: f64,
     routed_after_experts: f64,
     routed_picked: f64,
+    /// Routed steps: the share of steps that ran routed in place of the
+    /// hybrid plan's step, and, per step predicted, the routed step's
+    /// prediction; per step chosen over the hybrid one, that one's.
+    routed_over_hybrid: f64,
+    routed_predicted_share: f64,
+    routed_predicted_ms: f64,
+    routed_hybrid_ms: f64,
 }
 
+#[cfg(any(feature = "reference", test))]
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -395,6 +403,10 @@ fn time_strata(
         routed_ahead_experts: routed.ahead as f64 / routed.groups.max(1) as f64,
         routed_after_experts: routed.after as f64 / routed.groups.max(1) as f64,
         routed_picked: routed.picked as f64 / routed.groups.max(1) as f64,
+        routed_over_hybrid: routed.over_hybrid as f64 / steps as f64,
+        routed_predicted_share: routed.predicted as f64 / steps as f64,
+        routed_predicted_ms: routed.predicted_s * 1e3 / routed.predicted.max(1) as f64,
+        routed_hybrid_ms: routed.hybrid_s * 1e3 / routed.over_hybrid.max(1) as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -1038,6 +1050,16 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                     f.routed_ahead_experts,
                     f.routed_after_experts,
                     f.routed_picked
+                );
+            }
+            if f.routed_predicted_share > 0.0 {
+                println!(
+                    "{:<47} routed steps: {:.0}% of steps, predicted {:.2} ms a step; {:.0}% of steps chosen over the hybrid plan's (predicted {:.2} ms)",
+                    "",
+                    100.0 * f.routed_predicted_share,
+                    f.routed_predicted_ms,
+                    100.0 * f.routed_over_hybrid,
+                    f.routed_hybrid_ms
                 );
             }
             if f.relayed_mib > 0.0 {
