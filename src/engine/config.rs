@@ -55,8 +55,8 @@ pub struct EngineConfig {
     /// process taking cores; see [`super::threads`]); off: always all.
     pub tune_threads: bool,
     /// Count the experts a mixture's router picks, per layer (see
-    /// [`crate::paging::routing`]); a measuring mode: ggml-cuda then runs
-    /// the routing unfused, and the device waits for each MoE layer.
+    /// [`crate::paging::routing`]); a measuring mode: the device waits
+    /// for each MoE layer, whose picks the host reads.
     pub expert_stats: bool,
     /// Router counts persisted beside the model (`RouterCounts::to_json`),
     /// read at load to choose the hot experts (a file that is not there

@@ -14,9 +14,9 @@
 //!    slot is already free, so the bus carries it while the device
 //!    computes this layer and the next one's router, where it would
 //!    otherwise wait for a slot this layer frees and leave the bus idle;
-//! 4. the group's FFN graph, routing unfused as the router graph does (so
-//!    both pick alike), reads only the experts its picks name: the slot's
-//!    other experts hold whatever they held.
+//! 4. the group's FFN graph, routing as the router graph does (so both
+//!    pick alike: `graph::moe::route`), reads only the experts its picks
+//!    name: the slot's other experts hold whatever they held.
 
 use super::error::EngineError;
 use super::pager::{Partial, Range};

@@ -11,7 +11,7 @@
 //!    rows, picks and weights (one drain of the compute stream);
 //! 3. the device's FFN graph is queued: picks of the zeroed experts add
 //!    exactly nothing there (a zero matrix's product is 0), and it routes
-//!    unfused as the router graph does, so both pick alike;
+//!    as the router graph does, so both pick alike (`graph::moe::route`);
 //! 4. meanwhile the host computes the picks of experts `k..` and sums them
 //!    per token;
 //! 5. its rows go up and a small graph adds them to the residual, queued

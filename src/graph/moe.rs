@@ -49,18 +49,27 @@ impl<'c> From<&Experts<'c>> for ExpertMats<'c> {
     }
 }
 
-/// The name of the router's picks, I32 [n_used, n_tokens].
-pub const ROUTED: &str = "ffn_moe_topk";
+/// The name of the router's picks the host reads, I32 [n_used, n_tokens]
+/// (a copy `route` keeps).
+pub const ROUTED: &str = "ffn_moe_picks";
 
 /// F16's smallest normal value: the floor of the routing weights' sum.
 const WEIGHT_SUM_MIN: f32 = 6.103_515_6e-5;
 
 /// The router's picks for `cur`, the FFN-normed rows F32 [n_embd,
 /// n_tokens]: I32 [n_used, n_tokens] (a view of the full argsort) and their
-/// renormalized weights F32 [1, n_used, n_tokens]. `keep`: the picks stay
-/// readable after the compute (graph outputs; ggml-cuda then runs the
-/// routing unfused, which also makes two graphs that route the same rows
-/// pick alike).
+/// renormalized weights F32 [1, n_used, n_tokens]. `keep`: copies of the
+/// picks ([`ROUTED`]) and of their weights ([`WEIGHTS`]) stay readable
+/// after the compute.
+///
+/// The copies come after the routing and read only its two results:
+/// ggml-cuda fuses the routing into one top-k-MoE kernel, as in llama.cpp's
+/// graphs, only where no node inside it is a graph output or read outside
+/// it, and its separate kernels round differently (on the synthetic
+/// Qwen3-30B-A3B shape the logits departed from llama.cpp's by NMSE 4-6e-3
+/// with the routing's own nodes kept as outputs, runs 134-136). Two graphs
+/// that route the same rows, kept or not, so run the same kernels and pick
+/// alike, which routed uploads and the expert split rely on.
 pub fn route<'c>(
     ctx: &'c Context,
     g: &mut Graph<'c>,
@@ -83,10 +92,7 @@ pub fn route<'c>(
         .as_output();
     let probs = ctx.soft_max(logits).named("ffn_moe_probs");
     // I32 [n_used, n_tokens]
-    let mut selected = ctx.argsort_top_k(probs, k as i32).named(ROUTED);
-    if keep {
-        selected = selected.as_output();
-    }
+    let selected = ctx.argsort_top_k(probs, k as i32).named("ffn_moe_topk");
     // F32 [1, n_used, n_tokens]: the chosen experts' probabilities
     let probs3 = ctx.reshape_3d(probs, 1, n_exp, n).named("ffn_moe_probs_3d");
     let weights = ctx.get_rows(probs3, selected).named("ffn_moe_weights");
@@ -95,25 +101,28 @@ pub fn route<'c>(
     let sum = ctx
         .clamp(sum, WEIGHT_SUM_MIN, f32::INFINITY)
         .named("ffn_moe_weights_sum_clamped");
-    let weights = ctx.div(weights, sum).named(WEIGHTS);
-    if keep {
-        g.expand(weights.as_output());
-    }
+    let weights = ctx.div(weights, sum).named("ffn_moe_weights_norm");
     let weights = ctx.reshape_3d(weights, 1, k, n).named("ffn_moe_weights_3d");
     // the routing first, as llama.cpp expands it, so the fused top-k-MoE
     // kernel can take it
     g.expand(weights);
+    if keep {
+        g.expand(ctx.cont(selected).named(ROUTED).as_output());
+        let w = ctx.reshape_2d(weights, k, n).named("ffn_moe_pick_weights_2d");
+        g.expand(ctx.cont(w).named(WEIGHTS).as_output());
+    }
     (selected, weights)
 }
 
-/// The name of the routing weights, F32 [n_used, n_tokens].
-pub const WEIGHTS: &str = "ffn_moe_weights_norm";
+/// The name of the routing weights the host reads, F32 [n_used,
+/// n_tokens] (a copy `route` keeps).
+pub const WEIGHTS: &str = "ffn_moe_pick_weights";
 
 /// The experts' combined output, F32 [n_embd, n_tokens], for `cur`, the
 /// FFN-normed rows F32 [n_embd, n_tokens]. `split`: the device's side of
 /// an expert split, whose slot holds zeros in place of the experts the
-/// host computes (their picks add nothing here); it routes unfused, as
-/// the split's router graph does, so both pick alike.
+/// host computes (their picks add nothing here); its picks stay readable,
+/// as the split's router graph's do, and both pick alike (see [`route`]).
 pub fn moe_ffn<'c>(
     ctx: &'c Context,
     g: &mut Graph<'c>,

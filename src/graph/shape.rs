@@ -22,8 +22,9 @@ pub struct StepShape {
     /// `paging::split`); 0: no split.
     pub dev_experts: u32,
     /// A mixture's FFN group whose slot holds only the experts this
-    /// step's tokens picked (`paging::routed`): its routing runs unfused,
-    /// as the router graph before it does, so both pick alike.
+    /// step's tokens picked (`paging::routed`): its picks stay readable,
+    /// as the router graph's before it do, and both pick alike
+    /// (`graph::moe::route`).
     pub routed: bool,
     /// The first of the step's rows this graph computes: the row split
     /// computes a big step's groups in two halves of rows (`engine::rows`),

@@ -222,9 +222,8 @@ impl Template {
     }
     /// The router's picks this template computed last (a mixture's FFN
     /// built with `Dims::read_routing`; empty for others), token-major:
-    /// `n_used` per token, each chunk of rows in turn. Each is a view of
-    /// the first `n_used` columns of the router's full argsort, read with
-    /// its row stride.
+    /// `n_used` per token, each chunk of rows in turn (the copies
+    /// `graph::moe::route` keeps).
     pub fn read_routed(&self) -> Result<Vec<i32>> {
         let mut out = Vec::new();
         for &p in &self.routed {

@@ -133,8 +133,8 @@ pub struct ModelArgs {
     rpc: Vec<String>,
     /// Count the experts a mixture's router picks, per layer, and print the
     /// share a hot set of the most picked experts would have caught. A
-    /// measuring mode: the GPU runs the routing unfused and finishes each
-    /// mixture layer before the next is queued.
+    /// measuring mode: the GPU finishes each mixture layer before the next
+    /// is queued, and the host reads its picks.
     #[arg(long = "expert-stats")]
     expert_stats: bool,
     /// Router counts of this model (JSON): read to choose the hot experts
