@@ -669,7 +669,8 @@ fn device_lists_and_budgets_that_do_not_match_are_refused() {
 
 /// `--expert-stats` adds the router's picks to the counts file beside the
 /// model (a second run adds to the first's); a damaged counts file, or one
-/// of another model, is refused naming the file, and left as it was.
+/// of another model, is refused naming the file, and left as it was; a run
+/// that only reads it (routed uploads) warns and goes on.
 #[test]
 fn router_counts_are_saved_added_to_and_bad_files_refused() {
     let Some(smol) = model(SMOLLM2) else { return };
@@ -719,6 +720,18 @@ fn router_counts_are_saved_added_to_and_bad_files_refused() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&counts).unwrap(),
+        "{\"format\": \"strata-router-counts-1\""
+    );
+    // without --expert-stats (routed uploads only predict from counts):
+    // named in a warning, and the run goes on, leaving it as it was
+    let (ok, out, err) = strata(&stats[..stats.len() - 1]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        err.contains("experts.json") && err.contains("without counts"),
+        "{err}"
+    );
     assert_eq!(
         std::fs::read_to_string(&counts).unwrap(),
         "{\"format\": \"strata-router-counts-1\""

@@ -182,7 +182,7 @@ impl Default for PagingOptions {
             split: crate::paging::SplitInput::default(),
             hot: crate::paging::HotExperts::Off,
             look_ahead: 0,
-            routed: crate::paging::RoutedUploads::Off,
+            routed: crate::paging::RoutedUploads::Auto,
             look_ahead_layers: 1,
             relay: false,
             row_halves: None,

@@ -1005,8 +1005,17 @@ fn saved_counts(
     if !wanted || !spec.hp.is_moe() {
         return Ok(None);
     }
+    let read = |p: &std::path::Path| match super::model_file::read_router_counts(p) {
+        // routed uploads only start their predictions from the counts:
+        // without hot experts, a bad file is no reason to refuse the load
+        Err(e @ EngineError::BadCounts(..)) if cfg.paging.hot == crate::paging::HotExperts::Off => {
+            tracing::warn!("{e}; routed uploads start without counts");
+            Ok(None)
+        }
+        r => r,
+    };
     let counts = match &cfg.expert_counts {
-        Some(p) => match super::model_file::read_router_counts(p)? {
+        Some(p) => match read(p)? {
             // counts are the whole model's, by layer
             Some(c)
                 if spec.hp.layer0 == 0

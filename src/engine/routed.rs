@@ -89,7 +89,9 @@ impl Engine {
             return Vec::new();
         };
         let hp = &self.spec.hp;
+        // `auto` on a GPU only: its costs were measured there
         if r.mode == RoutedUploads::Off
+            || (r.mode == RoutedUploads::Auto && self.device.is_cpu())
             || n < 2
             || n > self.lim.ffn_rows
             || self.spec.shard.is_some()

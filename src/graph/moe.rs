@@ -108,7 +108,9 @@ pub fn route<'c>(
     g.expand(weights);
     if keep {
         g.expand(ctx.cont(selected).named(ROUTED).as_output());
-        let w = ctx.reshape_2d(weights, k, n).named("ffn_moe_pick_weights_2d");
+        let w = ctx
+            .reshape_2d(weights, k, n)
+            .named("ffn_moe_pick_weights_2d");
         g.expand(ctx.cont(w).named(WEIGHTS).as_output());
     }
     (selected, weights)

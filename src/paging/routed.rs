@@ -38,9 +38,10 @@ use std::collections::HashMap;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RoutedUploads {
     /// Every expert group whole (the ring's uploads).
-    #[default]
     Off,
-    /// The groups whose expected saving beats a layer's round trip.
+    /// The groups whose expected saving beats a layer's round trip, on a
+    /// GPU.
+    #[default]
     Auto,
     /// Every streamed mixture group of a step of at least two tokens that
     /// the device computes (tests, benchmarks).

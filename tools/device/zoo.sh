@@ -33,7 +33,8 @@
 #   [SKEW=1] [BS="64 16"] [ROUTED="off auto"] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-routed
 #                                       # the 30B shape at 8G: router counts from a 2048-token prompt,
 #                                       # then B sequences (each of BS) with --routed-uploads X (each of
-#                                       # ROUTED); LLAMA=1: auto at 64 sequences (each of LLAMA_BS) beside
+#                                       # ROUTED; "default": no flag); LLAMA=1: strata's defaults at 64
+#                                       # sequences (each of LLAMA_BS) beside
 #                                       # llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults, best); TRACE=1: traces;
 #                                       # FLAGS="...": more strata flags (--hybrid off)
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
@@ -198,15 +199,16 @@ case $what in
     fi
     for bb in ${BS:-64 16}; do
       for x in ${ROUTED:-off auto}; do
-        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x ${FLAGS:-}" | tee -a "$f"
-        timeout 150 $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads $x ${FLAGS:-} \
+        flag="--routed-uploads $x"; [ $x = default ] && flag=
+        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 $flag ${FLAGS:-}" | tee -a "$f"
+        timeout 150 $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 $flag ${FLAGS:-} \
           ${TRACE:+--trace $out/trace_routed$sk-$bb-$x.json} 2>&1 | quiet | tee -a "$f"
       done
     done
     if [ -n "${LLAMA:-}" ]; then
       for bb in ${LLAMA_BS:-64}; do
-        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads auto --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31}" | tee -a "$f"
-        timeout ${BENCH_TIMEOUT:-240} $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 --routed-uploads auto \
+        echo "== strata bench $common -p 0 -n 0 -B $bb -r 2 --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31}" | tee -a "$f"
+        timeout ${BENCH_TIMEOUT:-240} $bin/strata bench $common -p 0 -n 0 -B $bb -r 2 \
           --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
       done
     fi

@@ -273,13 +273,15 @@ pub struct ModelArgs {
     /// streamed layer's experts go up only if a token of the step picked
     /// them. The router runs first, the experts its picks name (beyond
     /// those the router counts make all but sure, sent ahead) go up
-    /// after it. off (the default); auto: the layers where the bytes the
-    /// counts (--expert-counts, and this run's) predict saved outweigh
-    /// the layer's wait for its router; on: every streamed mixture layer
-    /// of a step of 2 or more tokens. Counts are added to the counts file
-    /// at exit.
-    #[arg(long = "routed-uploads", default_value = "off", value_parser = parse_routed)]
-    pub routed_uploads: strata::paging::RoutedUploads,
+    /// after it. auto (the default): the layers where the bytes the counts
+    /// (--expert-counts, and this run's) predict saved outweigh the
+    /// layer's wait for its router, and steps the plan would have the CPU
+    /// take part in only where the routed step is predicted faster; on:
+    /// every streamed mixture layer of a step of 2 or more tokens; off:
+    /// whole expert groups. Given explicitly (auto or on), counts are added
+    /// to the counts file at exit.
+    #[arg(long = "routed-uploads", value_parser = parse_routed)]
+    pub routed_uploads: Option<strata::paging::RoutedUploads>,
     /// The fewest tokens a step splits its experts at (at least 2).
     #[arg(long = "split-min-tokens", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(2..))]
@@ -625,7 +627,9 @@ impl ModelArgs {
     pub fn saves_counts(&self) -> bool {
         self.expert_stats
             || self.hot_experts != strata::paging::HotExperts::Off
-            || self.routed_uploads != strata::paging::RoutedUploads::Off
+            || self
+                .routed_uploads
+                .is_some_and(|r| r != strata::paging::RoutedUploads::Off)
     }
     /// Where this model's router counts are kept (--expert-counts).
     pub fn counts_path(&self) -> PathBuf {
@@ -696,7 +700,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
             look_ahead_layers: m.look_ahead_layers,
-            routed: m.routed_uploads,
+            routed: m.routed_uploads.unwrap_or_default(),
         },
         kv_tier: KvTierOptions {
             block: m.kv_block,
