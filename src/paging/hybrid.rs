@@ -1090,5 +1090,41 @@ mod tests {
                 }
             }
         }
+
+        /// A routed step: nothing routed is the bus step; it never beats
+        /// its own bytes on the bus plus its round trips; and a group
+        /// carrying more bytes never makes it faster.
+        #[test]
+        fn routed_steps_are_consistent(
+            n in 1usize..30, attn in 1u64..100, ffn in 1u64..400,
+            first_streamed in 0usize..60, bw in 1.0f64..10.0, tokens in 2u32..128,
+            shares in proptest::collection::vec(0.0f64..=1.0, 60),
+            grow in 0usize..60,
+        ) {
+            let g = layers(n, attn, ffn);
+            let streamed: Vec<bool> = (0..g.len()).map(|i| i >= first_streamed.min(g.len())).collect();
+            let c = CpuInput { gpu_s_per_byte: 1e-3, ..cpu(1.0) };
+            let cal = CpuCalibration::new(c.clone(), g.clone(), streamed.clone(), (4, 3), bw);
+            let none = vec![None; g.len()];
+            let bus = simulate(&g, &placement(&streamed, &vec![false; g.len()]), (4, 3), bw, &c, tokens);
+            prop_assert_eq!(cal.predict_routed(tokens, &none), bus);
+            let routed: Vec<Option<u64>> = g.iter().enumerate()
+                .map(|(i, x)| (x.kind == GroupKind::Ffn).then(|| (x.bytes as f64 * shares[i % shares.len()]) as u64))
+                .collect();
+            let p = cal.predict_routed(tokens, &routed);
+            let k = routed.iter().zip(&streamed).filter(|(r, s)| r.is_some() && **s).count();
+            let sent: f64 = g.iter().zip(&streamed).zip(&routed)
+                .filter(|((_, s), _)| **s)
+                .map(|((x, _), r)| r.unwrap_or(x.bytes) as f64)
+                .sum();
+            let floor = sent / bw + k as f64 * super::super::routed::layer_cost_s(tokens);
+            prop_assert!(p.step_s() >= floor * (1.0 - 1e-9), "{p:?} below {floor}");
+            let mut more = routed.clone();
+            let j = grow % g.len();
+            if let Some(b) = more[j].as_mut() {
+                *b = g[j].bytes;
+            }
+            prop_assert!(cal.predict_routed(tokens, &more).step_s() >= p.step_s() - 1e-9);
+        }
     }
 }
