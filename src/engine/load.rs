@@ -741,7 +741,12 @@ impl Engine {
             compute: measured_compute,
             cpu: input.cpu.clone(),
         };
-        let routes = cfg.paging.routed != crate::paging::RoutedUploads::Off;
+        // `auto` routes on a GPU only (engine/routed.rs)
+        let routes = match cfg.paging.routed {
+            crate::paging::RoutedUploads::Off => false,
+            crate::paging::RoutedUploads::Auto => !device.is_cpu(),
+            crate::paging::RoutedUploads::Force => true,
+        };
         let count_routing = dims.read_routing || ((host.is_some() || routes) && dims.hp.is_moe());
         let routed = dims
             .hp
