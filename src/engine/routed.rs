@@ -26,6 +26,7 @@ use super::timeline;
 use crate::graph::{StepShape, ROUTED};
 use crate::model::{GroupId, GroupKind, WeightSpec};
 use crate::paging::routed::{choose, pick_chances, RoutedGroup, RoutedStats, RoutedUploads};
+use crate::paging::CpuCalibration;
 
 /// Whether a weight is an expert tensor of `n_expert` experts (the
 /// outermost dimension).
@@ -72,6 +73,19 @@ pub(super) fn expert_ranges(
         }
     }
     merged(r)
+}
+
+/// A step's routed uploads, chosen before its groups are placed
+/// ([`Engine::choose_routed_step`]).
+#[derive(Default)]
+pub(super) struct RoutedStep {
+    /// By group index, how each routed group goes up.
+    choices: Vec<(usize, RoutedGroup)>,
+    /// The routed step's prediction, where the engine has one.
+    predicted_s: Option<f64>,
+    /// Some: the step runs routed in place of the hybrid plan's, whose
+    /// prediction this is.
+    hybrid_s: Option<f64>,
 }
 
 impl Engine {
@@ -155,84 +169,85 @@ impl Engine {
         out
     }
 
-    /// Hybrid decode with routed uploads on `auto`: whether a step of `n`
-    /// tokens, whose plan has the host CPU compute the groups `on_cpu`,
-    /// is predicted faster with no host group and its mixture groups
-    /// routed (`CpuCalibration::predict_routed`, against the hybrid
-    /// step's `predict`, the CPU at the speed the steps showed). Some:
-    /// both predictions, the routed one first, where it is.
-    pub(super) fn routed_beats_hybrid(
+    /// A step's routed groups (see [`Engine::routed_choices`]), chosen
+    /// before its groups are placed. `auto` routes only steps without
+    /// host groups: there the bus carries uploads while the CPU computes,
+    /// and an upload after a router would wait in the layer chain
+    /// instead. So where the plan has the host CPU compute `on_cpu`,
+    /// `auto` predicts the step with no host group and its mixture groups
+    /// routed (`CpuCalibration::predict_routed`) against the hybrid
+    /// step's `predict` (the CPU at the speed the steps showed), and
+    /// clears `on_cpu` where the routed one is faster.
+    pub(super) fn choose_routed_step(
         &self,
         n: u32,
         order: &[(u32, GroupKind, StepShape)],
-        on_cpu: &[bool],
-    ) -> Option<(f64, f64)> {
-        let r = self.routed.as_ref()?;
-        let (cal, plan) = (self.cpu_cal.as_ref()?, self.plan.placement.hybrid.as_ref()?);
-        if r.mode != RoutedUploads::Auto || !on_cpu.iter().any(|&c| c) {
-            return None;
+        on_cpu: &mut [bool],
+    ) -> RoutedStep {
+        let Some(r) = self.routed.as_ref() else {
+            return RoutedStep::default();
+        };
+        let cal = self.cpu_cal.as_ref();
+        // the routed step's prediction, for the choice and `strata bench`
+        let predict = |choices: &[(usize, RoutedGroup)], cal: &CpuCalibration| {
+            let mut expected = vec![None; on_cpu.len()];
+            for (i, c) in choices {
+                expected[*i] = Some(c.expected_bytes.round() as u64);
+            }
+            cal.predict_routed(n, &expected).step_s()
+        };
+        if r.mode == RoutedUploads::Auto && on_cpu.iter().any(|&c| c) {
+            let (Some(cal), Some(plan)) = (cal, self.plan.placement.hybrid.as_ref()) else {
+                return RoutedStep::default();
+            };
+            let choices = self.routed_choices(n, order, &vec![false; on_cpu.len()]);
+            if choices.is_empty() {
+                return RoutedStep::default();
+            }
+            let (routed, hybrid) = (predict(&choices, cal), cal.predict(plan, n));
+            if routed >= hybrid {
+                return RoutedStep::default();
+            }
+            on_cpu.fill(false);
+            return RoutedStep {
+                choices,
+                predicted_s: Some(routed),
+                hybrid_s: Some(hybrid),
+            };
         }
-        let none = vec![false; on_cpu.len()];
-        let choices = self.routed_choices(n, order, &none);
-        if choices.is_empty() {
-            return None;
+        let choices = self.routed_choices(n, order, on_cpu);
+        let predicted_s = cal
+            .filter(|_| !choices.is_empty())
+            .map(|cal| predict(&choices, cal));
+        RoutedStep {
+            choices,
+            predicted_s,
+            hybrid_s: None,
         }
-        let mut expected = vec![None; on_cpu.len()];
-        for (i, c) in &choices {
-            expected[*i] = Some(c.expected_bytes.round() as u64);
-        }
-        let routed = cal.predict_routed(n, &expected).step_s();
-        let hybrid = cal.predict(plan, n);
-        (routed < hybrid).then_some((routed, hybrid))
     }
 
-    /// Chooses this step's routed groups among `order`'s (see
-    /// [`Engine::routed_choices`]), marks their shapes, and adds their
-    /// first uploads to the pager's partial ones. `auto` routes only
-    /// steps without host groups: there the bus carries uploads while the
-    /// CPU computes, and an upload after a router would wait in the layer
-    /// chain instead (`routed_beats_hybrid` moves a whole step off the
-    /// host where that pays). `over_hybrid`: the predictions that did.
+    /// Routes `step`'s groups: marks their shapes in `order`, adds their
+    /// first uploads to the pager's partial ones, and starts the step's
+    /// statistics.
     pub(super) fn plan_routed_uploads(
         &mut self,
-        n: u32,
         order: &mut [(u32, GroupKind, StepShape)],
-        on_cpu: &[bool],
-        over_hybrid: Option<(f64, f64)>,
+        step: RoutedStep,
     ) {
-        let hybrid_step = on_cpu.iter().any(|&c| c);
-        let choices = match self.routed.as_ref() {
-            Some(r) if !(r.mode == RoutedUploads::Auto && hybrid_step) => {
-                self.routed_choices(n, order, on_cpu)
-            }
-            _ => Vec::new(),
-        };
-        // the routed step's prediction, for `strata bench`
-        let predicted = match (&self.cpu_cal, over_hybrid) {
-            (_, Some((p, _))) => Some(p),
-            (Some(cal), None) if !choices.is_empty() => {
-                let mut expected = vec![None; on_cpu.len()];
-                for (i, c) in &choices {
-                    expected[*i] = Some(c.expected_bytes.round() as u64);
-                }
-                Some(cal.predict_routed(n, &expected).step_s())
-            }
-            _ => None,
-        };
         let Some(r) = self.routed.as_mut() else {
             return;
         };
         r.step.clear();
         r.stats = RoutedStats::default();
-        if let Some((_, h)) = over_hybrid {
+        if let Some(h) = step.hybrid_s {
             r.stats.over_hybrid = 1;
             r.stats.hybrid_s = h;
         }
-        if let Some(p) = predicted {
+        if let Some(p) = step.predicted_s {
             r.stats.predicted = 1;
             r.stats.predicted_s = p;
         }
-        for (i, c) in choices {
+        for (i, c) in step.choices {
             let Some((_, _, shape)) = order
                 .iter_mut()
                 .find(|(l, k, _)| GroupId::new(*l, *k).index() == i)

@@ -352,12 +352,9 @@ impl Engine {
             (Some(_), Some(h)) if split_k.is_none() => h.cpu_groups(n),
             _ => vec![false; self.spec.groups.len()],
         };
-        // routed uploads on `auto`: the step without host groups, its
-        // mixture groups routed, where that is predicted faster
-        let over_hybrid = self.routed_beats_hybrid(n, &order, &on_cpu);
-        if over_hybrid.is_some() {
-            on_cpu.fill(false);
-        }
+        // routed uploads (on `auto`, in place of the host's groups where
+        // that is predicted faster)
+        let routed = self.choose_routed_step(n, &order, &mut on_cpu);
         if let Some(h) = self.host.as_mut() {
             h.stats = host::HostStats::default();
         }
@@ -375,7 +372,7 @@ impl Engine {
             .map(|(l, k, s)| (GroupId::new(*l, *k), s.dev_experts))
             .collect();
         self.plan_partial_uploads(&split);
-        self.plan_routed_uploads(n, &mut order, &on_cpu, over_hybrid);
+        self.plan_routed_uploads(&mut order, routed);
         // with the halves the row split cuts groups in (rows.rs)
         let shapes: Vec<StepShape> = order
             .iter()
