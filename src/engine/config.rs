@@ -90,6 +90,9 @@ pub struct EngineConfig {
     pub repack: bool,
     /// Whether those may be AMX's (see [`Amx`]).
     pub cpu_amx: Amx,
+    /// Stacked experts repacked too, as llama.cpp places them (with
+    /// `repack`; see [`CpuLayout`]).
+    pub repack_experts: bool,
     /// Batch-invariant numerics on the CPU: ggml's reference kernels and
     /// plain weights, so a sequence's logits do not depend on what it is
     /// batched with (slower; the server's --batch-invariant).
@@ -228,6 +231,7 @@ impl EngineConfig {
         CpuLayout {
             repack: self.repack,
             amx: self.cpu_amx,
+            repack_experts: self.repack_experts,
         }
     }
 
@@ -276,6 +280,7 @@ impl Default for EngineConfig {
             kv_tier: KvTierOptions::default(),
             repack: true,
             cpu_amx: Amx::Auto,
+            repack_experts: true,
             batch_invariant: false,
             faults: Faults::default(),
         }

@@ -68,6 +68,9 @@ pub struct CpuLayout {
     /// (llama.cpp's default; its --no-repack turns it off)
     pub repack: bool,
     pub amx: Amx,
+    /// stacked experts too (as llama.cpp places them), not only 2-D
+    /// matrices; with `repack` only
+    pub repack_experts: bool,
 }
 
 impl CpuLayout {
@@ -86,7 +89,8 @@ impl CpuLayout {
 const AMX_BUFT: &str = "AMX";
 
 /// The extra buffer type a matrix of `ty`/`ne` goes into under `layout`:
-/// an index into `extras`, or None for plain memory.
+/// an index into `extras`, or None for plain memory. `ne` is a matrix's
+/// two dimensions or a stack of experts' three ([k, m, n_expert]).
 pub fn choose_buft(
     cpu: Device,
     extras: &[BufferType],
@@ -98,18 +102,31 @@ pub fn choose_buft(
         return None;
     }
     extras.iter().position(|&b| {
-        (layout.amx.allows(ty) || b.name() != AMX_BUFT) && cpu.supports_weight(b, ty, &ne[..2])
+        (layout.amx.allows(ty) || b.name() != AMX_BUFT) && cpu.supports_weight(b, ty, ne)
     })
 }
 
 /// Where each weight goes: the index of an extra buffer type, or None for
 /// plain memory. Decided once per (type, shape).
 fn choose(cpu: Device, extras: &[BufferType], w: &WeightSpec, layout: CpuLayout) -> Option<usize> {
-    let matrix = w.ne.len() >= 2 && w.ne[1] > 1 && w.ne[2..].iter().all(|&d| d == 1);
-    if !matrix {
-        return None;
+    let dims = weight_dims(&w.ne, layout)?;
+    choose_buft(cpu, extras, w.ty, &w.ne[..dims], layout)
+}
+
+/// The dimensions a weight of shape `ne` is placed by: 2 for a matrix, 3
+/// for a stack of experts where `layout` repacks those, None for what
+/// stays in plain memory (vectors, and stacks where it does not).
+fn weight_dims(ne: &[i64], layout: CpuLayout) -> Option<usize> {
+    let flat_from = |d: usize| ne.len() >= d && ne[d..].iter().all(|&x| x == 1);
+    if ne.len() < 2 || ne[1] <= 1 {
+        None
+    } else if flat_from(2) {
+        Some(2)
+    } else if layout.repack_experts && ne[2] > 1 && flat_from(3) {
+        Some(3)
+    } else {
+        None
     }
-    choose_buft(cpu, extras, w.ty, &w.ne, layout)
 }
 
 impl CpuWeights {
@@ -200,8 +217,28 @@ mod tests {
     }
 
     #[test]
+    fn expert_stacks_are_placed_as_stacks_only_where_the_layout_repacks_them() {
+        let l = |repack_experts| CpuLayout {
+            repack: true,
+            amx: Amx::Auto,
+            repack_experts,
+        };
+        assert_eq!(weight_dims(&[2048, 768], l(false)), Some(2));
+        assert_eq!(weight_dims(&[2048, 768, 1, 1], l(true)), Some(2));
+        assert_eq!(weight_dims(&[2048, 768, 128], l(true)), Some(3));
+        assert_eq!(weight_dims(&[2048, 768, 128], l(false)), None);
+        assert_eq!(weight_dims(&[2048, 768, 128, 2], l(true)), None);
+        assert_eq!(weight_dims(&[2048], l(true)), None);
+        assert_eq!(weight_dims(&[2048, 1], l(true)), None);
+    }
+
+    #[test]
     fn a_cpu_device_keeps_amx_under_auto_and_obeys_on_or_off() {
-        let l = |amx| CpuLayout { repack: true, amx };
+        let l = |amx| CpuLayout {
+            repack: true,
+            amx,
+            repack_experts: true,
+        };
         assert_eq!(l(Amx::Auto).for_prompt_steps().amx, Amx::On);
         assert_eq!(l(Amx::Off).for_prompt_steps().amx, Amx::Off);
         assert_eq!(l(Amx::On).for_prompt_steps().amx, Amx::On);

@@ -360,7 +360,8 @@ impl Device {
     }
 
     /// Whether a weight of type `ty` and shape `ne` may live in `buft` when
-    /// this device computes `mul_mat(weight, f32 activations)`: the test
+    /// this device computes `mul_mat(weight, f32 activations)` (for stacked
+    /// experts, [k, m, n_expert], `mul_mat_id`): the test
     /// llama.cpp makes before putting a weight into an extra buffer type
     /// (a dummy op whose weight sits in an empty buffer of that type).
     pub fn supports_weight(
@@ -373,8 +374,16 @@ impl Device {
             return false;
         };
         let w = ctx.new_tensor(ty, ne);
-        let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], 512]);
-        let op = ctx.mul_mat(w, x);
+        // stacked experts ([k, m, n_expert]) are multiplied by expert ids
+        let op = if ne.len() >= 3 && ne[2] > 1 {
+            let used = ne[2].min(8);
+            let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], used, 512]);
+            let ids = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used, 512]);
+            ctx.mul_mat_id(w, x, ids)
+        } else {
+            let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], 512]);
+            ctx.mul_mat(w, x)
+        };
         // SAFETY: a zero-sized buffer of `buft` only serves as the weight's
         // buffer tag for the query; it is freed below and the tensors are
         // never computed.

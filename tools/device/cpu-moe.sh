@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # On a GPU machine's host: the CPU's expert product (mul_mat_id over a
-# mixture's stacked experts) before and after a patch to the CPU backend
-# (0009: the repacked layout's gemm path), in one call:
-# tools/device/cpu-moe-check.cpp with the old and the new module of each of
-# VARIANTS (default sapphirerapids), at each of THREADS (default 16), for
+# mixture's stacked experts) in plain memory and repacked, with this
+# checkout's CPU module and, where .carry/old-cpu/ holds one, an older
+# module (run 143: a gemm path for the repacked product, which did not pay
+# and was dropped), in one call: tools/device/cpu-moe-check.cpp with each
+# module of each of VARIANTS (default sapphirerapids), at each of THREADS
+# (default 16), for
 # uniform and skewed routing (MOE_SKEW 0 and 1), Q4_K; and Q6_K once (x86
 # repacks no Q6_K: plain memory alone). Results in $OUT/cpu-moe.txt.
-#   here: XZ_BIN=1 tools/device/pack.sh VOCAB.gguf; mkdir -p .carry/old-cpu;
+#   here: XZ_BIN=1 tools/device/pack.sh; optionally mkdir -p .carry/old-cpu;
 #         cp OLD/libggml-cpu-{sapphirerapids,...}.so .carry/old-cpu/
 #   device: bash tools/device/cpu-moe.sh
 set -uo pipefail
@@ -26,6 +28,7 @@ for variant in ${VARIANTS:-sapphirerapids}; do
     for skew in 0 1; do
       for v in old new; do
         m=.carry/old-cpu/libggml-cpu-$variant.so; [ $v = new ] && m=$bin/libggml-cpu-$variant.so
+        [ -f $m ] || continue
         echo "== $variant, $v module, skew $skew" | tee -a "$f"
         MOE_SKEW=$skew MOE_TOKENS="${TOKENS:-1 4 8 16 32 64}" /root/cpu-moe-check $m $t 2>&1 \
           | grep -v -e "^repack:" -e "^load_backend" | tee -a "$f"

@@ -40,6 +40,9 @@
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
 #                                       # sequences with N whole CPU groups forced (--hybrid N) and S
 #                                       # slots a ring (--slots S)
+#   [SKEW=1] [GRID="8 12"] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-cpuexp  # the 30B shape at
+#                                       # 8G: the host's expert copies repacked and plain (tg16, 16 and
+#                                       # 64 sequences, 64 with GRID's whole CPU groups forced)
 #   [SKEW=1] [AHEADS="0 8:1 8:2"] [HOT=X] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-ahead  # the
 #                                       # 30B shape at 8G: tg16 with --look-ahead N (--look-ahead-layers D)
 #                                       # for each N:D of AHEADS, beside --hot-experts X if given
@@ -73,7 +76,7 @@ routing="routing: ${SKEW:+router skew $SKEW (Zipf-like, strata.synth.router_skew
 [ -n "$SKEW" ] || routing="routing: uniform (random router, strata.synth.router_skew 0)"
 case ${1:-qwen3} in
   qwen3|qwen3-check) first=qwen3-32b ;;
-  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot|qwen3moe-b64|qwen3moe-ahead|qwen3moe-routed) first=qwen3-30b-a3b ;;
+  qwen3moe|qwen3moe-batch|qwen3moe-split|qwen3moe-hot|qwen3moe-b64|qwen3moe-ahead|qwen3moe-routed|qwen3moe-cpuexp) first=qwen3-30b-a3b ;;
   mixtral) first=mixtral-8x7b ;;
   gemma3|gemma3-swa) first=gemma3-27b ;;
   qwen3moe-235b) first=qwen3-235b-a22b; TYPE=${TYPE:-q2_k}; sk=-$TYPE${SKEW:+-skew$SKEW} ;;
@@ -183,6 +186,25 @@ case $what in
       echo "== strata bench $common -p 0 -n 16 -B 0 -r ${R:-3} $flags" | tee -a "$f"
       timeout 150 $bin/strata bench $common -p 0 -n 16 -B 0 -r ${R:-3} $flags \
         ${TRACE:+--trace $out/trace_ahead$sk${HOT:+-hot$HOT}-$n-${d:-def}.json} 2>&1 | quiet | tee -a "$f"
+    done
+    ;;
+  qwen3moe-cpuexp)
+    # the host CPU's expert copies repacked (the default) against plain
+    # memory (--no-repack-experts) at 8G: tg16 and 16 sequences, 64
+    # sequences as planned, and 64 with N whole CPU groups forced (--hybrid
+    # N --slots 7, for N in GRID, default "8 12")
+    s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_cpuexp$sk.txt
+    echo "$routing" | tee -a "$f"
+    common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 0 -r 2"
+    for lay in repacked plain; do
+      fl=; [ $lay = plain ] && fl=--no-repack-experts
+      echo "== experts $lay: strata bench $common -n 16 -B 16 $fl" | tee -a "$f"
+      timeout 150 $bin/strata bench $common -n 16 -B 16 $fl 2>&1 | quiet | tee -a "$f"
+      for n in default ${GRID:-8 12}; do
+        h="--hybrid $n --slots 7"; [ $n = default ] && h=
+        echo "== experts $lay: strata bench $common -n 0 -B 64 $h $fl" | tee -a "$f"
+        timeout 150 $bin/strata bench $common -n 0 -B 64 $h $fl 2>&1 | quiet | tee -a "$f"
+      done
     done
     ;;
   qwen3moe-routed)

@@ -304,6 +304,11 @@ pub struct ModelArgs {
     /// layouts (llama.cpp's --no-repack).
     #[arg(long = "no-repack", visible_alias = "nr")]
     pub no_repack: bool,
+    /// Keep a mixture's stacked experts in plain memory while other CPU
+    /// weights are repacked (they are repacked by default, as llama.cpp
+    /// places them).
+    #[arg(long = "no-repack-experts")]
+    pub no_repack_experts: bool,
     /// Whether CPU weights may use the CPU's AMX layout (where its module
     /// has one). auto: the groups hybrid decode gives the host CPU use AMX
     /// for the types it computes one-row products of faster, and the
@@ -709,6 +714,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
         },
         repack: !m.no_repack,
         cpu_amx: m.cpu_amx,
+        repack_experts: !m.no_repack_experts,
         faults: Faults {
             poison_slots: m.poison_slots,
             skip_load_wait: false,
