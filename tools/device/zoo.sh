@@ -40,9 +40,10 @@
 #   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
 #                                       # sequences with N whole CPU groups forced (--hybrid N) and S
 #                                       # slots a ring (--slots S)
-#   [SKEW=1] [GRID="8 12"] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-cpuexp  # the 30B shape at
-#                                       # 8G: the host's expert copies repacked and plain (tg16, 16 and
-#                                       # 64 sequences, 64 with GRID's whole CPU groups forced)
+#   [SKEW=1] [GRID="8 12"|none] [ROUNDS=N] [LLAMA=1] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-cpuexp
+#                                       # the 30B shape at 8G: the host's expert copies repacked and plain
+#                                       # (tg16, 16 and 64 sequences, 64 with GRID's whole CPU groups
+#                                       # forced), then strata beside llama.cpp (tg32)
 #   [SKEW=1] [AHEADS="0 8:1 8:2"] [HOT=X] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-ahead  # the
 #                                       # 30B shape at 8G: tg16 with --look-ahead N (--look-ahead-layers D)
 #                                       # for each N:D of AHEADS, beside --hot-experts X if given
@@ -192,20 +193,31 @@ case $what in
     # the host CPU's expert copies repacked (the default) against plain
     # memory (--no-repack-experts) at 8G: tg16 and 16 sequences, 64
     # sequences as planned, and 64 with N whole CPU groups forced (--hybrid
-    # N --slots 7, for N in GRID, default "8 12")
+    # N --slots 7, for N in GRID, default "8 12"; GRID=none: no 64), the
+    # layouts alternated ROUNDS times (default 1); LLAMA=1: then strata's
+    # default beside llama.cpp -ngl 99 --n-cpu-moe ${NCM:-31} (its
+    # defaults and --no-mmap -ub 2048), tg32
     s=$(dev_synth qwen3-30b-a3b); f=$out/zoo_qwen3moe_cpuexp$sk.txt
     echo "$routing" | tee -a "$f"
     common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 0 -r 2"
-    for lay in repacked plain; do
-      fl=; [ $lay = plain ] && fl=--no-repack-experts
-      echo "== experts $lay: strata bench $common -n 16 -B 16 $fl" | tee -a "$f"
-      timeout 150 $bin/strata bench $common -n 16 -B 16 $fl 2>&1 | quiet | tee -a "$f"
-      for n in default ${GRID:-8 12}; do
-        h="--hybrid $n --slots 7"; [ $n = default ] && h=
-        echo "== experts $lay: strata bench $common -n 0 -B 64 $h $fl" | tee -a "$f"
-        timeout 150 $bin/strata bench $common -n 0 -B 64 $h $fl 2>&1 | quiet | tee -a "$f"
+    for r in $(seq ${ROUNDS:-1}); do
+      for lay in repacked plain; do
+        fl=; [ $lay = plain ] && fl=--no-repack-experts
+        echo "== round $r, experts $lay: strata bench $common -n 16 -B 16 $fl" | tee -a "$f"
+        timeout 150 $bin/strata bench $common -n 16 -B 16 $fl 2>&1 | quiet | tee -a "$f"
+        [ "${GRID:-}" = none ] && continue
+        for n in default ${GRID:-8 12}; do
+          h="--hybrid $n --slots 7"; [ $n = default ] && h=
+          echo "== round $r, experts $lay: strata bench $common -n 0 -B 64 $h $fl" | tee -a "$f"
+          timeout 150 $bin/strata bench $common -n 0 -B 64 $h $fl 2>&1 | quiet | tee -a "$f"
+        done
       done
     done
+    if [ -n "${LLAMA:-}" ]; then
+      echo "== strata bench $common -n 32 -B 0 --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31}" | tee -a "$f"
+      timeout ${BENCH_TIMEOUT:-240} $bin/strata bench $common -n 32 -B 0 \
+        --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+    fi
     ;;
   qwen3moe-routed)
     # routed uploads at 8G: router counts from a 2048-token prompt
