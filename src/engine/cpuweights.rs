@@ -2,7 +2,9 @@
 //! default: each matrix in the first of the CPU's extra buffer types that
 //! takes it (repacked layouts such as CPU_REPACK or AMX, which interleave
 //! rows for the SIMD kernels), everything else in plain CPU memory.
-//! Repacking is both llama.cpp's CPU speed and its CPU numerics.
+//! Repacking is both llama.cpp's CPU speed and its CPU numerics. A
+//! mixture's stacked experts are placed as stacks (the layout must take
+//! them for `mul_mat_id`), or kept plain where `repack_experts` is off.
 //!
 //! One exception, [`Amx::Auto`] for the groups hybrid decode gives the
 //! host (steps of at most 16 tokens): ggml lists AMX first on CPUs that
