@@ -252,6 +252,7 @@ impl EngineConfig {
                 p.routed == crate::paging::RoutedUploads::Force,
                 "--routed-uploads on",
             ),
+            (!self.repack_experts, "--no-repack-experts"),
         ]
         .into_iter()
         .filter_map(|(set, flag)| set.then_some(flag))
@@ -387,6 +388,11 @@ mod mixture_options_tests {
         assert_eq!(
             cfg.mixture_only_options().last(),
             Some(&"--routed-uploads on")
+        );
+        cfg.repack_experts = false;
+        assert_eq!(
+            cfg.mixture_only_options().last(),
+            Some(&"--no-repack-experts")
         );
     }
 }
