@@ -12,8 +12,7 @@
 // multiplied, default 1) choose another product to time; GEMV_ONE_SHAPE
 // keeps the first shape alone.
 //   cpu-gemv-check MODULE.so OUT_PREFIX THREADS...
-#include "ggml-backend.h"
-#include "ggml-cpu.h"
+#include "cpu-module.h"
 #include "ggml.h"
 
 #include <chrono>
@@ -37,40 +36,19 @@ static const TypeInfo TYPES[] = {
     { "q6_K", GGML_TYPE_Q6_K, 210, { 208 } },
 };
 
-static const char * env_or(const char * name, const char * dflt) {
-    const char * v = getenv(name);
-    return v && *v ? v : dflt;
-}
-
-static void die(const char * what) {
-    fprintf(stderr, "cpu-gemv-check: %s\n", what);
-    exit(2);
-}
-
 int main(int argc, char ** argv) {
+    TOOL = "cpu-gemv-check";
     if (argc < 4) {
         die("usage: cpu-gemv-check MODULE.so OUT_PREFIX THREADS...");
     }
-    ggml_backend_reg_t reg = ggml_backend_load(argv[1]);
-    if (!reg) {
-        die("the module did not load");
-    }
-    ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
-    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
-    auto set_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
-    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-    if (!backend || !set_threads || !get_extra) {
-        die("the module lacks a CPU backend, its thread count or its extra buffer types");
-    }
+    const CpuModule mod = load_cpu_module(argv[1]);
+    ggml_backend_dev_t dev = mod.dev;
+    ggml_backend_t backend = mod.backend;
+    auto set_threads = mod.set_threads;
     const char * buft_name = env_or("GEMV_BUFT", "CPU_REPACK");
     const char * type_name = env_or("GEMV_TYPE", "q4_K");
     const int64_t rows = atoll(env_or("GEMV_ROWS", "1"));
-    ggml_backend_buffer_type_t repack = nullptr;
-    for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
-        if (strcmp(ggml_backend_buft_name(*b), buft_name) == 0) {
-            repack = *b;
-        }
-    }
+    ggml_backend_buffer_type_t repack = mod.extra(buft_name);
     if (strcmp(buft_name, "CPU") == 0) {
         repack = ggml_backend_dev_buffer_type(dev);  // plain memory: ggml's vec_dot kernels
     }

@@ -13,8 +13,7 @@
 // reference: both quantize the inputs to the same Q8_K rows).
 //   cpu-moe-check MODULE.so THREADS
 // MOE_TYPE: q4_K (default) or q6_K; MOE_REPS: timed repetitions (20).
-#include "ggml-backend.h"
-#include "ggml-cpu.h"
+#include "cpu-module.h"
 #include "ggml.h"
 
 #include <algorithm>
@@ -29,16 +28,6 @@
 #include <string>
 #include <vector>
 
-static const char * env_or(const char * name, const char * dflt) {
-    const char * v = getenv(name);
-    return v && *v ? v : dflt;
-}
-
-static void die(const char * what) {
-    fprintf(stderr, "cpu-moe-check: %s\n", what);
-    exit(2);
-}
-
 struct Case {
     const char * name;
     int64_t K, N;   // input width, output rows of one expert
@@ -46,26 +35,15 @@ struct Case {
 };
 
 int main(int argc, char ** argv) {
+    TOOL = "cpu-moe-check";
     if (argc < 3) {
         die("usage: cpu-moe-check MODULE.so THREADS");
     }
-    ggml_backend_reg_t reg = ggml_backend_load(argv[1]);
-    if (!reg) {
-        die("the module did not load");
-    }
-    ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
-    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
-    auto set_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
-    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-    if (!backend || !set_threads || !get_extra) {
-        die("the module lacks a CPU backend, its thread count or its extra buffer types");
-    }
-    ggml_backend_buffer_type_t repack = nullptr;
-    for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
-        if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) {
-            repack = *b;
-        }
-    }
+    const CpuModule mod = load_cpu_module(argv[1]);
+    ggml_backend_dev_t dev = mod.dev;
+    ggml_backend_t backend = mod.backend;
+    auto set_threads = mod.set_threads;
+    ggml_backend_buffer_type_t repack = mod.extra("CPU_REPACK");
     const bool q6 = strcmp(env_or("MOE_TYPE", "q4_K"), "q6_K") == 0;
     const ggml_type type = q6 ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K;
     const int64_t E = atoll(env_or("MOE_EXPERTS", "128")), U = atoll(env_or("MOE_USED", "8"));
