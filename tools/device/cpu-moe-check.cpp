@@ -1,8 +1,8 @@
 // Times and checks the CPU backend's expert product (mul_mat_id) over a
 // mixture's stacked experts, in plain memory and in the repacked layout
 // (CPU_REPACK), at several token counts: the product a hybrid step's host
-// layers run (vendor/patches/0009 gives the repacked one a gemm path for
-// experts picked by 4 or more rows). Loads a CPU backend module (a
+// layers run (run 143 chose the repacked layout for the host's experts
+// with it). Loads a CPU backend module (a
 // ggml-cpu variant .so) and, for each token count of MOE_TOKENS (default
 // "1 8 16 64"), routes the tokens to MOE_USED (8) of MOE_EXPERTS (128)
 // experts (uniform, or MOE_SKEW=S: expert e drawn with weight 1/(e+1)^S),
@@ -40,9 +40,6 @@ int main(int argc, char ** argv) {
         die("usage: cpu-moe-check MODULE.so THREADS");
     }
     const CpuModule mod = load_cpu_module(argv[1]);
-    ggml_backend_dev_t dev = mod.dev;
-    ggml_backend_t backend = mod.backend;
-    auto set_threads = mod.set_threads;
     ggml_backend_buffer_type_t repack = mod.extra("CPU_REPACK");
     const bool q6 = strcmp(env_or("MOE_TYPE", "q4_K"), "q6_K") == 0;
     const ggml_type type = q6 ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K;
@@ -58,7 +55,7 @@ int main(int argc, char ** argv) {
         }
     }
     setvbuf(stdout, nullptr, _IOLBF, 0);
-    set_threads(backend, threads);
+    mod.set_threads(mod.backend, threads);
     printf("module %s, %s experts, %lld of %lld used, skew %.2f, %d threads\n", argv[1], ggml_type_name(type),
            (long long) U, (long long) E, skew, threads);
 
@@ -104,7 +101,7 @@ int main(int argc, char ** argv) {
             }
             std::vector<float> ref;
             for (int layout = 0; layout < 2; ++layout) {
-                ggml_backend_buffer_type_t buft = layout == 0 ? ggml_backend_dev_buffer_type(dev) : repack;
+                ggml_backend_buffer_type_t buft = layout == 0 ? ggml_backend_dev_buffer_type(mod.dev) : repack;
                 if (!buft || (layout == 1 && q6)) {
                     continue;  // no repacked layout (x86 repacks no Q6_K)
                 }
@@ -119,14 +116,14 @@ int main(int argc, char ** argv) {
                 ggml_tensor * y = ggml_mul_mat_id(ca, w, x, id);
                 ggml_cgraph * gf = ggml_new_graph(ca);
                 ggml_build_forward_expand(gf, y);
-                ggml_backend_buffer_t ba = ggml_backend_alloc_ctx_tensors(ca, backend);
+                ggml_backend_buffer_t ba = ggml_backend_alloc_ctx_tensors(ca, mod.backend);
                 if (!bw || !ba) {
                     die("allocation failed");
                 }
                 ggml_backend_tensor_set(w, wq.data(), 0, wq.size());
                 ggml_backend_tensor_set(x, xv.data(), 0, xv.size() * sizeof(float));
                 ggml_backend_tensor_set(id, ids.data(), 0, ids.size() * sizeof(int32_t));
-                if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+                if (ggml_backend_graph_compute(mod.backend, gf) != GGML_STATUS_SUCCESS) {
                     die("compute failed");
                 }
                 std::vector<float> out(ggml_nelements(y));
@@ -134,7 +131,7 @@ int main(int argc, char ** argv) {
                 std::vector<double> times;
                 for (int r = -2; r < reps; ++r) {
                     const auto t0 = std::chrono::steady_clock::now();
-                    ggml_backend_graph_compute(backend, gf);
+                    ggml_backend_graph_compute(mod.backend, gf);
                     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                     if (r >= 0) {
                         times.push_back(s);
@@ -163,6 +160,6 @@ int main(int argc, char ** argv) {
             }
         }
     }
-    ggml_backend_free(backend);
+    ggml_backend_free(mod.backend);
     return 0;
 }
