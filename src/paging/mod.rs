@@ -7,6 +7,7 @@ pub mod devices;
 pub mod experts;
 pub mod gemm;
 mod groups;
+pub mod halves;
 mod hybrid;
 pub mod lookahead;
 mod memory;
