@@ -735,3 +735,88 @@ fn moe_routed_uploads_equal_resident() {
     assert!(st.pager.bytes < whole);
     assert_eq!(r.whole_bytes, whole - attn);
 }
+
+/// A hybrid step in two halves of rows (`--cpu-halves`): the host computes
+/// its groups for one half while the device computes the other's. A
+/// prompt step of one sequence (the second half attends to the first's
+/// keys, written a stage earlier) and a step of several sequences give
+/// the resident engine's logits; one-token steps run whole.
+#[test]
+fn cpu_halves_equal_resident() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let moe = dir.path().join("qwen3moe-tiny.gguf");
+    common::synth(
+        &moe,
+        &vocab,
+        Synth {
+            preset: "qwen3moe-tiny",
+            seed: 9,
+            ..Synth::default()
+        },
+    );
+    let Some(dense) = model(common::SMOLLM2) else {
+        return;
+    };
+    for path in [dense, moe] {
+        let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+        let plain = EngineConfig {
+            repack: false,
+            ..cpu_cfg()
+        };
+        let mut resident = Engine::load(&path, &plain).expect("resident engine");
+        let n_layer = resident.spec.hp.n_layer as usize;
+        // (the plan spreads k groups from the last layer's on: one alone
+        // is the last layer's, which runs whole)
+        let mut ks = vec![2, n_layer / 2, n_layer];
+        ks.retain(|&k| k >= 2);
+        ks.dedup();
+        for k in ks {
+            let mut cfg = hybrid_cfg(k, false);
+            cfg.paging.cpu_halves = true;
+            // a stage holds its streamed groups: room for several
+            cfg.paging.slots = n_layer + 1;
+            let mut halves = Engine::load(&path, &cfg).expect("halves engine");
+            let name = format!("{} k={k}", path.display());
+            let long = lm
+                .tokenize(
+                    &"The quick brown fox jumps over the lazy dog. ".repeat(4),
+                    true,
+                    true,
+                )
+                .expect("tokenize");
+            let short: Vec<Vec<u32>> = PROMPTS
+                .iter()
+                .chain(PROMPTS.iter())
+                .chain(PROMPTS.iter())
+                .map(|p| lm.tokenize(p, true, true).expect("tokenize"))
+                .collect();
+            for prompts in [vec![long], short] {
+                let batch = common::all_positions(&prompts);
+                assert!(batch.len() >= 32, "{name}: {} tokens", batch.len());
+                halves.clear();
+                resident.clear();
+                let a = resident.decode(&batch).expect("resident step");
+                let b = halves.decode(&batch).expect("halves step");
+                let st = halves.last_step;
+                assert!(st.halved > 0, "{name}: the step ran whole");
+                // each CPU group before the last layer computed twice
+                assert_eq!(st.host.groups, 2 * k as u64 - 1, "{name}: CPU groups");
+                let worst = strata::parity::nmse(&b, &a);
+                assert!(worst < 1e-10, "{name}: NMSE {worst}");
+            }
+            // then decode one token a sequence: whole steps
+            for p in PROMPTS {
+                let prompt = lm.tokenize(p, true, true).expect("tokenize");
+                let a = run_strata(&mut resident, &prompt, 8).expect("resident run");
+                let b = run_strata(&mut halves, &prompt, 8).expect("halves run");
+                let (worst, diff) = compare(&b, &a);
+                assert!(worst < 1e-10, "{name}: NMSE {worst}");
+                assert_eq!(diff, None, "{name}: tokens differ");
+                assert_eq!(halves.last_step.halved, 0);
+            }
+        }
+    }
+}

@@ -27,7 +27,8 @@ pub struct StepStats {
     pub kv: KvStats,
     /// What the host CPU computed (hybrid decode).
     pub host: HostStats,
-    /// Groups the row split computed in two halves of rows (`rows.rs`).
+    /// Groups computed in two halves of rows: by the row split
+    /// (`rows.rs`), or a hybrid step's (`halves.rs`).
     pub halved: u32,
     /// Mixture groups that went up only as far as their experts were
     /// picked (`routed.rs`).

@@ -171,6 +171,11 @@ pub struct PagingOptions {
     /// (`paging::gemm::Widened`, planned where their products go through
     /// cuBLAS); false: each half's products dequantize again.
     pub row_widen: bool,
+    /// Hybrid steps of at least `paging::halves::HALVES_MIN_TOKENS` tokens
+    /// run in two halves of rows, one stage apart, so the host CPU
+    /// computes its groups for one half while the device computes the
+    /// other's (`engine::halves`).
+    pub cpu_halves: bool,
 }
 
 impl Default for PagingOptions {
@@ -190,6 +195,7 @@ impl Default for PagingOptions {
             relay: false,
             row_halves: None,
             row_widen: true,
+            cpu_halves: false,
         }
     }
 }

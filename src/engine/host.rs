@@ -216,13 +216,24 @@ impl HostCompute {
     /// Copies the first `rows` rows of the device residual `x` to the host.
     /// The device's compute stream must be drained.
     pub fn download(&mut self, x: Tensor<'_>, rows: u32) -> Result<(), EngineError> {
+        self.download_rows(x, 0, rows)
+    }
+
+    /// Copies rows `row0..row0 + rows` of the device residual `x` to the
+    /// host's. No graph queued on the device may still write them.
+    pub fn download_rows(
+        &mut self,
+        x: Tensor<'_>,
+        row0: u32,
+        rows: u32,
+    ) -> Result<(), EngineError> {
         let t0 = Instant::now();
-        let n = rows as usize * self.dims.hp.n_embd as usize;
+        let (n, at) = self.row_range(row0, rows);
         self.x.resize(n, 0.0);
-        x.get_bytes(bytemuck::cast_slice_mut(&mut self.x), 0)?;
+        x.get_bytes(bytemuck::cast_slice_mut(&mut self.x), at)?;
         self.persistent
             .tensor(buffers::X)
-            .set_bytes(bytemuck::cast_slice(&self.x), 0)?;
+            .set_bytes(bytemuck::cast_slice(&self.x), at)?;
         self.stats.hops += t0.elapsed();
         Ok(())
     }
@@ -230,15 +241,27 @@ impl HostCompute {
     /// Copies the first `rows` rows of the host residual back to the
     /// device's `x` (whose compute stream is idle: it waited for the CPU).
     pub fn upload(&mut self, x: Tensor<'_>, rows: u32) -> Result<(), EngineError> {
+        self.upload_rows(x, 0, rows)
+    }
+
+    /// Copies rows `row0..row0 + rows` of the host residual back to the
+    /// device's `x`. No graph queued on the device may read or write them.
+    pub fn upload_rows(&mut self, x: Tensor<'_>, row0: u32, rows: u32) -> Result<(), EngineError> {
         let t0 = Instant::now();
-        let n = rows as usize * self.dims.hp.n_embd as usize;
+        let (n, at) = self.row_range(row0, rows);
         self.x.resize(n, 0.0);
         self.persistent
             .tensor(buffers::X)
-            .get_bytes(bytemuck::cast_slice_mut(&mut self.x), 0)?;
-        x.set_bytes(bytemuck::cast_slice(&self.x), 0)?;
+            .get_bytes(bytemuck::cast_slice_mut(&mut self.x), at)?;
+        x.set_bytes(bytemuck::cast_slice(&self.x), at)?;
         self.stats.hops += t0.elapsed();
         Ok(())
+    }
+
+    /// The floats of `rows` rows and the byte offset of row `row0`.
+    fn row_range(&self, row0: u32, rows: u32) -> (usize, usize) {
+        let e = self.dims.hp.n_embd as usize;
+        (rows as usize * e, row0 as usize * e * 4)
     }
 
     /// Computes group `gi` (the template `key` describes) on the CPU, on

@@ -671,6 +671,16 @@ impl Engine {
         if let (Some(h), Some(w)) = (halves.as_mut(), plan.gemm.and_then(|g| g.widened)) {
             h.widening = Some(super::buffers::Widening::alloc(&spec, w, device)?);
         }
+        let cpu_halves = match (&host, cfg.paging.cpu_halves) {
+            (Some(_), true) => Some(super::halves::CpuHalves::new(device)?),
+            (None, true) => {
+                tracing::warn!(
+                    "--cpu-halves: no hybrid plan, so no step has host groups to overlap"
+                );
+                None
+            }
+            _ => None,
+        };
         let hot = match hot.filter(|h| !h.is_empty()) {
             Some(h) => {
                 let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
@@ -766,6 +776,7 @@ impl Engine {
             split,
             reduce,
             halves,
+            cpu_halves,
             backend,
             store,
             persistent,

@@ -39,6 +39,7 @@ mod config;
 mod cpuweights;
 mod error;
 mod exchange;
+mod halves;
 pub mod host;
 mod hot;
 mod hotpool;

@@ -641,6 +641,11 @@ impl Pager {
         Ok(())
     }
 
+    /// The slots of `ring` (0 where it has none).
+    pub fn slots(&self, ring: Ring) -> usize {
+        self.rings[ring as usize].as_ref().map_or(0, |r| r.slots())
+    }
+
     /// Enqueues what must precede computing streamed group `gi`; returns its slot.
     pub fn before_compute(
         &mut self,

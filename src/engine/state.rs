@@ -37,6 +37,8 @@ pub(super) struct Pending {
     pub(super) on_cpu: Vec<bool>,
     /// The step's last group the CPU takes part in.
     pub(super) last_cpu: Option<usize>,
+    /// The stages of a step run in two halves of rows (`halves.rs`).
+    pub(super) halves: Option<Vec<crate::paging::halves::Stage>>,
     /// What the step's inputs are written from, once every part began
     /// (`Engine::write_chain_inputs`).
     pub(super) inputs: Option<StepInputs>,
@@ -80,6 +82,8 @@ pub struct Engine {
     /// The row split over two devices: how this device cuts big steps in
     /// halves of rows (`rows.rs`), where it does.
     pub(super) halves: Option<super::exchange::Halves>,
+    /// A hybrid step's halves of rows (`halves.rs`), where asked for.
+    pub(super) cpu_halves: Option<super::halves::CpuHalves>,
     /// Hot experts on the device (`paging::experts`), where the plan keeps
     /// any.
     pub(super) hot: Option<super::hotpool::HotPool>,

@@ -252,6 +252,7 @@ impl Engine {
             order: Vec::new(),
             on_cpu: Vec::new(),
             last_cpu: None,
+            halves: None,
             inputs: None,
         });
         self.prepare_part(toks, &cells)?;
@@ -373,11 +374,21 @@ impl Engine {
             .collect();
         self.plan_partial_uploads(&split);
         self.plan_routed_uploads(&mut order, routed);
-        // with the halves the row split cuts groups in (rows.rs)
+        // a hybrid step in two halves of rows (halves.rs)
+        let halves = self.plan_cpu_halves(n, &order, &on_cpu);
+        let halved = halves
+            .as_ref()
+            .map_or(0, |s| s.last().map_or(0, |l| l.device.end));
+        // with the halves the row split cuts groups in (rows.rs), or the
+        // hybrid step's
         let shapes: Vec<StepShape> = order
             .iter()
-            .flat_map(|&(l, k, s)| {
-                std::iter::once(s).chain(self.halves_of(l, k, s).into_iter().flatten())
+            .enumerate()
+            .flat_map(|(i, &(l, k, s))| {
+                let cpu = (i < halved).then(|| Self::half_shapes(s, n));
+                std::iter::once(s)
+                    .chain(self.halves_of(l, k, s).into_iter().flatten())
+                    .chain(cpu.into_iter().flatten())
             })
             .collect();
         self.templates
@@ -398,6 +409,7 @@ impl Engine {
         p.order = order;
         p.on_cpu = on_cpu;
         p.last_cpu = last_cpu;
+        p.halves = halves;
         // the inputs are written once every part's first upload runs
         p.inputs = Some(StepInputs {
             sp,
@@ -414,9 +426,20 @@ impl Engine {
         let order = std::mem::take(&mut p.order);
         let on_cpu = std::mem::take(&mut p.on_cpu);
         let (last_cpu, n_out, n_tokens) = (p.last_cpu, p.n_out, p.n_tokens);
+        // the groups before the last layer in two halves, where planned
+        let mut done = 0;
+        if let Some(stages) = p.halves.clone() {
+            self.run_halves(&order, &stages, n_tokens as u32)?;
+            done = stages.last().map_or(0, |s| s.device.end);
+            if last_cpu.is_some_and(|c| c < done) && !self.device.is_cpu() {
+                if let Some(h) = self.host.as_ref() {
+                    h.park_threads();
+                }
+            }
+        }
         // rows of the residual stream on the host, while they are there
         let mut x_host: Option<u32> = None;
-        for (i, (l, kind, shape)) in order.into_iter().enumerate() {
+        for (i, (l, kind, shape)) in order.into_iter().enumerate().skip(done) {
             if on_cpu[GroupId::new(l, kind).index()] {
                 self.run_host_group(l, kind, shape, &mut x_host)?;
                 if Some(i) == last_cpu && !self.device.is_cpu() {
@@ -493,11 +516,21 @@ impl Engine {
             disk_bytes: self.store.disk_bytes_read() - p.disk0,
             kv: self.kv.tier().map(|k| k.step).unwrap_or_default(),
             host: self.host.as_ref().map(|h| h.stats).unwrap_or_default(),
-            halved: 0,
+            // the groups a hybrid step ran in two halves (the row split
+            // counts its own in rows.rs)
+            halved: p
+                .halves
+                .as_ref()
+                .and_then(|s| s.last())
+                .map_or(0, |l| l.device.end as u32),
             routed: self.routed.as_ref().map(|r| r.stats).unwrap_or_default(),
         };
         let n = p.n_tokens as u32;
-        self.calibrate_cpu(n);
+        // (a step in halves computes its CPU groups at other sizes than
+        // the plan's)
+        if p.halves.is_none() {
+            self.calibrate_cpu(n);
+        }
     }
 
     /// Hybrid decode: the factor on the probe's CPU time per byte that the

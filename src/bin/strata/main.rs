@@ -309,6 +309,13 @@ pub struct ModelArgs {
     /// places them).
     #[arg(long = "no-repack-experts")]
     pub no_repack_experts: bool,
+    /// Hybrid steps of 32 tokens or more (many sequences decoding) run in
+    /// two halves of rows one stage apart, so the host CPU computes its
+    /// groups for one half while the GPU computes the other's. Off by
+    /// default; the plan gives the CPU no groups above 16 tokens unless
+    /// --hybrid N forces them.
+    #[arg(long = "cpu-halves")]
+    pub cpu_halves: bool,
     /// Whether CPU weights may use the CPU's AMX layout (where its module
     /// has one). auto: the groups hybrid decode gives the host CPU use AMX
     /// for the types it computes one-row products of faster, and the
@@ -702,6 +709,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             relay: m.relay,
             row_halves: m.row_halves,
             row_widen: !m.no_row_widen,
+            cpu_halves: m.cpu_halves,
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
             look_ahead_layers: m.look_ahead_layers,
