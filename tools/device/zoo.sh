@@ -37,9 +37,12 @@
 #                                       # sequences (each of LLAMA_BS) beside
 #                                       # llama.cpp ngl=99 --n-cpu-moe ${NCM:-31} (defaults, best); TRACE=1: traces;
 #                                       # FLAGS="...": more strata flags (--hybrid off)
-#   [GRID="N:S ..."] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64  # the 30B shape at 8G, 64
-#                                       # sequences with N whole CPU groups forced (--hybrid N) and S
-#                                       # slots a ring (--slots S)
+#   [GRID="N:S[:h] ..."] [LLAMA=1 [LLAMA_FLAGS=...]] [TRACE=1] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-b64
+#                                       # the 30B shape at 8G, 64
+#                                       # sequences with N whole CPU groups forced (--hybrid N; "default":
+#                                       # the plan's) and S slots a ring (--slots S), ":h" adding
+#                                       # --cpu-halves; LLAMA=1: then strata (with LLAMA_FLAGS) beside
+#                                       # llama.cpp -ngl 99 --n-cpu-moe ${NCM:-31} (defaults, best)
 #   [SKEW=1] [GRID="8 12"|none] [ROUNDS=N] [LLAMA=1] TYPE=q4_k_m bash tools/device/zoo.sh qwen3moe-cpuexp
 #                                       # the 30B shape at 8G: the host's expert copies repacked and plain
 #                                       # (tg16, 16 and 64 sequences, 64 with GRID's whole CPU groups
@@ -161,11 +164,18 @@ case $what in
     echo "$routing" | tee "$f"
     common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048 -p 0 -n 0 -B 64 -r 2"
     for x in ${GRID:-off:3 off:5 6:3 6:5 6:7 4:5 8:5 8:7 10:7}; do
-      n=${x%:*}; sl=${x#*:}
-      echo "== strata bench $common --hybrid $n --slots $sl" | tee -a "$f"
-      timeout 150 $bin/strata bench $common --hybrid $n --slots $sl \
-        ${TRACE:+--trace $out/trace_b64$sk-$n-$sl.json} 2>&1 | quiet | tee -a "$f"
+      IFS=: read -r n sl hv <<<"$x"
+      h="--hybrid $n --slots $sl"; [ $n = default ] && h=
+      [ -n "$hv" ] && h="$h --cpu-halves"
+      echo "== strata bench $common $h" | tee -a "$f"
+      timeout 150 $bin/strata bench $common $h \
+        ${TRACE:+--trace $out/trace_b64$sk-$n-$sl${hv:+-halves}.json} 2>&1 | quiet | tee -a "$f"
     done
+    if [ -n "${LLAMA:-}" ]; then
+      echo "== strata bench $common ${LLAMA_FLAGS:-} --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31}" | tee -a "$f"
+      timeout ${BENCH_TIMEOUT:-240} $bin/strata bench $common ${LLAMA_FLAGS:-} \
+        --llama-ngl 99 --llama-best --llama-n-cpu-moe ${NCM:-31} 2>&1 | quiet | tee -a "$f"
+    fi
     ;;
   qwen3moe-ahead)
     # decode at 8G with the look-ahead: the next host layers' predicted
