@@ -153,35 +153,31 @@ impl Engine {
     fn host_half(&mut self, item: Item, h: usize, n: u32) -> Result<(), EngineError> {
         let (l, kind, s) = item;
         let shape = Self::half_shapes(s, n)[h];
+        let w0 = Instant::now();
         if let Some(d) = self.cpu_halves.as_ref().and_then(|c| c.done.as_ref()) {
             d[h].synchronize();
         }
+        let w1 = Instant::now();
         let (gi, key) = self.group_key(l, kind, shape);
+        let x = self.persistent.tensor(buffers::X);
         let host = self
             .host
             .as_mut()
             .expect("a plan with CPU groups has a host");
-        host.download_rows(
-            self.persistent.tensor(buffers::X),
-            shape.row0,
-            shape.n_tokens,
-        )?;
+        host.download_rows(x, shape.row0, shape.n_tokens)?;
         let t0 = Instant::now();
         host.compute(gi, &key)?;
         let t1 = Instant::now();
+        host.upload_rows(x, shape.row0, shape.n_tokens)?;
+        let t2 = Instant::now();
         if self.routing.is_some() {
             let ids = host.routed(&key)?;
             self.count_routed(l, &ids)?;
         }
-        let host = self
-            .host
-            .as_mut()
-            .expect("a plan with CPU groups has a host");
-        host.upload_rows(
-            self.persistent.tensor(buffers::X),
-            shape.row0,
-            shape.n_tokens,
-        )?;
+        let cpu = timeline::Stream::Cpu;
+        self.rec.host_span(cpu, || "wait for rows".into(), w0, w1);
+        self.rec.host_span(cpu, || "rows down".into(), w1, t0);
+        self.rec.host_span(cpu, || "rows up".into(), t1, t2);
         self.rec.host_span(
             timeline::Stream::Cpu,
             || {
