@@ -258,6 +258,16 @@ impl HostCompute {
         Ok(())
     }
 
+    /// Rows `row0..row0 + rows` of the host residual.
+    pub fn rows(&mut self, row0: u32, rows: u32) -> Result<&[f32], EngineError> {
+        let (n, at) = self.row_range(row0, rows);
+        self.x.resize(n, 0.0);
+        self.persistent
+            .tensor(buffers::X)
+            .get_bytes(bytemuck::cast_slice_mut(&mut self.x), at)?;
+        Ok(&self.x)
+    }
+
     /// The floats of `rows` rows and the byte offset of row `row0`.
     fn row_range(&self, row0: u32, rows: u32) -> (usize, usize) {
         let e = self.dims.hp.n_embd as usize;
