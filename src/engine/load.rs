@@ -672,7 +672,7 @@ impl Engine {
             h.widening = Some(super::buffers::Widening::alloc(&spec, w, device)?);
         }
         let cpu_halves = match (&host, cfg.paging.cpu_halves) {
-            (Some(_), true) => Some(super::halves::CpuHalves::new(device)?),
+            (Some(_), true) => Some(super::halfrows::CpuHalves::new(device)?),
             (None, true) => {
                 tracing::warn!(
                     "--cpu-halves: no hybrid plan, so no step has host groups to overlap"

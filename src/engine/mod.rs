@@ -39,6 +39,7 @@ mod config;
 mod cpuweights;
 mod error;
 mod exchange;
+mod halfrows;
 mod halves;
 pub mod host;
 mod hot;

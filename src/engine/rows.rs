@@ -227,19 +227,7 @@ impl Engine {
         }
         // the first half in whole tiles of the GEMM kernels where it can
         let a = (n / 2).next_multiple_of(32).min(n - 1);
-        Some([
-            StepShape {
-                n_tokens: a,
-                n_out: a,
-                ..shape
-            },
-            StepShape {
-                n_tokens: n - a,
-                n_out: n - a,
-                row0: a,
-                ..shape
-            },
-        ])
+        Some(shape.halves(a))
     }
 
     /// Queues half `half` (0, 1) of a begun group, then marks on the

@@ -83,7 +83,7 @@ pub struct Engine {
     /// halves of rows (`rows.rs`), where it does.
     pub(super) halves: Option<super::exchange::Halves>,
     /// A hybrid step's halves of rows (`halves.rs`), where asked for.
-    pub(super) cpu_halves: Option<super::halves::CpuHalves>,
+    pub(super) cpu_halves: Option<super::halfrows::CpuHalves>,
     /// Hot experts on the device (`paging::experts`), where the plan keeps
     /// any.
     pub(super) hot: Option<super::hotpool::HotPool>,

@@ -33,6 +33,27 @@ pub struct StepShape {
     pub row0: u32,
 }
 
+impl StepShape {
+    /// The step's rows in two: the first `a` (0 < a < n_tokens), then the
+    /// rest, each keeping all of its rows (not a last layer's).
+    pub fn halves(self, a: u32) -> [StepShape; 2] {
+        let b = self.n_tokens - a;
+        [
+            StepShape {
+                n_tokens: a,
+                n_out: a,
+                ..self
+            },
+            StepShape {
+                n_tokens: b,
+                n_out: b,
+                row0: self.row0 + a,
+                ..self
+            },
+        ]
+    }
+}
+
 /// What graph builders need to know about the model.
 #[derive(Clone, Debug)]
 pub struct Dims {
