@@ -15,6 +15,8 @@ pub(super) struct CpuHalves {
     pub(super) done: Option<[Event; 2]>,
     pub(super) device: Device,
     pub(super) up: Option<RowsUp>,
+    /// Whether a step that wanted halves but ran whole was reported.
+    pub(super) warned: std::cell::Cell<bool>,
 }
 
 impl CpuHalves {
@@ -28,6 +30,7 @@ impl CpuHalves {
             done,
             device,
             up: None,
+            warned: std::cell::Cell::new(false),
         })
     }
 }

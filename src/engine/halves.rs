@@ -43,7 +43,7 @@ impl Engine {
         order: &[Item],
         on_cpu: &[bool],
     ) -> Option<Vec<Stage>> {
-        self.cpu_halves.as_ref()?;
+        let halves = self.cpu_halves.as_ref()?;
         let last = self.spec.hp.n_layer.checked_sub(1)?;
         let single = self.next.is_none() && self.spec.shard.is_none() && self.spec.has_head;
         if n < HALVES_MIN_TOKENS || !single || self.spec.hp.n_swa > 0 {
@@ -67,7 +67,16 @@ impl Engine {
             items.push(HalfItem { cpu, ring });
         }
         let slots = [Ring::Attn, Ring::Ffn].map(|r| self.pager.slots(r));
-        plan_halves(&items, slots)
+        let stages = plan_halves(&items, slots);
+        if stages.is_none() && items.iter().any(|i| i.cpu) && !halves.warned.replace(true) {
+            tracing::warn!(
+                "--cpu-halves: steps of {n} tokens run whole: a stage between host groups streams \
+                 more groups than the rings' {} and {} slots less one allow (raise --slots)",
+                slots[0],
+                slots[1]
+            );
+        }
+        stages
     }
 
     /// The two halves of a group's shape in a step of `n` tokens.
