@@ -79,41 +79,36 @@ impl Engine {
         stages
     }
 
-    /// The two halves of a group's shape in a step of `n` tokens.
-    pub(super) fn half_shapes(shape: StepShape, n: u32) -> [StepShape; 2] {
-        StepShape {
-            n_tokens: n,
-            n_out: n,
-            ..shape
-        }
-        .halves(first_half(n))
+    /// The two halves of a covered group's shape (all of the step's rows:
+    /// `plan_cpu_halves` covers no last layer).
+    pub(super) fn half_shapes(shape: StepShape) -> [StepShape; 2] {
+        shape.halves(first_half(shape.n_tokens))
     }
 
     /// Runs the order's first groups (those `stages` cover) in halves of
-    /// the step's `n` rows; the residual stream is on the device after.
+    /// the step's rows; the residual stream is on the device after.
     pub(super) fn run_halves(
         &mut self,
         order: &[Item],
         stages: &[Stage],
-        n: u32,
     ) -> Result<(), EngineError> {
         let mut cpu_before: Option<Item> = None;
         for st in stages {
             if let Some(c) = cpu_before {
-                self.host_half(c, 0, n)?;
+                self.host_half(c, 0)?;
             }
             let mut bound = Vec::with_capacity(st.device.len());
             for &(l, kind, s) in &order[st.device.clone()] {
                 let g = self.begin_group(l, kind)?;
-                self.compute_group(&g, Self::half_shapes(s, n)[0], true, None)?;
+                self.compute_group(&g, Self::half_shapes(s)[0], true, None)?;
                 bound.push((g, s));
             }
             self.mark_half(0);
             if let Some(c) = cpu_before {
-                self.host_half(c, 1, n)?;
+                self.host_half(c, 1)?;
             }
             for (g, s) in bound {
-                self.compute_group(&g, Self::half_shapes(s, n)[1], true, None)?;
+                self.compute_group(&g, Self::half_shapes(s)[1], true, None)?;
                 self.end_group(g)?;
             }
             self.mark_half(1);
@@ -130,12 +125,12 @@ impl Engine {
         }
     }
 
-    /// The host computes CPU group `item` over half `h` of the step's `n`
+    /// The host computes CPU group `item` over half `h` of the step's
     /// rows: once the device computed that half's rows, they come down,
     /// the CPU computes, they go back up.
-    fn host_half(&mut self, item: Item, h: usize, n: u32) -> Result<(), EngineError> {
+    fn host_half(&mut self, item: Item, h: usize) -> Result<(), EngineError> {
         let (l, kind, s) = item;
-        let shape = Self::half_shapes(s, n)[h];
+        let shape = Self::half_shapes(s)[h];
         let w0 = Instant::now();
         if let Some(d) = self.cpu_halves.as_ref().and_then(|c| c.done.as_ref()) {
             d[h].synchronize();
@@ -174,7 +169,7 @@ impl Engine {
         self.rec.host_span(cpu, || "rows down".into(), w1, t0);
         self.rec.host_span(cpu, || "rows up".into(), t1, t2);
         self.rec.host_span(
-            timeline::Stream::Cpu,
+            cpu,
             || {
                 let r = shape.row0;
                 let name = format!("{} {}", kind.name(), l + self.spec.hp.layer0);

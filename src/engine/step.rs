@@ -376,16 +376,14 @@ impl Engine {
         self.plan_routed_uploads(&mut order, routed);
         // a hybrid step in two halves of rows (halves.rs)
         let halves = self.plan_cpu_halves(n, &order, &on_cpu);
-        let halved = halves
-            .as_ref()
-            .map_or(0, |s| s.last().map_or(0, |l| l.device.end));
+        let halved = halves.as_deref().map_or(0, crate::paging::halves::covered);
         // with the halves the row split cuts groups in (rows.rs), or the
         // hybrid step's
         let shapes: Vec<StepShape> = order
             .iter()
             .enumerate()
             .flat_map(|(i, &(l, k, s))| {
-                let cpu = (i < halved).then(|| Self::half_shapes(s, n));
+                let cpu = (i < halved).then(|| Self::half_shapes(s));
                 std::iter::once(s)
                     .chain(self.halves_of(l, k, s).into_iter().flatten())
                     .chain(cpu.into_iter().flatten())
@@ -429,8 +427,8 @@ impl Engine {
         // the groups before the last layer in two halves, where planned
         let mut done = 0;
         if let Some(stages) = p.halves.clone() {
-            self.run_halves(&order, &stages, n_tokens as u32)?;
-            done = stages.last().map_or(0, |s| s.device.end);
+            self.run_halves(&order, &stages)?;
+            done = crate::paging::halves::covered(&stages);
             if last_cpu.is_some_and(|c| c < done) && !self.device.is_cpu() {
                 if let Some(h) = self.host.as_ref() {
                     h.park_threads();
@@ -520,9 +518,8 @@ impl Engine {
             // counts its own in rows.rs)
             halved: p
                 .halves
-                .as_ref()
-                .and_then(|s| s.last())
-                .map_or(0, |l| l.device.end as u32),
+                .as_deref()
+                .map_or(0, crate::paging::halves::covered) as u32,
             routed: self.routed.as_ref().map(|r| r.stats).unwrap_or_default(),
         };
         let n = p.n_tokens as u32;

@@ -81,6 +81,11 @@ pub fn plan_halves(items: &[HalfItem], slots: [usize; 2]) -> Option<Vec<Stage>> 
     Some(stages)
 }
 
+/// How many of the order's first groups `stages` cover.
+pub fn covered(stages: &[Stage]) -> usize {
+    stages.last().map_or(0, |s| s.device.end)
+}
+
 /// The rows of the first half of a step of `n` tokens: half, in whole
 /// tiles of 16 rows where that leaves the second half some.
 pub fn first_half(n: u32) -> u32 {
