@@ -10,7 +10,8 @@
 // broadcast; down: 2048 x 768, one input per pick), and prints each
 // layout's time and GB/s of the picked experts' weights, and the repacked
 // output's NMSE against the plain one (ggml's vec_dot kernels, the
-// reference: both quantize the inputs to the same Q8_K rows).
+// reference: both quantize the inputs to the same Q8_K rows), with a hash
+// of the repacked output's bytes to compare two modules bit for bit.
 //   cpu-moe-check MODULE.so THREADS
 // MOE_TYPE: q4_K (default) or q6_K; MOE_REPS: timed repetitions (20).
 #include "cpu-module.h"
@@ -151,7 +152,15 @@ int main(int argc, char ** argv) {
                         num += (out[i] - ref[i]) * (double) (out[i] - ref[i]);
                         den += ref[i] * (double) ref[i];
                     }
-                    printf(", NMSE against plain %.3g\n", den > 0 ? num / den : 0.0);
+                    // FNV-1a of the output's bytes: the same inputs (fixed seeds) give the
+                    // same hash from two modules exactly when their outputs are bit for bit equal
+                    uint64_t h = 1469598103934665603ull;
+                    const unsigned char * p = (const unsigned char *) out.data();
+                    for (size_t i = 0; i < out.size() * sizeof(float); ++i) {
+                        h = (h ^ p[i]) * 1099511628211ull;
+                    }
+                    printf(", NMSE against plain %.3g, output hash %016llx\n", den > 0 ? num / den : 0.0,
+                           (unsigned long long) h);
                 }
                 ggml_backend_buffer_free(ba);
                 ggml_backend_buffer_free(bw);
