@@ -2,8 +2,10 @@
 # On a GPU machine's host: the CPU's expert product (mul_mat_id over a
 # mixture's stacked experts) in plain memory and repacked, with this
 # checkout's CPU module and, where .carry/old-cpu/ holds one, an older
-# module (run 143: a gemm path for the repacked product, which did not pay
-# and was dropped), in one call: tools/device/cpu-moe-check.cpp with each
+# module (run 143: a gemm path for the repacked product; runs 154-155: a
+# VNNI kernel taking an expert's rows 4 at a time; neither paid in the
+# engine and both were dropped), in one call, with a hash of each repacked
+# output to tell whether two modules agree bit for bit: tools/device/cpu-moe-check.cpp with each
 # module of each of VARIANTS (default sapphirerapids), at each of THREADS
 # (default 16), for
 # uniform and skewed routing (MOE_SKEW 0 and 1), Q4_K; and Q6_K once (x86
