@@ -43,7 +43,8 @@ impl CpuHalves {
 /// half's next graphs without the host waiting.
 pub(super) struct RowsUp {
     // field order is drop order: the graphs before the buffers they read
-    graphs: HashMap<(u32, u32), UpGraph>,
+    /// By half, first row and row count: each reads its half's staging.
+    graphs: HashMap<(usize, u32, u32), UpGraph>,
     /// Per half: its rows F32 [n_embd, n_batch] and their row indices I64
     /// [n_batch], in pinned host memory.
     staging: [TensorArena; 2],
@@ -103,11 +104,12 @@ impl RowsUp {
         st.tensor(0).set_bytes(bytemuck::cast_slice(data), 0)?;
         let ids: Vec<i64> = (i64::from(row0)..i64::from(row0 + rows)).collect();
         st.tensor(1).set_bytes(bytemuck::cast_slice(&ids), 0)?;
-        if !self.graphs.contains_key(&(row0, rows)) {
+        let key = (h, row0, rows);
+        if !self.graphs.contains_key(&key) {
             let g = self.build(h, rows)?;
-            self.graphs.insert((row0, rows), g);
+            self.graphs.insert(key, g);
         }
-        let g = &self.graphs[&(row0, rows)];
+        let g = &self.graphs[&key];
         // SAFETY: the graph lives in g.ctx.
         let graph = unsafe { crate::ggml::Graph::from_raw(&g.ctx, g.graph) };
         backend.compute_async(&graph)?;

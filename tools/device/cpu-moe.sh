@@ -5,10 +5,10 @@
 # module (run 143: a gemm path for the repacked product; runs 154-155: a
 # VNNI kernel taking an expert's rows 4 at a time; neither paid in the
 # engine and both were dropped), in one call, with a hash of each repacked
-# output to tell whether two modules agree bit for bit: tools/device/cpu-moe-check.cpp with each
-# module of each of VARIANTS (default sapphirerapids), at each of THREADS
-# (default 16), for
-# uniform and skewed routing (MOE_SKEW 0 and 1), Q4_K; and Q6_K once (x86
+# output to tell whether two modules agree bit for bit:
+# tools/device/cpu-moe-check.cpp with each module of each of VARIANTS
+# (default sapphirerapids), at each of THREADS (default 16), for uniform
+# and skewed routing (MOE_SKEW 0 and 1), Q4_K; and Q6_K once (x86
 # repacks no Q6_K: plain memory alone). Results in $OUT/cpu-moe.txt.
 #   here: XZ_BIN=1 tools/device/pack.sh; optionally mkdir -p .carry/old-cpu;
 #         cp OLD/libggml-cpu-{sapphirerapids,...}.so .carry/old-cpu/
