@@ -1,20 +1,19 @@
-//! What a hybrid step in two halves of rows (`halves.rs`) owns: the
-//! events marking each half's rows computed, and the pinned staging and
-//! graphs that take the host's rows back up.
+//! What a hybrid step in two halves of rows (`halves.rs`) owns, the
+//! events marking each half's rows computed; and how the host's rows go
+//! back up to the device after every host group, halved or whole
+//! ([`RowsUp`]).
 
 use super::error::EngineError;
+use super::state::Engine;
 use crate::dtype::GgmlType;
 use crate::ggml::{Binding, BufferUsage, Context, Device, Event, TensorArena, TensorSpec};
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
 /// The events marking each half's rows computed on the device (None on
-/// the CPU device, whose graphs finish before `compute_async` returns),
-/// and on a GPU the way the host's rows go back up.
+/// the CPU device, whose graphs finish before `compute_async` returns).
 pub(super) struct CpuHalves {
     pub(super) done: Option<[Event; 2]>,
-    pub(super) device: Device,
-    pub(super) up: Option<RowsUp>,
     /// Whether a step that wanted halves but ran whole was reported.
     pub(super) warned: std::cell::Cell<bool>,
 }
@@ -28,8 +27,6 @@ impl CpuHalves {
         };
         Ok(CpuHalves {
             done,
-            device,
-            up: None,
             warned: std::cell::Cell::new(false),
         })
     }
@@ -39,8 +36,13 @@ impl CpuHalves {
 /// kernel on the compute stream that reads them from pinned host memory
 /// (`set_rows`), not by a copy: the bus's copy engine is busy with the
 /// weights, and a copy of a few hundred KB queued behind them waited
-/// 9-17 ms (run 151's trace). Queued, it also orders itself before the
-/// half's next graphs without the host waiting.
+/// 9-17 ms (run 151's trace; whole host groups of 16 and 64 sequences
+/// spent 45-50 ms a step so in runs 154-155). Queued, it also orders
+/// itself before the next graphs without the host waiting.
+///
+/// Staging `h` is written again only once the graph that read it has
+/// finished: a half waits its event first; a whole host group drains the
+/// compute stream before it brings the rows down (`run_host_group`).
 pub(super) struct RowsUp {
     // field order is drop order: the graphs before the buffers they read
     /// By half, first row and row count: each reads its half's staging.
@@ -138,5 +140,43 @@ impl RowsUp {
             NonNull::new(g.raw()).expect("graph handle is never null")
         };
         Ok(UpGraph { graph, ctx })
+    }
+}
+
+impl Engine {
+    /// Sends rows `row0..row0 + rows` of the host's residual back to the
+    /// device's through staging `h` (0 for a whole host group, the half's
+    /// for a halved one): queued on the compute stream where the device
+    /// has a pinned host buffer type, else copied at once (the CPU device,
+    /// whose graphs are done when queued).
+    pub(super) fn rows_to_device(
+        &mut self,
+        h: usize,
+        row0: u32,
+        rows: u32,
+    ) -> Result<(), EngineError> {
+        let host = self
+            .host
+            .as_mut()
+            .expect("a step with host groups has a host");
+        let x = self.persistent.tensor(super::buffers::X);
+        if self.device.is_cpu() {
+            return host.upload_rows(x, row0, rows);
+        }
+        if self.rows_up.is_none() {
+            let (e, b) = (self.spec.hp.n_embd, self.lim.n_batch);
+            let xb = self.persistent.bindings[super::buffers::X].clone();
+            self.rows_up = RowsUp::new(self.device, xb, e, b)?;
+        }
+        match self.rows_up.as_mut() {
+            Some(up) => {
+                let t0 = std::time::Instant::now();
+                let data = host.rows(row0, rows)?;
+                up.queue(&self.backend, h, row0, data)?;
+                host.stats.hops += t0.elapsed();
+                Ok(())
+            }
+            None => host.upload_rows(x, row0, rows),
+        }
     }
 }

@@ -19,7 +19,6 @@
 
 use super::buffers;
 use super::error::EngineError;
-use super::halfrows::RowsUp;
 use super::state::Engine;
 use super::timeline;
 use crate::graph::StepShape;
@@ -146,21 +145,10 @@ impl Engine {
         let t0 = Instant::now();
         host.compute(gi, &key)?;
         let t1 = Instant::now();
-        let halves = self.cpu_halves.as_mut().expect("a step in halves");
-        if halves.up.is_none() && !halves.device.is_cpu() {
-            let (e, b) = (self.spec.hp.n_embd, self.lim.n_batch);
-            let xb = self.persistent.bindings[buffers::X].clone();
-            halves.up = RowsUp::new(halves.device, xb, e, b)?;
-        }
-        match halves.up.as_mut() {
-            Some(up) => {
-                let rows = host.rows(shape.row0, shape.n_tokens)?;
-                up.queue(&self.backend, h, shape.row0, rows)?;
-            }
-            None => host.upload_rows(x, shape.row0, shape.n_tokens)?,
-        }
+        self.rows_to_device(h, shape.row0, shape.n_tokens)?;
         let t2 = Instant::now();
         if self.routing.is_some() {
+            let host = self.host.as_mut().expect("checked above");
             let ids = host.routed(&key)?;
             self.count_routed(l, &ids)?;
         }

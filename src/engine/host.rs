@@ -5,8 +5,10 @@
 //!
 //! The residual stream hops between the device and the host around each
 //! run of CPU groups: the engine drains the compute stream, downloads the
-//! rows, the CPU computes, the rows go back up. At decode that is a few
-//! tens of KB each way.
+//! rows, the CPU computes, the rows go back up (on a GPU by a kernel
+//! reading them from pinned memory, `halfrows::RowsUp`, not by a copy
+//! queued behind the weights). At decode that is a few tens of KB each
+//! way.
 
 use super::buffers::{self, Persistent};
 use super::cpuweights::{CpuLayout, CpuWeights};
@@ -236,12 +238,6 @@ impl HostCompute {
             .set_bytes(bytemuck::cast_slice(&self.x), at)?;
         self.stats.hops += t0.elapsed();
         Ok(())
-    }
-
-    /// Copies the first `rows` rows of the host residual back to the
-    /// device's `x` (whose compute stream is idle: it waited for the CPU).
-    pub fn upload(&mut self, x: Tensor<'_>, rows: u32) -> Result<(), EngineError> {
-        self.upload_rows(x, 0, rows)
     }
 
     /// Copies rows `row0..row0 + rows` of the host residual back to the

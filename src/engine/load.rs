@@ -777,6 +777,7 @@ impl Engine {
             reduce,
             halves,
             cpu_halves,
+            rows_up: None,
             backend,
             store,
             persistent,

@@ -84,6 +84,9 @@ pub struct Engine {
     pub(super) halves: Option<super::exchange::Halves>,
     /// A hybrid step's halves of rows (`halves.rs`), where asked for.
     pub(super) cpu_halves: Option<super::halfrows::CpuHalves>,
+    /// The way the host's rows go back up after a host group, made at
+    /// the first such hop on a GPU (`halfrows::RowsUp`).
+    pub(super) rows_up: Option<super::halfrows::RowsUp>,
     /// Hot experts on the device (`paging::experts`), where the plan keeps
     /// any.
     pub(super) hot: Option<super::hotpool::HotPool>,

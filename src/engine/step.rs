@@ -828,10 +828,10 @@ impl Engine {
         &mut self,
         x_host: &mut Option<u32>,
     ) -> Result<(), EngineError> {
-        if let (Some(rows), Some(host)) = (x_host.take(), self.host.as_mut()) {
-            host.upload(self.persistent.tensor(buffers::X), rows)?;
+        match x_host.take() {
+            Some(rows) if self.host.is_some() => self.rows_to_device(0, 0, rows),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Logits of the first `n_rows` rows of the residual stream, at most
