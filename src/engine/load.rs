@@ -475,14 +475,11 @@ impl Engine {
         let cpu = match &like {
             Some(p) => p.cpu.clone(),
             None => probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
-                .map(|mut c| {
+                .map(|c| match spec.shard {
                     // the row split: every device's host share runs on the
                     // same cores, so each plan sees its share of the CPU
-                    if let Some(s) = spec.shard {
-                        c.s_per_byte_1 *= f64::from(s.count);
-                        c.s_per_byte_n *= f64::from(s.count);
-                    }
-                    c
+                    Some(s) => c.scaled(f64::from(s.count)),
+                    None => c,
                 }),
         };
         if let Some(c) = cpu {

@@ -73,6 +73,30 @@ pub(super) fn cpu_input(
         1,
         None,
     )?;
+    // a mixture's steps of many sequences: its own expert product at
+    // that step, which the line through 1 and 16 tokens misses (runs
+    // 154-158: 0.65-0.83x of its time at 64 tokens)
+    let big = match (spec.hp.is_moe() && w.ne.len() >= 3, cfg.n_batch) {
+        (true, nb) if nb > PROBE_TOKENS => {
+            let n = crate::paging::HYBRID_MAX_TOKENS.min(nb);
+            let ne3 = [w.ne[0], w.ne[1], w.ne[2]];
+            let used = spec.hp.n_expert_used;
+            let (secs, each) =
+                measure_expert_matmul(&cb, buft, w.ty, ne3, used, probe_bytes, n, bus)?;
+            let g = crate::paging::GroupInfo {
+                kind: GroupKind::Ffn,
+                bytes: each,
+                experts: Some(crate::paging::Experts {
+                    bytes: each,
+                    n_expert: ne3[2] as u32,
+                    n_used: used,
+                    hot: 0.0,
+                }),
+            };
+            Some((n, crate::paging::s_per_byte_at(&g, n, secs, s1)))
+        }
+        _ => None,
+    };
     let bus_beside = measure_bus_beside_cpu(&cb, buft, w.ty, ne, probe_bytes, device, copy_bw)?;
     let hop = measure_hop(device, backend, spec.hp.n_embd as i64)?;
     let per_group = measure_group_overhead(device, backend, spec.hp.n_embd as i64)?;
@@ -80,6 +104,7 @@ pub(super) fn cpu_input(
         s_per_byte_1: s1,
         s_per_byte_n: sn,
         probe_tokens: PROBE_TOKENS,
+        big,
         // the memory plan decides the room
         host_room: 0,
         hop_s: hop,
@@ -90,9 +115,10 @@ pub(super) fn cpu_input(
         split: cfg.paging.split,
     };
     tracing::info!(
-        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
+        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}{}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
         1e-9 / s1,
         1e-9 / sn,
+        big.map_or(String::new(), |(n, s)| format!(", {:.1} GB/s at {n} (its experts' product)", 1e-9 / s)),
         1e-9 / gpu,
         per_group * 1e6,
         hop * 1e6,
@@ -407,6 +433,93 @@ pub fn measure_matmul(
         }
         Ok(best / read as f64)
     })
+}
+
+/// Seconds a step of `n_tokens` tokens takes over one stacked expert
+/// tensor of type `ty` and shape `ne` ([k, m, n_expert]) placed in `buft`,
+/// each token routed to `n_used` distinct experts drawn uniformly (a
+/// random router's picks), and the tensor's bytes: `mul_mat_id` over
+/// about `bytes` of such tensors, the best of three timed runs after a
+/// warm-up; with `bus`, while that device's bus uploads.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_expert_matmul(
+    backend: &Backend,
+    buft: BufferType,
+    ty: crate::dtype::GgmlType,
+    ne: [i64; 3],
+    n_used: u32,
+    bytes: u64,
+    n_tokens: u32,
+    bus: Option<(Device, f64)>,
+) -> Result<(f64, u64), EngineError> {
+    let n_expert = ne[2].max(1);
+    let used = i64::from(n_used).clamp(1, n_expert);
+    let n = i64::from(n_tokens.max(1));
+    let ctx = Context::new(256, 256)?;
+    let probe = ctx.new_tensor(ty, &ne);
+    let each = probe.nbytes().max(1);
+    let count = (bytes as usize / each).clamp(1, 64);
+    let a = buft.alignment();
+    let stride = buft.alloc_size(probe).div_ceil(a) * a;
+    let wbuf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
+    wbuf.clear(0);
+    let zeros = vec![0u8; each];
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], used, n]);
+    let ids = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used, n]);
+    let mut g = ctx.new_graph(256);
+    for i in 0..count {
+        let w = ctx.new_tensor(ty, &ne);
+        wbuf.place(w, i * stride)?;
+        // whole-tensor writes: a repacked buffer repacks them
+        w.set_bytes(&zeros, 0)?;
+        g.expand(ctx.mul_mat_id(w, x, ids));
+    }
+    let inputs = Buffer::alloc(
+        backend.device().buffer_type(),
+        x.nbytes() + ids.nbytes() + 2 * a,
+        BufferUsage::Any,
+    )?;
+    inputs.place(x, 0)?;
+    inputs.place(ids, x.nbytes().div_ceil(a) * a)?;
+    x.set_f32(&vec![0.5f32; x.nbytes() / 4])?;
+    ids.set_i32(&uniform_picks(n_expert as u32, used as u32, n as u32))?;
+    let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
+    alloc.alloc(&g)?;
+    let run = || backend.compute(&g).map_err(EngineError::from);
+    // warm-up
+    run()?;
+    let _load = match bus {
+        Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
+        None => None,
+    };
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        run()?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok((best / count as f64, each as u64))
+}
+
+/// `n_used` distinct experts of `n_expert` for each of `n_tokens` tokens,
+/// drawn uniformly by a fixed generator (the same picks every load).
+fn uniform_picks(n_expert: u32, n_used: u32, n_tokens: u32) -> Vec<i32> {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut out = Vec::with_capacity((n_used * n_tokens) as usize);
+    for _ in 0..n_tokens {
+        let start = out.len();
+        while out.len() - start < n_used.min(n_expert) as usize {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let e = (state % u64::from(n_expert)) as i32;
+            if !out[start..].contains(&e) {
+                out.push(e);
+            }
+        }
+    }
+    out
 }
 
 /// The host-to-device copy rate (bytes/s) of `device` while the CPU

@@ -26,8 +26,8 @@ use crate::model::GroupKind;
 /// step buffers are sized for it); larger steps stream everything. 64
 /// covers a mixture of experts' batched decode (64 sequences) for the
 /// expert split (`paging::split`); whole CPU groups go only up to the
-/// CPU probe's step (`CpuInput::probe_tokens`) unless forced (see
-/// `sizes`).
+/// largest step the CPU was measured at (`CpuInput::measured_tokens`)
+/// unless forced (see `sizes`).
 pub const MAX_TOKENS: u32 = 64;
 
 /// What the planner knows about the host CPU as a compute tier.
@@ -38,6 +38,12 @@ pub struct CpuInput {
     /// ... and for a step of `probe_tokens` tokens.
     pub s_per_byte_n: f64,
     pub probe_tokens: u32,
+    /// Where measured (a mixture's steps of many sequences): tokens and
+    /// seconds per byte of a larger step, taken from the model's own kind
+    /// of product (its experts' `mul_mat_id` for a mixture), which the
+    /// rate follows beyond `probe_tokens` in place of the line through
+    /// the first two points.
+    pub big: Option<(u32, f64)>,
     /// Host bytes free for the CPU's (repacked) copies of its groups.
     pub host_room: u64,
     /// Seconds one round trip of the residual (device -> host -> device) costs.
@@ -65,10 +71,32 @@ impl CpuInput {
     /// `probe_tokens`, linear in between and beyond (the CPU is
     /// memory-bound on one token and compute-bound on many).
     pub fn s_per_byte(&self, n: u32) -> f64 {
-        let p = self.probe_tokens.max(2) as f64;
-        let slope = (self.s_per_byte_n - self.s_per_byte_1) / (p - 1.0);
-        (self.s_per_byte_1 + slope * (n.max(1) as f64 - 1.0))
-            .max(self.s_per_byte_1.min(self.s_per_byte_n))
+        let p = self.probe_tokens.max(2);
+        let floor = self.s_per_byte_1.min(self.s_per_byte_n);
+        if let Some((b, sb)) = self.big.filter(|&(b, _)| b > p && n > p) {
+            // the line through the probe's step and the larger one
+            let slope = (sb - self.s_per_byte_n) / f64::from(b - p);
+            return (self.s_per_byte_n + slope * f64::from(n - p)).max(floor.min(sb));
+        }
+        let slope = (self.s_per_byte_n - self.s_per_byte_1) / (f64::from(p) - 1.0);
+        (self.s_per_byte_1 + slope * (n.max(1) as f64 - 1.0)).max(floor)
+    }
+
+    /// The largest step the CPU was measured at: beyond it its speed is
+    /// extrapolated.
+    pub fn measured_tokens(&self) -> u32 {
+        self.big
+            .map_or(self.probe_tokens, |(b, _)| b.max(self.probe_tokens))
+    }
+
+    /// The same CPU `f` times slower per byte.
+    pub fn scaled(&self, f: f64) -> CpuInput {
+        CpuInput {
+            s_per_byte_1: self.s_per_byte_1 * f,
+            s_per_byte_n: self.s_per_byte_n * f,
+            big: self.big.map(|(b, s)| (b, s * f)),
+            ..self.clone()
+        }
     }
 
     /// CPU seconds a step of `n` tokens computes group `g` (a mixture's
@@ -88,6 +116,15 @@ impl CpuInput {
     pub fn gpu_group_s(&self, g: &GroupInfo, n: u32) -> f64 {
         g.read_bytes(n) as f64 * self.gpu_s_per_byte + self.gpu_group_s
     }
+}
+
+/// The seconds per byte at a step of `n` tokens under which
+/// [`GroupInfo::compute_s`] gives `secs` for `g`, with `s1` the one-token
+/// rate: a mixture's expert product measured at that step, as
+/// [`CpuInput::big`] takes it.
+pub fn s_per_byte_at(g: &GroupInfo, n: u32, secs: f64, s1: f64) -> f64 {
+    let extra = (secs - g.read_bytes(n) as f64 * s1) / g.token_bytes().max(1) as f64;
+    s1 + extra.max(0.0)
 }
 
 /// The CPU's part of a plan.
@@ -465,13 +502,13 @@ pub fn sizes(
     let hosts: Vec<usize> = (0..groups.len()).filter(|&i| host[i]).collect();
     (1..=MAX_TOKENS)
         .map(|n| {
-            // beyond the probe's step the CPU's speed is extrapolated, and
-            // the extrapolation was 1.6-2x too fast: on two H200s (70B
+            // beyond the measured steps the CPU's speed is extrapolated,
+            // and the extrapolation was 1.6-2x too fast: on two H200s (70B
             // Q4_0, 12G, run 57) 64-token steps ran 1.43x faster on one
             // GPU and 2.0x on two without the CPU's groups; on a mixture
             // whole CPU groups gave 64 sequences 2% at best (runs 33-34).
-            // So whole groups only up to the probed size, unless forced.
-            let most = if c.force.is_none() && n > c.probe_tokens {
+            // So whole groups only up to the measured size, unless forced.
+            let most = if c.force.is_none() && n > c.measured_tokens() {
                 0
             } else {
                 hosts.len()
@@ -584,10 +621,8 @@ impl CpuCalibration {
     ) -> f64 {
         let at = plan.placement(n, &self.streamed);
         let c = CpuInput {
-            s_per_byte_1: self.probe.s_per_byte_1 * cpu_factor,
-            s_per_byte_n: self.probe.s_per_byte_n * cpu_factor,
             bus_bw_beside: bus_bw.or(self.probe.bus_bw_beside),
-            ..self.probe.clone()
+            ..self.probe.scaled(cpu_factor)
         };
         simulate(&self.groups, &at, self.slots, self.copy_bw, &c, n).step_s()
     }
@@ -738,6 +773,63 @@ mod tests {
         };
         let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &f).expect("forced");
         assert_eq!(p.cpu_groups(64).iter().filter(|c| **c).count(), 3);
+    }
+
+    /// A CPU measured at a larger step: its rate goes through all three
+    /// points, whole groups go up to that step (not beyond), and the
+    /// rate solved from a measured expert product gives that product's
+    /// time back.
+    #[test]
+    fn a_measured_larger_step_extends_whole_cpu_groups_to_it() {
+        let c = CpuInput {
+            big: Some((64, 3.0)),
+            ..cpu(1.0)
+        };
+        assert_eq!(c.s_per_byte(1), 1.0);
+        assert_eq!(c.s_per_byte(16), 8.0);
+        assert_eq!(c.s_per_byte(64), 3.0);
+        assert!((c.s_per_byte(40) - 5.5).abs() < 1e-12);
+        assert_eq!(c.measured_tokens(), 64);
+        assert_eq!(cpu(1.0).measured_tokens(), 16);
+        let slower = c.scaled(2.0);
+        assert_eq!(slower.s_per_byte(64), 6.0);
+        assert_eq!(slower.s_per_byte(1), 2.0);
+
+        // an expert group and the time its product took at 64 tokens
+        let g = qwen3moe_30b(1, 0.0)[1];
+        let secs = 0.015;
+        let s1 = 1e-9 / 80.0;
+        let m = CpuInput {
+            s_per_byte_1: s1,
+            s_per_byte_n: s1 * 1.5,
+            big: Some((64, s_per_byte_at(&g, 64, secs, s1))),
+            ..cpu(s1)
+        };
+        assert!((m.group_s(&g, 64) - secs).abs() < 1e-9 * secs.max(1.0));
+
+        // a CPU about as fast as the bus per group at 64 tokens: whole
+        // groups at 64 now, none beyond the measured size's rate otherwise
+        let g = layers(60, 85, 396);
+        let streamed = vec![true; g.len()];
+        let probe_only = CpuInput {
+            s_per_byte_n: 1.0,
+            ..cpu(1.0)
+        };
+        let measured = CpuInput {
+            big: Some((64, 1.0)),
+            ..probe_only.clone()
+        };
+        let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &probe_only).expect("hybrid pays");
+        assert_eq!(p.per_size[63].cpu_groups, 0);
+        let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &measured).expect("hybrid pays");
+        assert!(p.per_size[63].cpu_groups > 0);
+        let a = CpuInput {
+            big: Some((32, 1.0)),
+            ..probe_only
+        };
+        let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &a).expect("hybrid pays");
+        assert!(p.per_size[31].cpu_groups > 0);
+        assert_eq!(p.per_size[32].cpu_groups, 0);
     }
 
     #[test]
@@ -971,6 +1063,7 @@ mod tests {
             s_per_byte_1: 1.0 / 93.2e9,
             s_per_byte_n: 1.0 / 30.3e9,
             probe_tokens: 16,
+            big: None,
             host_room: u64::MAX,
             hop_s: 45e-6,
             gpu_s_per_byte: 1.0 / 2502e9,
@@ -1028,6 +1121,7 @@ mod tests {
                 s_per_byte_1: 1.0 / (cpu_gbs * 1e9),
                 s_per_byte_n: 1.0 / 30.3e9,
                 probe_tokens: 16,
+                big: None,
                 host_room: u64::MAX,
                 hop_s,
                 gpu_s_per_byte: 1.0 / 2502e9,

@@ -26,8 +26,8 @@ pub use experts::{plan_hot, refresh_hot, HotExperts, HotPlan};
 pub use gemm::{choose_mmq_max_rows, PathTiming, Widened};
 pub use groups::{set_hot_shares, Experts, GroupInfo, Where};
 pub use hybrid::{
-    plan_hybrid, spread, CpuCalibration, CpuInput, ExpertSplit, HybridPlan, Prediction, SizePlan,
-    SplitInput, SplitPlan, SplitSize, MAX_TOKENS as HYBRID_MAX_TOKENS,
+    plan_hybrid, s_per_byte_at, spread, CpuCalibration, CpuInput, ExpertSplit, HybridPlan,
+    Prediction, SizePlan, SplitInput, SplitPlan, SplitSize, MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
 pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,

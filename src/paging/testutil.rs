@@ -25,6 +25,7 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
         s_per_byte_1: s_per_byte,
         s_per_byte_n: s_per_byte * 8.0,
         probe_tokens: 16,
+        big: None,
         host_room: u64::MAX,
         hop_s: 0.0,
         gpu_s_per_byte: 0.0,
