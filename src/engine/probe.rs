@@ -93,7 +93,9 @@ pub(super) fn cpu_input(
                     hot: 0.0,
                 }),
             };
-            Some((n, crate::paging::s_per_byte_at(&g, n, secs, s1)))
+            // the log's figure: the bytes of the experts the step picked
+            let gb_s = g.read_bytes(n) as f64 / secs / 1e9;
+            Some((n, crate::paging::s_per_byte_at(&g, n, secs, s1), gb_s))
         }
         _ => None,
     };
@@ -104,7 +106,7 @@ pub(super) fn cpu_input(
         s_per_byte_1: s1,
         s_per_byte_n: sn,
         probe_tokens: PROBE_TOKENS,
-        big,
+        big: big.map(|(n, s, _)| (n, s)),
         // the memory plan decides the room
         host_room: 0,
         hop_s: hop,
@@ -118,7 +120,9 @@ pub(super) fn cpu_input(
         "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}{}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
         1e-9 / s1,
         1e-9 / sn,
-        big.map_or(String::new(), |(n, s)| format!(", {:.1} GB/s at {n} (its experts' product)", 1e-9 / s)),
+        big.map_or(String::new(), |(n, _, gb_s)| format!(
+            ", its experts' product {gb_s:.1} GB/s of picked experts at {n}"
+        )),
         1e-9 / gpu,
         per_group * 1e6,
         hop * 1e6,
