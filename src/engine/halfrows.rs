@@ -4,7 +4,6 @@
 //! ([`RowsUp`]).
 
 use super::error::EngineError;
-use super::state::Engine;
 use crate::dtype::GgmlType;
 use crate::ggml::{Binding, BufferUsage, Context, Device, Event, TensorArena, TensorSpec};
 use std::collections::HashMap;
@@ -140,43 +139,5 @@ impl RowsUp {
             NonNull::new(g.raw()).expect("graph handle is never null")
         };
         Ok(UpGraph { graph, ctx })
-    }
-}
-
-impl Engine {
-    /// Sends rows `row0..row0 + rows` of the host's residual back to the
-    /// device's through staging `h` (0 for a whole host group, the half's
-    /// for a halved one): queued on the compute stream where the device
-    /// has a pinned host buffer type, else copied at once (the CPU device,
-    /// whose graphs are done when queued).
-    pub(super) fn rows_to_device(
-        &mut self,
-        h: usize,
-        row0: u32,
-        rows: u32,
-    ) -> Result<(), EngineError> {
-        let host = self
-            .host
-            .as_mut()
-            .expect("a step with host groups has a host");
-        let x = self.persistent.tensor(super::buffers::X);
-        if self.device.is_cpu() {
-            return host.upload_rows(x, row0, rows);
-        }
-        if self.rows_up.is_none() {
-            let (e, b) = (self.spec.hp.n_embd, self.lim.n_batch);
-            let xb = self.persistent.bindings[super::buffers::X].clone();
-            self.rows_up = RowsUp::new(self.device, xb, e, b)?;
-        }
-        match self.rows_up.as_mut() {
-            Some(up) => {
-                let t0 = std::time::Instant::now();
-                let data = host.rows(row0, rows)?;
-                up.queue(&self.backend, h, row0, data)?;
-                host.stats.hops += t0.elapsed();
-                Ok(())
-            }
-            None => host.upload_rows(x, row0, rows),
-        }
     }
 }
