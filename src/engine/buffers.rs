@@ -3,7 +3,9 @@
 
 use super::error::EngineError;
 use crate::dtype::GgmlType;
-use crate::ggml::{Binding, Buffer, BufferUsage, Device, Tensor, TensorArena, TensorSpec};
+use crate::ggml::{
+    Binding, Buffer, BufferType, BufferUsage, Device, Tensor, TensorArena, TensorSpec,
+};
 use crate::graph::{Dims, Externals, Limits};
 use crate::model::{GroupSpec, ModelSpec, Role};
 use crate::paging::gemm::{widened_offsets, Widened};
@@ -143,11 +145,31 @@ pub struct SplitRows {
 
 impl SplitRows {
     pub(super) fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<SplitRows, EngineError> {
+        Self::alloc_in(d, lim, dev.buffer_type())
+    }
+
+    /// The rows the host CPU computes and the device adds (an expert
+    /// split's): in pinned host memory on a GPU, which the add graph reads
+    /// there, so writing them is a memcpy, not a copy that would queue
+    /// behind the weights' uploads on the bus (whole host groups' rows
+    /// waited 45-50 ms a step so, runs 154-155); else device memory.
+    pub(super) fn alloc_host_side(
+        d: &Dims,
+        lim: Limits,
+        dev: Device,
+    ) -> Result<SplitRows, EngineError> {
+        match dev.host_buffer_type().filter(|_| !dev.is_cpu()) {
+            Some(buft) => Self::alloc_in(d, lim, buft),
+            None => Self::alloc(d, lim, dev),
+        }
+    }
+
+    fn alloc_in(d: &Dims, lim: Limits, buft: BufferType) -> Result<SplitRows, EngineError> {
         // what `paging::sizes::split_rows_bytes` reserves in the plan
         let spec = TensorSpec::new(GgmlType::F32, &[d.hp.n_embd as i64, lim.n_batch as i64])
             .named("host_rows");
         Ok(SplitRows {
-            arena: TensorArena::new(dev.buffer_type(), BufferUsage::Compute, &[spec])?,
+            arena: TensorArena::new(buft, BufferUsage::Compute, &[spec])?,
             host: Vec::new(),
         })
     }

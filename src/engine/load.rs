@@ -646,9 +646,9 @@ impl Engine {
             .as_ref()
             .and_then(|h| h.split.as_ref())
         {
-            Some(_) if host.is_some() => {
-                Some(super::buffers::SplitRows::alloc(&dims, lim, device)?)
-            }
+            Some(_) if host.is_some() => Some(super::buffers::SplitRows::alloc_host_side(
+                &dims, lim, device,
+            )?),
             _ => {
                 if cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe() {
                     tracing::warn!(
