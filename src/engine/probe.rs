@@ -377,22 +377,8 @@ fn with_matmul_probe<R>(
     f: impl FnOnce(&mut dyn FnMut() -> Result<(), EngineError>, usize) -> Result<R, EngineError>,
 ) -> Result<R, EngineError> {
     let ctx = Context::new(512, 512)?;
-    let probe = ctx.new_tensor(ty, &ne);
-    let each = probe.nbytes().max(1);
-    let count = (bytes as usize / each).clamp(1, 200);
-    let a = buft.alignment();
-    let stride = buft.alloc_size(probe).div_ceil(a) * a;
-    let wbuf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
-    wbuf.clear(0);
-    let zeros = vec![0u8; each];
-    let mut ws = Vec::with_capacity(count);
-    for i in 0..count {
-        let w = ctx.new_tensor(ty, &ne);
-        wbuf.place(w, i * stride)?;
-        // whole-tensor writes: a repacked buffer repacks them
-        w.set_bytes(&zeros, 0)?;
-        ws.push(w);
-    }
+    let (_wbuf, ws) = zeroed_weights(&ctx, buft, ty, &ne, bytes, 200)?;
+    let read = ws.iter().map(|w| w.nbytes()).sum();
     let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], n_tokens as i64]);
     let xbuf = Buffer::alloc(backend.device().buffer_type(), x.nbytes(), BufferUsage::Any)?;
     xbuf.place(x, 0)?;
@@ -406,7 +392,56 @@ fn with_matmul_probe<R>(
     let mut run = || backend.compute(&g).map_err(EngineError::from);
     // warm-up
     run()?;
-    f(&mut run, each * count)
+    f(&mut run, read)
+}
+
+/// Zeroed tensors of `ty` and shape `ne` in one buffer of `buft`, as many
+/// as about `bytes` hold (1 to `most`), each written whole, so a repacked
+/// buffer repacks them. The buffer holds their memory.
+fn zeroed_weights<'c>(
+    ctx: &'c Context,
+    buft: BufferType,
+    ty: crate::dtype::GgmlType,
+    ne: &[i64],
+    bytes: u64,
+    most: usize,
+) -> Result<(Buffer, Vec<crate::ggml::Tensor<'c>>), EngineError> {
+    let probe = ctx.new_tensor(ty, ne);
+    let each = probe.nbytes().max(1);
+    let count = (bytes as usize / each).clamp(1, most);
+    let a = buft.alignment();
+    let stride = buft.alloc_size(probe).div_ceil(a) * a;
+    let buf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
+    buf.clear(0);
+    let zeros = vec![0u8; each];
+    let mut ws = Vec::with_capacity(count);
+    for i in 0..count {
+        let w = ctx.new_tensor(ty, ne);
+        buf.place(w, i * stride)?;
+        w.set_bytes(&zeros, 0)?;
+        ws.push(w);
+    }
+    Ok((buf, ws))
+}
+
+/// The fastest of three runs of `run` (warmed up before), while `bus` (a
+/// device and its copy rate) uploads where given (see [`BusLoad`]).
+fn best_of_three(
+    run: &mut dyn FnMut() -> Result<(), EngineError>,
+    bus: Option<(Device, f64)>,
+) -> Result<f64, EngineError> {
+    // uploads for longer than the timed runs take
+    let _load = match bus {
+        Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
+        None => None,
+    };
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        run()?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best)
 }
 
 /// Seconds per weight byte of a step of `n_tokens` tokens on `backend`
@@ -424,18 +459,7 @@ pub fn measure_matmul(
     bus: Option<(Device, f64)>,
 ) -> Result<f64, EngineError> {
     with_matmul_probe(backend, buft, ty, ne, bytes, n_tokens, |run, read| {
-        // uploads for longer than the timed runs take
-        let _load = match bus {
-            Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
-            None => None,
-        };
-        let mut best = f64::MAX;
-        for _ in 0..3 {
-            let t0 = Instant::now();
-            run()?;
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
-        Ok(best / read as f64)
+        Ok(best_of_three(run, bus)? / read as f64)
     })
 }
 
@@ -460,49 +484,27 @@ pub fn measure_expert_matmul(
     let used = i64::from(n_used).clamp(1, n_expert);
     let n = i64::from(n_tokens.max(1));
     let ctx = Context::new(256, 256)?;
-    let probe = ctx.new_tensor(ty, &ne);
-    let each = probe.nbytes().max(1);
-    let count = (bytes as usize / each).clamp(1, 64);
-    let a = buft.alignment();
-    let stride = buft.alloc_size(probe).div_ceil(a) * a;
-    let wbuf = Buffer::alloc(buft, stride * count, BufferUsage::Weights)?;
-    wbuf.clear(0);
-    let zeros = vec![0u8; each];
+    let (_wbuf, ws) = zeroed_weights(&ctx, buft, ty, &ne, bytes, 64)?;
     let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], used, n]);
     let ids = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used, n]);
     let mut g = ctx.new_graph(256);
-    for i in 0..count {
-        let w = ctx.new_tensor(ty, &ne);
-        wbuf.place(w, i * stride)?;
-        // whole-tensor writes: a repacked buffer repacks them
-        w.set_bytes(&zeros, 0)?;
+    for &w in &ws {
         g.expand(ctx.mul_mat_id(w, x, ids));
     }
-    let inputs = Buffer::alloc(
-        backend.device().buffer_type(),
-        x.nbytes() + ids.nbytes() + 2 * a,
-        BufferUsage::Any,
-    )?;
+    let ibuft = backend.device().buffer_type();
+    let a = ibuft.alignment();
+    let inputs = Buffer::alloc(ibuft, x.nbytes() + ids.nbytes() + 2 * a, BufferUsage::Any)?;
     inputs.place(x, 0)?;
     inputs.place(ids, x.nbytes().div_ceil(a) * a)?;
     x.set_f32(&vec![0.5f32; x.nbytes() / 4])?;
     ids.set_i32(&uniform_picks(n_expert as u32, used as u32, n as u32))?;
     let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
     alloc.alloc(&g)?;
-    let run = || backend.compute(&g).map_err(EngineError::from);
+    let mut run = || backend.compute(&g).map_err(EngineError::from);
     // warm-up
     run()?;
-    let _load = match bus {
-        Some((dev, bw)) => BusLoad::start(dev, bw, 0.4)?,
-        None => None,
-    };
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        run()?;
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    Ok((best / count as f64, each as u64))
+    let best = best_of_three(&mut run, bus)?;
+    Ok((best / ws.len() as f64, ws[0].nbytes() as u64))
 }
 
 /// `n_used` distinct experts of `n_expert` for each of `n_tokens` tokens,
