@@ -76,7 +76,7 @@ pub(super) fn cpu_input(
     // a mixture's steps of many sequences: its own expert product at
     // that step, which the line through 1 and 16 tokens misses (runs
     // 154-158: 0.65-0.83x of its time at 64 tokens)
-    let big = match (spec.hp.is_moe() && w.ne.len() >= 3, cfg.n_batch) {
+    let big = match (spec.hp.is_moe() && w.ne[2] > 1, cfg.n_batch) {
         (true, nb) if nb > PROBE_TOKENS => {
             let n = crate::paging::HYBRID_MAX_TOKENS.min(nb);
             let ne3 = [w.ne[0], w.ne[1], w.ne[2]];
@@ -498,7 +498,7 @@ pub fn measure_expert_matmul(
     inputs.place(ids, x.nbytes().div_ceil(a) * a)?;
     x.set_f32(&vec![0.5f32; x.nbytes() / 4])?;
     ids.set_i32(&uniform_picks(n_expert as u32, used as u32, n as u32))?;
-    let mut alloc = GraphAllocator::new(backend.device().buffer_type())?;
+    let mut alloc = GraphAllocator::new(ibuft)?;
     alloc.alloc(&g)?;
     let mut run = || backend.compute(&g).map_err(EngineError::from);
     // warm-up

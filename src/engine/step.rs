@@ -849,18 +849,18 @@ impl Engine {
             .host
             .as_mut()
             .expect("a step with host groups has a host");
-        let x = self.persistent.tensor(super::buffers::X);
+        let x = self.persistent.tensor(buffers::X);
         if self.device.is_cpu() {
             return host.upload_rows(x, row0, rows);
         }
         if self.rows_up.is_none() {
             let (e, b) = (self.spec.hp.n_embd, self.lim.n_batch);
-            let xb = self.persistent.bindings[super::buffers::X].clone();
+            let xb = self.persistent.bindings[buffers::X].clone();
             self.rows_up = super::halfrows::RowsUp::new(self.device, xb, e, b)?;
         }
         match self.rows_up.as_mut() {
             Some(up) => {
-                let t0 = std::time::Instant::now();
+                let t0 = Instant::now();
                 let data = host.rows(row0, rows)?;
                 up.queue(&self.backend, h, row0, data)?;
                 host.stats.hops += t0.elapsed();

@@ -69,7 +69,9 @@ pub struct CpuInput {
 impl CpuInput {
     /// CPU seconds per byte for a step of `n` tokens: measured at 1 and at
     /// `probe_tokens`, linear in between and beyond (the CPU is
-    /// memory-bound on one token and compute-bound on many).
+    /// memory-bound on one token and compute-bound on many); beyond
+    /// `probe_tokens`, where `big` was measured, the line through that
+    /// point instead.
     pub fn s_per_byte(&self, n: u32) -> f64 {
         let p = self.probe_tokens.max(2);
         let floor = self.s_per_byte_1.min(self.s_per_byte_n);
