@@ -176,6 +176,10 @@ pub struct PagingOptions {
     /// computes its groups for one half while the device computes the
     /// other's (`engine::halves`).
     pub cpu_halves: bool,
+    /// Once a step's streamed groups were all released, the copy stream
+    /// uploads the next step's first groups (`paging::ring`, `carry_next`),
+    /// kept where that step streams the same groups.
+    pub carry: bool,
 }
 
 impl Default for PagingOptions {
@@ -196,6 +200,7 @@ impl Default for PagingOptions {
             row_halves: None,
             row_widen: true,
             cpu_halves: false,
+            carry: true,
         }
     }
 }

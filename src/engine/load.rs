@@ -624,6 +624,7 @@ impl Engine {
         )?;
         let mut pager = pager;
         pager.group0 = 2 * spec.hp.layer0 as usize;
+        pager.carry = cfg.paging.carry;
         if let Some(other) = relay.filter(|_| !store.has_dram_window()) {
             let slot = store.slot_bytes(crate::paging::Ring::Ffn);
             let layers = spec.hp.layer0..spec.hp.layer0 + spec.hp.n_layer;

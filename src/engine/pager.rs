@@ -177,6 +177,11 @@ pub struct Pager {
     /// Whether this step's FFN groups may go through the relay (a step of
     /// at least [`RELAY_MIN_TOKENS`]).
     pub relay_step: bool,
+    /// Whether the end of a step uploads the next one's first groups
+    /// ([`Pager::carry_over`]).
+    pub carry: bool,
+    /// Per ring: the groups the last step's end uploaded for this one.
+    carried: [Vec<GroupId>; 3],
 }
 
 impl Pager {
@@ -237,6 +242,8 @@ impl Pager {
             rec,
             relay: None,
             relay_step: false,
+            carry: false,
+            carried: [Vec::new(), Vec::new(), Vec::new()],
         })
     }
 
@@ -284,7 +291,10 @@ impl Pager {
         store: &WeightStore,
         kv: Option<&KvTier>,
     ) -> Result<(), EngineError> {
+        // the groups the last step carried into this one, by ring
         for r in 0..3 {
+            let n = self.rings[r].as_ref().map_or(0, |g| g.carried());
+            self.carried[r] = self.lists[r][..n].to_vec();
             self.lists[r].clear();
         }
         self.streamed.clear();
@@ -303,8 +313,14 @@ impl Pager {
             }
         }
         for r in 0..3 {
+            let carried = &self.carried[r];
+            // kept where this step streams them first too, whole
+            let keep = self.lists[r].starts_with(carried)
+                && carried
+                    .iter()
+                    .all(|g| !self.partial.contains_key(&g.index()));
             if let Some(ring) = self.rings[r].as_mut() {
-                ring.begin_step(self.lists[r].len());
+                ring.begin_step_carried(self.lists[r].len(), keep);
             }
         }
         self.stats = PagerStats::default();
@@ -351,11 +367,15 @@ impl Pager {
         let bytes: usize = ranges.iter().map(|r| r.1).sum();
         self.stats.uploads += 1;
         self.stats.bytes += bytes as u64;
+        let carrying = self.rings[ring as usize]
+            .as_ref()
+            .is_some_and(|r| r.carried() > 0);
         let name = || {
             format!(
-                "upload g{} -> {}{slot}",
+                "upload g{} -> {}{slot}{}",
                 gi.index() + self.group0,
-                ring.label()
+                ring.label(),
+                if carrying { " (next step)" } else { "" }
             )
         };
         match &self.streams {
@@ -572,7 +592,11 @@ impl Pager {
             match op {
                 Op::Upload { j, slot } => {
                     let local = self.rings[ring as usize].as_ref().expect("ring").local(j);
-                    let gi = self.lists[ring as usize][local];
+                    // a carried upload is numbered as the next step's group
+                    // (n + i here): this step's group i, which that step
+                    // is expected to stream first too
+                    let list = &self.lists[ring as usize];
+                    let gi = list[local % list.len()];
                     let relay = relayed.contains(&slot);
                     match &mut self.streams {
                         Streams::Sync { pending } => pending.push_back((ring, slot, gi)),
@@ -701,11 +725,15 @@ impl Pager {
             .expect("group is in this step's order")
     }
 
-    /// Issues every ring's first uploads (their whole windows) at the start
-    /// of a step, in the order the step needs them: the bus starts while
-    /// the host still enqueues the resident groups before the first
-    /// streamed one. `most`: issue no more than that many uploads now (the
-    /// step's first; a later call issues the rest of the windows).
+    /// Issues what the rings' windows allow now (each ring's uploads up
+    /// to `depth` past the next group it computes), in the order the step
+    /// needs them: at the start of a step, every ring's first uploads, so
+    /// the bus starts while the host still enqueues the resident groups
+    /// before the first streamed one; before the host computes a group
+    /// itself, the uploads into the slots the device's groups freed, which
+    /// would otherwise wait for the next streamed group's turn. `most`:
+    /// issue no more than that many uploads now (the step's first; a
+    /// later call issues the rest of the windows).
     pub fn prefetch_window(
         &mut self,
         store: &WeightStore,
@@ -718,8 +746,9 @@ impl Pager {
             let Some(r) = self.rings[ring as usize].as_ref() else {
                 continue;
             };
-            // the window: groups 0..=depth (prefetch keeps to it)
-            for k in r.issued()..r.n().min(r.depth() + 1) {
+            // the window: up to depth past the next group to compute
+            // (prefetch keeps to it)
+            for k in r.issued()..r.n().min(r.released() + r.depth() + 1) {
                 next.push((self.pos[self.lists[ring as usize][k].index()], ring, k));
             }
         }
@@ -801,7 +830,52 @@ impl Pager {
             .as_mut()
             .expect("ring")
             .after_compute(j);
-        self.run_ops(ring, ops, store, compute, kv)
+        self.run_ops(ring, ops, store, compute, kv)?;
+        self.carry_over(store, compute)
+    }
+
+    /// Once every weight ring released all of this step's groups, uploads
+    /// the next step's first groups (each ring's start window, up to its
+    /// first group with a partial upload), in this step's order, while the
+    /// step's last groups compute and the next one's inputs are written
+    /// (`SlotRing::carry_next`); the next step keeps them where it streams
+    /// the same groups first ([`Pager::begin_step`]). Not through a relay
+    /// or a DRAM window, whose host slots the next step fills anew.
+    fn carry_over(&mut self, store: &WeightStore, compute: &Backend) -> Result<(), EngineError> {
+        if !self.carry
+            || !matches!(self.streams, Streams::Async { .. })
+            || self.relay.is_some()
+            || store.has_dram_window()
+        {
+            return Ok(());
+        }
+        let mut next: Vec<(usize, Ring)> = Vec::new();
+        for ring in [Ring::Attn, Ring::Ffn] {
+            let Some(r) = self.rings[ring as usize].as_ref() else {
+                continue;
+            };
+            if r.released() < r.n() {
+                return Ok(());
+            }
+            let list = &self.lists[ring as usize];
+            let whole = list[..r.n().min(r.depth() + 1)]
+                .iter()
+                .take_while(|g| !self.partial.contains_key(&g.index()))
+                .count();
+            for g in &list[r.carried()..whole.max(r.carried())] {
+                next.push((self.pos[g.index()], ring));
+            }
+        }
+        next.sort_unstable_by_key(|&(p, ring)| (p, ring as usize));
+        for (_, ring) in next {
+            let ops = self.rings[ring as usize]
+                .as_mut()
+                .and_then(|r| r.carry_next());
+            if let Some(ops) = ops {
+                self.run_ops(ring, ops, store, compute, None)?;
+            }
+        }
+        Ok(())
     }
 
     /// Forgets a step that failed half-way; both streams must be drained.

@@ -785,6 +785,11 @@ impl Engine {
         x_host: &mut Option<u32>,
     ) -> Result<(), EngineError> {
         let (gi, key) = self.group_key(layer, kind, shape);
+        // the host computes for milliseconds: the slots the device's
+        // groups freed take their next uploads now, not at the next
+        // streamed group's turn
+        self.pager
+            .prefetch_window(&self.store, &self.backend, self.kv.tier_mut(), usize::MAX)?;
         let host = self.host.as_mut().expect("hybrid plan has a host");
         if x_host.is_none() {
             // the device's groups so far wrote the residual

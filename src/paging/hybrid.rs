@@ -64,6 +64,10 @@ pub struct CpuInput {
     /// Whether and from which step size mixture layers split their
     /// experts between the device and the CPU (`paging::split`).
     pub split: SplitInput,
+    /// Whether a step's last uploads are followed by the next step's
+    /// first (`SlotRing::carry_next`): the simulation then prices a step
+    /// as a decode loop repeats it.
+    pub carry: bool,
 }
 
 impl CpuInput {
@@ -255,12 +259,17 @@ impl Prediction {
 /// uploads of `Bus` groups in order on one copy stream, each into the slot
 /// its ring's group `slots` earlier used (so it waits for that group's
 /// compute) and enqueued by the host when it issued the ring's group
-/// `slots - 1` earlier (the host issues GPU groups at once but waits for
-/// the chain at each CPU group); a GPU group waits for its upload; a CPU
-/// group costs a residual hop and its bytes at the CPU's rate. Where the
-/// CPU takes part, uploads run at the bus's rate beside the CPU. A
-/// `Routed` group's expected bytes go up as a `Bus` group's; at its turn
-/// the chain and the bus both wait out its router's round trip.
+/// `slots - 1` earlier, or before, at a CPU group after the group `slots`
+/// earlier (the host issues GPU groups at once but waits for the chain at
+/// each CPU group, and issues what the rings' windows allow before it
+/// computes one); a GPU group waits for its upload; a CPU group costs a
+/// residual hop and its bytes at the CPU's rate. Where the CPU takes part,
+/// uploads run at the bus's rate beside the CPU. A `Routed` group's
+/// expected bytes go up as a `Bus` group's; at its turn the chain and the
+/// bus both wait out its router's round trip. With `c.carry` the step is
+/// the one a decode loop repeats: the rings' first groups went up at the
+/// end of the step before (`SlotRing::carry_next`), which starts once
+/// they are in.
 pub fn simulate(
     groups: &[GroupInfo],
     at: &[Where],
@@ -269,15 +278,49 @@ pub fn simulate(
     c: &CpuInput,
     n: u32,
 ) -> Prediction {
+    let first = simulate_step(groups, at, slots, copy_bw, c, n, None);
+    if !c.carry {
+        return first.0;
+    }
+    simulate_step(groups, at, slots, copy_bw, c, n, Some(&first.1)).0
+}
+
+/// What a step leaves the next (`SlotRing::carry_next`): per ring, how
+/// many of its first groups went up at its end, and how long the last of
+/// those uploads ran past its chain (the next step starts once they are
+/// in).
+struct Carried {
+    groups: [usize; 2],
+    past_end_s: f64,
+}
+
+/// [`simulate`]'s step, the first groups of each ring already up where
+/// `carried` says; with what it carries into the next.
+fn simulate_step(
+    groups: &[GroupInfo],
+    at: &[Where],
+    slots: (usize, usize),
+    copy_bw: f64,
+    c: &CpuInput,
+    n: u32,
+    carried: Option<&Carried>,
+) -> (Prediction, Carried) {
     let ring_of = |k: GroupKind| usize::from(k == GroupKind::Ffn);
     let depth = [slots.0.max(1), slots.1.max(1)];
     // per ring: compute-finish times of its groups so far, in order
     let mut done: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     // per ring: when the host issued each of its groups
     let mut issued_at: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    // per ring: at each CPU group, its groups computed so far and the host's
+    // time (the window's uploads issued then)
+    let mut eager: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
     let mut p = Prediction::default();
+    // the step starts once the uploads carried into it are in
+    let t0 = carried.map_or(0.0, |k| k.past_end_s);
+    p.stall_s = t0;
+    let up_front = carried.map_or([0, 0], |k| k.groups);
     // t: the chain; host: where the host thread is
-    let (mut t, mut bus_free, mut host) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut t, mut bus_free, mut host) = (t0, t0, t0);
     // uploads are issued in order as far ahead as the rings allow; the
     // next one's index in `order`
     let order: Vec<usize> = (0..groups.len())
@@ -285,6 +328,8 @@ pub fn simulate(
         .collect();
     let mut uploaded: Vec<f64> = Vec::with_capacity(order.len());
     let mut issued = [0usize; 2];
+    // the host's time when it released the step's last streamed group
+    let mut host_last = t0;
     // the CPU computes for most of a step it takes part in, and its reads
     // slow the bus's
     let cpu_works = at.iter().any(|w| matches!(w, Where::Cpu | Where::Split(_)));
@@ -300,6 +345,9 @@ pub fn simulate(
                 t += d;
             }
             Where::Cpu => {
+                for r in 0..2 {
+                    eager[r].push((done[r].len(), host));
+                }
                 let hot = g.hot_share();
                 let d = if hot > 0.0 && n <= super::experts::HOT_MAX_TOKENS {
                     // hot experts: the device computes their picks in a
@@ -323,22 +371,33 @@ pub fn simulate(
                     let j = order[uploaded.len()];
                     let r = ring_of(groups[j].kind);
                     let k = issued[r];
+                    let d = groups[j].upload_bytes(at[j]) as f64 / copy_bw.max(1.0);
+                    p.bus_s += d;
+                    issued[r] += 1;
+                    if k < up_front[r] {
+                        // carried up by the step before
+                        uploaded.push(t0);
+                        continue;
+                    }
                     let slot_free = if k >= depth[r] {
                         done[r][k - depth[r]]
                     } else {
                         0.0
                     };
-                    let enqueued = if k + 1 >= depth[r] {
-                        issued_at[r][k + 1 - depth[r]]
-                    } else {
-                        0.0
+                    let enqueued = match (k + 1).checked_sub(depth[r]) {
+                        None | Some(0) => t0,
+                        Some(m) => {
+                            let at_cpu = eager[r].iter().find(|e| e.0 >= m).map(|e| e.1);
+                            let issued = issued_at[r].get(m).copied();
+                            at_cpu
+                                .into_iter()
+                                .chain(issued)
+                                .fold(f64::INFINITY, f64::min)
+                        }
                     };
                     let start = bus_free.max(slot_free).max(enqueued);
-                    let d = groups[j].upload_bytes(at[j]) as f64 / copy_bw.max(1.0);
                     bus_free = start + d;
-                    p.bus_s += d;
                     uploaded.push(bus_free);
-                    issued[r] += 1;
                 }
                 let ready = uploaded[me];
                 if ready > t {
@@ -371,10 +430,43 @@ pub fn simulate(
                     t += d;
                 }
                 done[ring_of(g.kind)].push(t);
+                host_last = host;
             }
         }
     }
-    p
+    // the next step's first groups of each ring (up to the first that is
+    // not a whole upload), in step order, once every streamed group was
+    // released: each into the slot its ring's last group of that slot
+    // freed
+    let mut next: Vec<(usize, usize, usize)> = Vec::new();
+    let mut per_ring = [0usize; 2];
+    for &j in &order {
+        let r = ring_of(groups[j].kind);
+        let i = per_ring[r];
+        per_ring[r] += 1;
+        let longer = issued[r] > depth[r];
+        if longer
+            && i < depth[r]
+            && next.iter().filter(|x| x.1 == r).count() == i
+            && at[j] == Where::Bus
+        {
+            next.push((j, r, i));
+        }
+    }
+    let mut out = Carried {
+        groups: [0, 0],
+        past_end_s: 0.0,
+    };
+    for (j, r, i) in next {
+        let n_r = done[r].len();
+        // the ring's last group in slot i
+        let last = i + (n_r.max(i + 1) - 1 - i) / depth[r] * depth[r];
+        let start = bus_free.max(done[r][last]).max(host_last);
+        bus_free = start + groups[j].upload_bytes(Where::Bus) as f64 / copy_bw.max(1.0);
+        out.groups[r] += 1;
+    }
+    out.past_end_s = (bus_free - t).max(0.0);
+    (p, out)
 }
 
 /// Attention slots for hybrid decode: while the CPU computes an FFN group,
@@ -943,10 +1035,35 @@ mod tests {
         let p = simulate(&g, &at, (2, 2), 1.0, &c, 1);
         assert_eq!(p.stall_s, 1.0);
         assert_eq!(p.step_s(), 1.0 + 0.25 + 3.0 + 0.25 + 3.0);
-        // one slot: the second upload waits for the first group's compute
-        // and for the host, which waits for the CPU group in between
+        // one slot: the second upload waits for the first group's
+        // compute; the host issues it before it computes the CPU group in
+        // between, so it still hides under that group
         let p = simulate(&g, &at, (1, 1), 1.0, &c, 1);
-        assert_eq!(p.stall_s, 1.0 + 1.0);
+        assert_eq!(p.stall_s, 1.0);
+        // the same step repeated, the next step's first upload carried
+        // into it during the last CPU group: no stall at all
+        let carry = CpuInput {
+            carry: true,
+            ..c.clone()
+        };
+        let p = simulate(&g, &at, (1, 1), 1.0, &carry, 1);
+        assert_eq!(p.stall_s, 0.0);
+        assert_eq!(p.bus_s, 2.0, "the carried upload is the step's bytes still");
+        // a ring of no more groups than slots carries nothing (the next
+        // step would wait for all of them before computing any)
+        let p = simulate(&g, &[Where::Bus; 4], (2, 2), 1.0, &carry, 1);
+        assert_eq!(p.step_s(), 4.25);
+        // three layers, the last FFN group on the CPU: the attention
+        // ring's first two uploads go up while the CPU computes it, and
+        // the next step starts with them in
+        let g = layers(3, 1, 1);
+        let mut at = [Where::Bus; 6];
+        at[5] = Where::Cpu;
+        let cold = simulate(&g, &at, (2, 2), 1.0, &c, 1);
+        assert_eq!(cold.step_s(), 5.0 + 0.25 + 3.0);
+        let p = simulate(&g, &at, (2, 2), 1.0, &carry, 1);
+        assert_eq!(p.bus_s, 5.0);
+        assert_eq!(p.step_s(), 3.0 + 0.25 + 3.0);
     }
 
     /// `n` layers of Qwen3-30B-A3B's shape: 10.6 MiB of attention and an
@@ -1073,6 +1190,7 @@ mod tests {
             bus_bw_beside: None,
             force: None,
             split: crate::paging::SplitInput::default(),
+            carry: false,
         }
     }
 
@@ -1131,6 +1249,7 @@ mod tests {
                 bus_bw_beside: Some(bus_gbs * 1e9),
                 force: None,
                 split: crate::paging::SplitInput::default(),
+                carry: false,
             };
             let at = spread_on_cpu(&g, resident, k);
             let p = simulate(&g, &at, (7, 3), 54.2e9, &c, 1);

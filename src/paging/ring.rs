@@ -17,6 +17,14 @@
 //! completed; a copy into s waits `free(s)`, so a slot is only overwritten
 //! after the computation that reads it finished. `simulate` checks both for
 //! any interleaving of the two streams, and that no interleaving deadlocks.
+//!
+//! Once every group of a step was released, [`SlotRing::carry_next`]
+//! uploads the next step's first groups, assuming that step streams the
+//! same groups (a decode loop does): the bus carries them while the step's
+//! last groups compute and the next step's inputs are written, instead of
+//! idling until the next step asks. [`SlotRing::begin_step_carried`] keeps
+//! them or, where the next step differs, forgets them (their slots are
+//! uploaded again, after them on the copy stream).
 
 use crate::model::GroupKind;
 
@@ -111,6 +119,9 @@ pub struct SlotRing {
     /// Groups of this step whose computation was enqueued and their slot
     /// released (after_compute).
     released: usize,
+    /// Uploads of the next step's first groups issued at the end of this
+    /// one (`carry_next`).
+    carried: usize,
     state: Vec<SlotState>,
     ever_freed: Vec<bool>,
     pub poison: bool,
@@ -129,6 +140,7 @@ impl SlotRing {
             n: 0,
             issued: 0,
             released: 0,
+            carried: 0,
             state: vec![SlotState::Empty; slots],
             ever_freed: vec![false; slots],
             poison: false,
@@ -159,19 +171,80 @@ impl SlotRing {
     /// Forgets a step that stopped half-way (an error), once both streams
     /// are drained: every slot is empty, the next step uploads afresh.
     pub fn abort(&mut self) {
-        self.base += self.issued;
+        self.base += self.issued + self.carried;
+        self.carried = 0;
         self.issued = 0;
         self.released = 0;
         self.n = 0;
         self.state.fill(SlotState::Empty);
     }
 
-    /// Starts a step with `n` streamed groups.
+    /// Starts a step with `n` streamed groups (forgetting any carried
+    /// uploads).
     pub fn begin_step(&mut self, n: usize) {
+        self.begin_step_carried(n, false);
+    }
+
+    /// Starts a step with `n` streamed groups whose first `carried()`
+    /// groups, uploaded at the end of the last step, are kept (`keep`:
+    /// they are this step's first groups too) or forgotten.
+    pub fn begin_step_carried(&mut self, n: usize, keep: bool) {
+        let keep = keep && self.carried <= n;
         self.base += self.issued;
-        self.n = n;
         self.issued = 0;
+        if keep {
+            // they were numbered as this step's first uploads
+            self.issued = self.carried;
+        } else {
+            // their numbers are not given again
+            self.base += self.carried;
+        }
+        self.carried = 0;
+        self.n = n;
         self.released = 0;
+    }
+
+    /// Uploads of the next step's first groups issued at the end of this
+    /// step.
+    pub fn carried(&self) -> usize {
+        self.carried
+    }
+
+    /// Once every group of this step was released: the operations that
+    /// upload the next step's group `carried()` (the same slot as this
+    /// step's group of that index), numbered as that step's upload; None
+    /// when the window of a step's start (groups 0..=depth) is full or a
+    /// group of this step is still held, and for a step no longer than
+    /// that window (the next would then wait for every upload before it
+    /// computes anything, where without them it computes its first groups
+    /// while the others go up).
+    pub fn carry_next(&mut self) -> Option<Vec<Op>> {
+        let i = self.carried;
+        if self.released < self.n
+            || self.issued < self.n
+            || i > self.depth
+            || self.n <= self.depth + 1
+        {
+            return None;
+        }
+        let slot = self.slot_of(i);
+        let mut ops = Vec::new();
+        if self.ever_freed[slot] {
+            ops.push(Op::WaitFree(slot));
+        }
+        ops.push(Op::Upload {
+            j: self.base + self.n + i,
+            slot,
+        });
+        ops.push(Op::RecordLoaded(slot));
+        self.state[slot] = SlotState::Uploading(i);
+        self.carried += 1;
+        Some(ops)
+    }
+
+    /// Groups of this step released so far (their computation enqueued).
+    pub fn released(&self) -> usize {
+        self.released
     }
 
     /// Streamed groups in this step.
@@ -514,7 +587,91 @@ mod tests {
         assert_eq!(up(&r.prefetch(10)), 0, "slot 1 still holds group 1");
     }
 
+    #[test]
+    fn a_carried_window_starts_the_next_step() {
+        let mut r = SlotRing::new(3, 2);
+        let up = |ops: &[Op]| {
+            ops.iter()
+                .filter(|o| matches!(o, Op::Upload { .. }))
+                .count()
+        };
+        r.begin_step(5);
+        for j in 0..4 {
+            r.before_compute(j);
+            assert!(r.carry_next().is_none(), "groups of this step still held");
+            r.after_compute(j);
+        }
+        r.before_compute(4);
+        r.after_compute(4);
+        // the next step's groups 0..=2, each after its slot's last reader
+        let ops: Vec<Op> = std::iter::from_fn(|| r.carry_next()).flatten().collect();
+        assert_eq!(up(&ops), 3);
+        assert_eq!(ops[0], Op::WaitFree(0));
+        assert_eq!(r.carried(), 3);
+        r.begin_step_carried(5, true);
+        assert_eq!(r.issued(), 3);
+        assert_eq!(up(&r.before_compute(0)), 0, "group 0 came up last step");
+        // forgotten: the next step uploads its window again
+        let mut f = SlotRing::new(3, 2);
+        f.begin_step(4);
+        for j in 0..4 {
+            f.before_compute(j);
+            f.after_compute(j);
+        }
+        assert!(f.carry_next().is_some());
+        f.begin_step_carried(4, false);
+        assert_eq!(up(&f.before_compute(0)), 3);
+        // a step no longer than the window carries nothing
+        let mut s = SlotRing::new(3, 2);
+        s.begin_step(3);
+        for j in 0..3 {
+            s.before_compute(j);
+            s.after_compute(j);
+        }
+        assert!(s.carry_next().is_none());
+    }
+
     proptest! {
+        /// Steps that end by carrying the next step's first uploads, kept
+        /// or forgotten at random, with prefetches of random reach: every
+        /// group reads its own completed upload, none deadlocks, and each
+        /// forgotten upload is made again.
+        #[test]
+        fn carrying_is_safe_and_live(
+            slots in 2usize..6,
+            depth in 1usize..6,
+            steps in proptest::collection::vec(1usize..12, 1..5),
+            carry in proptest::collection::vec(0usize..6, 1..5),
+            keep in proptest::collection::vec(any::<bool>(), 1..5),
+            reach in proptest::collection::vec(0usize..8, 1..16),
+            choices in proptest::collection::vec(any::<bool>(), 1..64),
+        ) {
+            let mut r = SlotRing::new(slots, depth);
+            let mut ops = Vec::new();
+            let mut expected = 0;
+            let mut reach = reach.iter().cycle();
+            for (s, &n) in steps.iter().enumerate() {
+                let carried = r.carried();
+                let keep = keep[s % keep.len()];
+                r.begin_step_carried(n, keep);
+                expected += if keep && carried <= n { n } else { n + carried };
+                for j in 0..n {
+                    ops.extend(r.prefetch(j + reach.next().copied().unwrap_or(0)));
+                    ops.extend(r.before_compute(j));
+                    ops.extend(r.after_compute(j));
+                }
+                for _ in 0..carry[s % carry.len()] {
+                    if let Some(o) = r.carry_next() {
+                        ops.extend(o);
+                    }
+                }
+            }
+            expected += r.carried();
+            let uploads = ops.iter().filter(|o| matches!(o, Op::Upload { .. })).count();
+            prop_assert_eq!(uploads, expected);
+            prop_assert_eq!(simulate(&ops, r.slots(), &choices), Ok(()));
+        }
+
         #[test]
         fn prefetching_is_safe_and_live(
             slots in 2usize..6,

@@ -33,6 +33,7 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
         bus_bw_beside: None,
         force: None,
         split: super::hybrid::SplitInput::default(),
+        carry: false,
     }
 }
 

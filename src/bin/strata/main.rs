@@ -316,6 +316,11 @@ pub struct ModelArgs {
     /// --hybrid N forces them.
     #[arg(long = "cpu-halves")]
     pub cpu_halves: bool,
+    /// Do not upload the next step's first streamed groups at the end of
+    /// a step (they go up by default, while the step's last groups
+    /// compute, and are kept where the next step streams the same groups).
+    #[arg(long = "no-carry")]
+    pub no_carry: bool,
     /// Whether CPU weights may use the CPU's AMX layout (where its module
     /// has one). auto: the groups hybrid decode gives the host CPU use AMX
     /// for the types it computes one-row products of faster, and the
@@ -710,6 +715,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             row_halves: m.row_halves,
             row_widen: !m.no_row_widen,
             cpu_halves: m.cpu_halves,
+            carry: !m.no_carry,
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
             look_ahead_layers: m.look_ahead_layers,

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The carried uploads (`--no-carry` against the default; paging::ring's
+# carry_next) and the uploads issued before each host group, on the
+# Qwen3-30B-A3B shape in the Q4_K_M mix at 8G (issue 31), one call:
+#   export OUT=$OUT; bash tools/device/carry.sh
+# 1. parity: `strata check --hybrid off` against llama.cpp all on the GPU,
+#    and `check --hybrid 31` with and without carrying (the same figures:
+#    carrying changes when weights go up, not what is computed);
+# 2. A/B: bench pp2048, tg16, 16 and 64 sequences, with and without,
+#    interleaved (ROUNDS rounds, default 2);
+# 3. a trace of the 64-sequence step with carrying (trace_b64.json.xz).
+# Env: SKEW (routed skew of the synthetic file; default uniform), STAGES
+# (default "check ab trace").
+cd "$(dirname "$0")/../.." && source tools/device/lib.sh
+dev_machine >/dev/null
+dev_module_start
+s=$(TYPE=q4_k_m dev_synth qwen3-30b-a3b)
+dev_module_wait
+common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+stages=${STAGES:-check ab trace}
+if [[ $stages == *check* ]]; then
+  {
+    echo "== check --hybrid off"
+    timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -n 16 --hybrid off 2>&1 | quiet
+    for c in --no-carry ""; do
+      echo "== check --hybrid 31 $c"
+      timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -n 16 --hybrid 31 $c 2>&1 | quiet
+    done
+  } > "$out/check.txt"
+fi
+if [[ $stages == *ab* ]]; then
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for c in --no-carry ""; do
+      echo "== round $r: strata bench $common -p 2048 -n 16 -B 16,64 -r 2 $c"
+      STRATA_LOG=strata=info timeout 200 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 $c 2>&1 | quiet
+    done
+  done > "$out/ab.txt"
+fi
+if [[ $stages == *trace* ]]; then
+  timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --trace "$out/trace_b64.json" 2>&1 | quiet > "$out/trace_b64.txt"
+  xz -9 "$out/trace_b64.json" 2>/dev/null
+fi
