@@ -8,13 +8,18 @@
 #    carrying changes when weights go up, not what is computed);
 # 2. A/B: bench pp2048, tg16, 16 and 64 sequences, with and without,
 #    interleaved (ROUNDS rounds, default 2);
-# 3. a trace of the 64-sequence step with carrying (trace_b64.json.xz).
+# 3. a trace of the 64-sequence step with carrying (trace_b64.json.xz);
+# 4. grid: 64 sequences at the plan's own split and with GRID's host
+#    groups forced (`--hybrid N`; default "8 9");
+# 5. table: issue 31's table, llama.cpp `-ngl 99 --n-cpu-moe 31` beside
+#    (its defaults and `--no-mmap -ub 2048`).
 # Env: SKEW (routed skew of the synthetic file; default uniform), STAGES
 # (default "check ab trace").
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
 dev_machine >/dev/null
 dev_module_start
 s=$(TYPE=q4_k_m dev_synth qwen3-30b-a3b)
+echo "model: $s" > "$out/model.txt"
 dev_module_wait
 common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
 stages=${STAGES:-check ab trace}
@@ -39,4 +44,14 @@ fi
 if [[ $stages == *trace* ]]; then
   timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --trace "$out/trace_b64.json" 2>&1 | quiet > "$out/trace_b64.txt"
   xz -9 "$out/trace_b64.json" 2>/dev/null
+fi
+if [[ $stages == *grid* ]]; then
+  for h in auto ${GRID:-8 9}; do
+    echo "== strata bench $common -p 0 -n 0 -B 64 -r 2 --hybrid $h"
+    STRATA_LOG=strata=info timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --hybrid $h 2>&1 | quiet
+  done > "$out/grid.txt"
+fi
+if [[ $stages == *table* ]]; then
+  STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 \
+    --llama-ngl 99 --llama-best --llama-n-cpu-moe 31 2>&1 | quiet > "$out/table.txt"
 fi
