@@ -278,11 +278,19 @@ pub fn simulate(
     c: &CpuInput,
     n: u32,
 ) -> Prediction {
-    let first = simulate_step(groups, at, slots, copy_bw, c, n, None);
+    let sim = Step {
+        groups,
+        at,
+        slots,
+        copy_bw,
+        c,
+        n,
+    };
+    let first = sim.run(None);
     if !c.carry {
         return first.0;
     }
-    simulate_step(groups, at, slots, copy_bw, c, n, Some(&first.1)).0
+    sim.run(Some(&first.1)).0
 }
 
 /// What a step leaves the next (`SlotRing::carry_next`): per ring, how
@@ -294,179 +302,192 @@ struct Carried {
     past_end_s: f64,
 }
 
-/// [`simulate`]'s step, the first groups of each ring already up where
-/// `carried` says; with what it carries into the next.
-fn simulate_step(
-    groups: &[GroupInfo],
-    at: &[Where],
+/// [`simulate`]'s inputs.
+struct Step<'a> {
+    groups: &'a [GroupInfo],
+    at: &'a [Where],
     slots: (usize, usize),
     copy_bw: f64,
-    c: &CpuInput,
+    c: &'a CpuInput,
     n: u32,
-    carried: Option<&Carried>,
-) -> (Prediction, Carried) {
-    let ring_of = |k: GroupKind| usize::from(k == GroupKind::Ffn);
-    let depth = [slots.0.max(1), slots.1.max(1)];
-    // per ring: compute-finish times of its groups so far, in order
-    let mut done: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    // per ring: when the host issued each of its groups
-    let mut issued_at: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    // per ring: at each CPU group, its groups computed so far and the host's
-    // time (the window's uploads issued then)
-    let mut eager: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
-    let mut p = Prediction::default();
-    // the step starts once the uploads carried into it are in
-    let t0 = carried.map_or(0.0, |k| k.past_end_s);
-    p.stall_s = t0;
-    let up_front = carried.map_or([0, 0], |k| k.groups);
-    // t: the chain; host: where the host thread is
-    let (mut t, mut bus_free, mut host) = (t0, t0, t0);
-    // uploads are issued in order as far ahead as the rings allow; the
-    // next one's index in `order`
-    let order: Vec<usize> = (0..groups.len())
-        .filter(|&i| matches!(at[i], Where::Bus | Where::Split(_) | Where::Routed(_)))
-        .collect();
-    let mut uploaded: Vec<f64> = Vec::with_capacity(order.len());
-    let mut issued = [0usize; 2];
-    // the host's time when it released the step's last streamed group
-    let mut host_last = t0;
-    // the CPU computes for most of a step it takes part in, and its reads
-    // slow the bus's
-    let cpu_works = at.iter().any(|w| matches!(w, Where::Cpu | Where::Split(_)));
-    let copy_bw = match c.bus_bw_beside {
-        Some(b) if cpu_works => b,
-        _ => copy_bw,
-    };
-    for (i, g) in groups.iter().enumerate() {
-        match at[i] {
-            Where::Resident => {
-                let d = c.gpu_group_s(g, n);
-                p.gpu_s += d;
-                t += d;
-            }
-            Where::Cpu => {
-                for r in 0..2 {
-                    eager[r].push((done[r].len(), host));
+}
+
+impl Step<'_> {
+    /// The step, the first groups of each ring already up where `carried`
+    /// says; with what it carries into the next.
+    fn run(&self, carried: Option<&Carried>) -> (Prediction, Carried) {
+        let Step {
+            groups,
+            at,
+            slots,
+            copy_bw,
+            c,
+            n,
+        } = *self;
+        let ring_of = |k: GroupKind| usize::from(k == GroupKind::Ffn);
+        let depth = [slots.0.max(1), slots.1.max(1)];
+        // per ring: compute-finish times of its groups so far, in order
+        let mut done: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        // per ring: when the host issued each of its groups
+        let mut issued_at: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        // per ring: at each CPU group, its groups computed so far and the host's
+        // time (the window's uploads issued then)
+        let mut eager: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
+        let mut p = Prediction::default();
+        // the step starts once the uploads carried into it are in
+        let t0 = carried.map_or(0.0, |k| k.past_end_s);
+        p.stall_s = t0;
+        let up_front = carried.map_or([0, 0], |k| k.groups);
+        // t: the chain; host: where the host thread is
+        let (mut t, mut bus_free, mut host) = (t0, t0, t0);
+        // uploads are issued in order as far ahead as the rings allow; the
+        // next one's index in `order`
+        let order: Vec<usize> = (0..groups.len())
+            .filter(|&i| matches!(at[i], Where::Bus | Where::Split(_) | Where::Routed(_)))
+            .collect();
+        let mut uploaded: Vec<f64> = Vec::with_capacity(order.len());
+        let mut issued = [0usize; 2];
+        // the host's time when it released the step's last streamed group
+        let mut host_last = t0;
+        // the CPU computes for most of a step it takes part in, and its reads
+        // slow the bus's
+        let cpu_works = at.iter().any(|w| matches!(w, Where::Cpu | Where::Split(_)));
+        let copy_bw = match c.bus_bw_beside {
+            Some(b) if cpu_works => b,
+            _ => copy_bw,
+        };
+        for (i, g) in groups.iter().enumerate() {
+            match at[i] {
+                Where::Resident => {
+                    let d = c.gpu_group_s(g, n);
+                    p.gpu_s += d;
+                    t += d;
                 }
-                let hot = g.hot_share();
-                let d = if hot > 0.0 && n <= super::experts::HOT_MAX_TOKENS {
-                    // hot experts: the device computes their picks in a
-                    // graph of its own while the CPU computes the others',
-                    // and their rows go up and come back (a second hop)
-                    let gpu = g.read_bytes(n) as f64 * hot * c.gpu_s_per_byte + c.gpu_group_s;
-                    2.0 * c.hop_s + gpu.max(c.group_s(g, n))
-                } else {
-                    c.group_s(g, n) + c.hop_s
-                };
-                p.cpu_s += d;
-                t += d;
-                host = t;
-            }
-            Where::Bus | Where::Split(_) | Where::Routed(_) => {
-                // issue uploads up to this one: each waits for the bus and
-                // for its slot's previous group to finish computing
-                issued_at[ring_of(g.kind)].push(host);
-                let me = uploaded.len();
-                while uploaded.len() <= me {
-                    let j = order[uploaded.len()];
-                    let r = ring_of(groups[j].kind);
-                    let k = issued[r];
-                    let d = groups[j].upload_bytes(at[j]) as f64 / copy_bw.max(1.0);
-                    p.bus_s += d;
-                    issued[r] += 1;
-                    if k < up_front[r] {
-                        // carried up by the step before
-                        uploaded.push(t0);
-                        continue;
+                Where::Cpu => {
+                    for r in 0..2 {
+                        eager[r].push((done[r].len(), host));
                     }
-                    let slot_free = if k >= depth[r] {
-                        done[r][k - depth[r]]
+                    let hot = g.hot_share();
+                    let d = if hot > 0.0 && n <= super::experts::HOT_MAX_TOKENS {
+                        // hot experts: the device computes their picks in a
+                        // graph of its own while the CPU computes the others',
+                        // and their rows go up and come back (a second hop)
+                        let gpu = g.read_bytes(n) as f64 * hot * c.gpu_s_per_byte + c.gpu_group_s;
+                        2.0 * c.hop_s + gpu.max(c.group_s(g, n))
                     } else {
-                        0.0
+                        c.group_s(g, n) + c.hop_s
                     };
-                    let enqueued = match (k + 1).checked_sub(depth[r]) {
-                        None | Some(0) => t0,
-                        Some(m) => {
-                            let at_cpu = eager[r].iter().find(|e| e.0 >= m).map(|e| e.1);
-                            let issued = issued_at[r].get(m).copied();
-                            at_cpu
-                                .into_iter()
-                                .chain(issued)
-                                .fold(f64::INFINITY, f64::min)
-                        }
-                    };
-                    let start = bus_free.max(slot_free).max(enqueued);
-                    bus_free = start + d;
-                    uploaded.push(bus_free);
-                }
-                let ready = uploaded[me];
-                if ready > t {
-                    p.stall_s += ready - t;
-                    t = ready;
-                }
-                if let Where::Split(k) = at[i] {
-                    // the router's picks come to the host, then both
-                    // sides compute at once
-                    let f = g.device_share(k);
-                    let d = c.hop_s + (c.gpu_group_s(g, n) * f).max(c.group_s(g, n) * (1.0 - f));
                     p.cpu_s += d;
                     t += d;
                     host = t;
-                } else if let Where::Routed(_) = at[i] {
-                    // the router's round trip: the chain waits for the
-                    // picks and their copies, and the bus, holding back
-                    // what comes after them, carries nothing else
-                    let d = super::routed::layer_cost_s(n);
-                    p.routed_s += d;
-                    t += d;
-                    host = t;
-                    bus_free = bus_free.max(t);
-                    let d = c.gpu_group_s(g, n);
-                    p.gpu_s += d;
-                    t += d;
-                } else {
-                    let d = c.gpu_group_s(g, n);
-                    p.gpu_s += d;
-                    t += d;
                 }
-                done[ring_of(g.kind)].push(t);
-                host_last = host;
+                Where::Bus | Where::Split(_) | Where::Routed(_) => {
+                    // issue uploads up to this one: each waits for the bus and
+                    // for its slot's previous group to finish computing
+                    issued_at[ring_of(g.kind)].push(host);
+                    let me = uploaded.len();
+                    while uploaded.len() <= me {
+                        let j = order[uploaded.len()];
+                        let r = ring_of(groups[j].kind);
+                        let k = issued[r];
+                        let d = groups[j].upload_bytes(at[j]) as f64 / copy_bw.max(1.0);
+                        p.bus_s += d;
+                        issued[r] += 1;
+                        if k < up_front[r] {
+                            // carried up by the step before
+                            uploaded.push(t0);
+                            continue;
+                        }
+                        let slot_free = if k >= depth[r] {
+                            done[r][k - depth[r]]
+                        } else {
+                            0.0
+                        };
+                        let enqueued = match (k + 1).checked_sub(depth[r]) {
+                            None | Some(0) => t0,
+                            Some(m) => {
+                                let at_cpu = eager[r].iter().find(|e| e.0 >= m).map(|e| e.1);
+                                let issued = issued_at[r].get(m).copied();
+                                at_cpu
+                                    .into_iter()
+                                    .chain(issued)
+                                    .fold(f64::INFINITY, f64::min)
+                            }
+                        };
+                        let start = bus_free.max(slot_free).max(enqueued);
+                        bus_free = start + d;
+                        uploaded.push(bus_free);
+                    }
+                    let ready = uploaded[me];
+                    if ready > t {
+                        p.stall_s += ready - t;
+                        t = ready;
+                    }
+                    if let Where::Split(k) = at[i] {
+                        // the router's picks come to the host, then both
+                        // sides compute at once
+                        let f = g.device_share(k);
+                        let d =
+                            c.hop_s + (c.gpu_group_s(g, n) * f).max(c.group_s(g, n) * (1.0 - f));
+                        p.cpu_s += d;
+                        t += d;
+                        host = t;
+                    } else if let Where::Routed(_) = at[i] {
+                        // the router's round trip: the chain waits for the
+                        // picks and their copies, and the bus, holding back
+                        // what comes after them, carries nothing else
+                        let d = super::routed::layer_cost_s(n);
+                        p.routed_s += d;
+                        t += d;
+                        host = t;
+                        bus_free = bus_free.max(t);
+                        let d = c.gpu_group_s(g, n);
+                        p.gpu_s += d;
+                        t += d;
+                    } else {
+                        let d = c.gpu_group_s(g, n);
+                        p.gpu_s += d;
+                        t += d;
+                    }
+                    done[ring_of(g.kind)].push(t);
+                    host_last = host;
+                }
             }
         }
-    }
-    // the next step's first groups of each ring (up to the first that is
-    // not a whole upload), in step order, once every streamed group was
-    // released: each into the slot its ring's last group of that slot
-    // freed
-    let mut next: Vec<(usize, usize, usize)> = Vec::new();
-    let mut per_ring = [0usize; 2];
-    for &j in &order {
-        let r = ring_of(groups[j].kind);
-        let i = per_ring[r];
-        per_ring[r] += 1;
-        let longer = issued[r] > depth[r];
-        if longer
-            && i < depth[r]
-            && next.iter().filter(|x| x.1 == r).count() == i
-            && at[j] == Where::Bus
-        {
-            next.push((j, r, i));
+        // the next step's first groups of each ring (up to the first that is
+        // not a whole upload), in step order, once every streamed group was
+        // released: each into the slot its ring's last group of that slot
+        // freed
+        let mut next: Vec<(usize, usize, usize)> = Vec::new();
+        let mut per_ring = [0usize; 2];
+        for &j in &order {
+            let r = ring_of(groups[j].kind);
+            let i = per_ring[r];
+            per_ring[r] += 1;
+            let longer = issued[r] > depth[r];
+            if longer
+                && i < depth[r]
+                && next.iter().filter(|x| x.1 == r).count() == i
+                && at[j] == Where::Bus
+            {
+                next.push((j, r, i));
+            }
         }
+        let mut out = Carried {
+            groups: [0, 0],
+            past_end_s: 0.0,
+        };
+        for (j, r, i) in next {
+            let n_r = done[r].len();
+            // the ring's last group in slot i
+            let last = i + (n_r.max(i + 1) - 1 - i) / depth[r] * depth[r];
+            let start = bus_free.max(done[r][last]).max(host_last);
+            bus_free = start + groups[j].upload_bytes(Where::Bus) as f64 / copy_bw.max(1.0);
+            out.groups[r] += 1;
+        }
+        out.past_end_s = (bus_free - t).max(0.0);
+        (p, out)
     }
-    let mut out = Carried {
-        groups: [0, 0],
-        past_end_s: 0.0,
-    };
-    for (j, r, i) in next {
-        let n_r = done[r].len();
-        // the ring's last group in slot i
-        let last = i + (n_r.max(i + 1) - 1 - i) / depth[r] * depth[r];
-        let start = bus_free.max(done[r][last]).max(host_last);
-        bus_free = start + groups[j].upload_bytes(Where::Bus) as f64 / copy_bw.max(1.0);
-        out.groups[r] += 1;
-    }
-    out.past_end_s = (bus_free - t).max(0.0);
-    (p, out)
 }
 
 /// Attention slots for hybrid decode: while the CPU computes an FFN group,

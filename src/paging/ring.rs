@@ -612,23 +612,21 @@ mod tests {
         assert_eq!(r.issued(), 3);
         assert_eq!(up(&r.before_compute(0)), 0, "group 0 came up last step");
         // forgotten: the next step uploads its window again
-        let mut f = SlotRing::new(3, 2);
-        f.begin_step(4);
-        for j in 0..4 {
-            f.before_compute(j);
-            f.after_compute(j);
-        }
+        let ran = |n: usize| {
+            let mut r = SlotRing::new(3, 2);
+            r.begin_step(n);
+            for j in 0..n {
+                r.before_compute(j);
+                r.after_compute(j);
+            }
+            r
+        };
+        let mut f = ran(4);
         assert!(f.carry_next().is_some());
         f.begin_step_carried(4, false);
         assert_eq!(up(&f.before_compute(0)), 3);
         // a step no longer than the window carries nothing
-        let mut s = SlotRing::new(3, 2);
-        s.begin_step(3);
-        for j in 0..3 {
-            s.before_compute(j);
-            s.after_compute(j);
-        }
-        assert!(s.carry_next().is_none());
+        assert!(ran(3).carry_next().is_none());
     }
 
     proptest! {
