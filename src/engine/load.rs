@@ -309,8 +309,12 @@ impl Engine {
         } else {
             0
         } + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
-        let may_split =
-            cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe();
+        // an expert split's host rows take device memory only where the
+        // device has no pinned host buffer type for them
+        // (`SplitRows::alloc_host_side`)
+        let split_on_device = cfg.paging.split.mode != crate::paging::ExpertSplit::Off
+            && spec.hp.is_moe()
+            && (device.is_cpu() || device.host_buffer_type().is_none());
         // the row split's reduce buffers: two devices each hold two (they
         // exchange outputs, alternating buffers group by group); with more,
         // the first one per other device
@@ -320,7 +324,7 @@ impl Engine {
             _ => 0,
         };
         let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim)
-            + (n_reduce + u64::from(may_split)) * sizes::split_rows_bytes(&dims.hp, lim);
+            + (n_reduce + u64::from(split_on_device)) * sizes::split_rows_bytes(&dims.hp, lim);
         // the reserve for whole steps and for FFN chunks (the plan picks)
         let activations = sizes::activations(&dims.hp, lim, cfg.paging.ffn_rows);
         let n_layer = dims.hp.n_layer as usize;

@@ -86,8 +86,10 @@ pub fn persistent_bytes(hp: &Hparams, lim: Limits) -> u64 {
     lim.n_batch as u64 * (hp.n_embd as u64 * 4 + 16) + 2 * mask_elements(hp, lim)
 }
 
-/// Device bytes of an expert split's host rows (F32 [n_embd, n_batch]),
-/// where a mixture may split (`paging::split`).
+/// Bytes of an expert split's host rows (F32 [n_embd, n_batch]), where a
+/// mixture may split (`paging::split`; device memory where the device has
+/// no pinned host buffer type), and of each of the row split's reduce
+/// buffers.
 pub fn split_rows_bytes(hp: &Hparams, lim: Limits) -> u64 {
     lim.n_batch as u64 * hp.n_embd as u64 * 4
 }
