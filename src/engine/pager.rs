@@ -180,6 +180,9 @@ pub struct Pager {
     /// Whether the end of a step uploads the next one's first groups
     /// ([`Pager::carry_over`]).
     pub carry: bool,
+    /// Whether this step does (the plan's choice for its size,
+    /// `HybridPlan::carry_at`).
+    pub carry_step: bool,
     /// Per ring: the groups the last step's end uploaded for this one.
     carried: [Vec<GroupId>; 3],
 }
@@ -243,6 +246,7 @@ impl Pager {
             relay: None,
             relay_step: false,
             carry: false,
+            carry_step: true,
             carried: [Vec::new(), Vec::new(), Vec::new()],
         })
     }
@@ -843,6 +847,7 @@ impl Pager {
     /// or a DRAM window, whose host slots the next step fills anew.
     fn carry_over(&mut self, store: &WeightStore, compute: &Backend) -> Result<(), EngineError> {
         if !self.carry
+            || !self.carry_step
             || !matches!(self.streams, Streams::Async { .. })
             || self.relay.is_some()
             || store.has_dram_window()

@@ -115,7 +115,8 @@ pub(super) fn cpu_input(
         bus_bw_beside: bus_beside,
         force,
         split: cfg.paging.split,
-        carry: cfg.paging.carry,
+        // the CPU device's copies run when its computation waits
+        carry: cfg.paging.carry && !device.is_cpu(),
     };
     tracing::info!(
         "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}{}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",

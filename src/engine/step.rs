@@ -392,6 +392,12 @@ impl Engine {
         self.templates
             .evict(&shapes, 4 * self.spec.groups.len() + 16, &self.backend);
         self.pager.relay_step = n >= super::pager::RELAY_MIN_TOKENS;
+        self.pager.carry_step = self
+            .plan
+            .placement
+            .hybrid
+            .as_ref()
+            .is_none_or(|h| h.carry_at(n));
         self.pager.begin_step(&gis, &self.store, self.kv.tier())?;
         self.pager
             .prefetch_window(&self.store, &self.backend, self.kv.tier_mut(), 1)?;

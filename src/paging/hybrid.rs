@@ -153,6 +153,10 @@ pub struct SizePlan {
     pub cpu_groups: usize,
     pub cpu_bytes: u64,
     pub predicted: Prediction,
+    /// Whether a step of this size ends by uploading the next one's first
+    /// groups (`SlotRing::carry_next`): where `CpuInput::carry` allows it
+    /// and the simulation finds the repeated step faster with it.
+    pub carry: bool,
 }
 
 // The expert split's data (planned by `paging::split`).
@@ -628,12 +632,28 @@ pub fn sizes(
             } else {
                 hosts.len()
             };
-            let (cpu_groups, cpu_bytes, predicted) =
-                best_split(groups, streamed, slots, copy_bw, c, n, &hosts, most);
-            SizePlan {
-                cpu_groups,
-                cpu_bytes,
-                predicted,
+            let best =
+                |c: &CpuInput| best_split(groups, streamed, slots, copy_bw, c, n, &hosts, most);
+            let (cpu_groups, cpu_bytes, predicted) = best(c);
+            // without carrying, where that is faster (the next step waits
+            // for the carried uploads when they outlast the step's tail)
+            let cold = CpuInput {
+                carry: false,
+                ..c.clone()
+            };
+            match c.carry.then(|| best(&cold)) {
+                Some((k, b, p)) if p.step_s() < predicted.step_s() => SizePlan {
+                    cpu_groups: k,
+                    cpu_bytes: b,
+                    predicted: p,
+                    carry: false,
+                },
+                _ => SizePlan {
+                    cpu_groups,
+                    cpu_bytes,
+                    predicted,
+                    carry: c.carry,
+                },
             }
         })
         .collect()
@@ -737,6 +757,7 @@ impl CpuCalibration {
         let at = plan.placement(n, &self.streamed);
         let c = CpuInput {
             bus_bw_beside: bus_bw.or(self.probe.bus_bw_beside),
+            carry: self.probe.carry && plan.carry_at(n),
             ..self.probe.scaled(cpu_factor)
         };
         simulate(&self.groups, &at, self.slots, self.copy_bw, &c, n).step_s()
@@ -765,6 +786,14 @@ impl CpuCalibration {
 }
 
 impl HybridPlan {
+    /// Whether a step of `n` tokens ends by uploading the next one's first
+    /// groups ([`SizePlan::carry`]; sizes beyond the plan's carry).
+    pub fn carry_at(&self, n: u32) -> bool {
+        n.checked_sub(1)
+            .and_then(|i| self.per_size.get(i as usize))
+            .is_none_or(|s| s.carry)
+    }
+
     /// The device's experts of each split group at a step of `n` tokens,
     /// where that step splits.
     pub fn split_at(&self, n: u32) -> Option<u32> {
@@ -888,6 +917,56 @@ mod tests {
         };
         let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &f).expect("forced");
         assert_eq!(p.cpu_groups(64).iter().filter(|c| **c).count(), 3);
+    }
+
+    /// Each step size carries the next step's first uploads only where the
+    /// simulation finds the repeated step faster with them.
+    #[test]
+    fn steps_carry_where_the_simulation_says_it_pays() {
+        // the first layer resident and long to compute: without carrying,
+        // the next step's first uploads run while it computes; carried,
+        // the step waits for them before it computes anything
+        let mut g = layers(4, 1, 1);
+        g[0] = GroupInfo::dense(GroupKind::Attn, 40);
+        let streamed: Vec<bool> = (0..g.len()).map(|i| i >= 2).collect();
+        let c = CpuInput {
+            gpu_s_per_byte: 0.1,
+            carry: true,
+            ..cpu(1.0)
+        };
+        let none = vec![false; g.len()];
+        let at = placement(&streamed, &none);
+        let cold = CpuInput {
+            carry: false,
+            ..c.clone()
+        };
+        let (warm_s, cold_s) = (
+            simulate(&g, &at, (2, 2), 1.0, &c, 1).step_s(),
+            simulate(&g, &at, (2, 2), 1.0, &cold, 1).step_s(),
+        );
+        assert!(cold_s < warm_s, "{cold_s} against {warm_s}");
+        let p = sizes(&g, &streamed, (2, 2), 1.0, &c, &none);
+        assert!(!p[0].carry);
+        assert_eq!(p[0].predicted.step_s(), cold_s);
+        // the last FFN group on the CPU: the attention ring's first
+        // uploads go up while it computes (6.25 s against 8.25)
+        let g = layers(3, 1, 1);
+        let streamed = vec![true; g.len()];
+        let mut host = vec![false; g.len()];
+        host[5] = true;
+        let c = CpuInput {
+            gpu_s_per_byte: 0.25,
+            force: Some(1),
+            carry: true,
+            ..cpu(3.0)
+        };
+        let p = sizes(&g, &streamed, (2, 2), 1.0, &c, &host);
+        assert!(p[0].carry);
+        assert_eq!(p[0].cpu_groups, 1);
+        assert_eq!(p[0].predicted.step_s(), 6.25);
+        // never where the pager may not
+        let off = CpuInput { carry: false, ..c };
+        assert!(!sizes(&g, &streamed, (2, 2), 1.0, &off, &host)[0].carry);
     }
 
     /// A CPU measured at a larger step: its rate goes through all three
