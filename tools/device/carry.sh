@@ -6,13 +6,17 @@
 # 1. parity: `strata check --hybrid off` against llama.cpp all on the GPU,
 #    and `check --hybrid 31` with and without carrying (the same figures:
 #    carrying changes when weights go up, not what is computed);
-# 2. A/B: bench pp2048, tg16, 16 and 64 sequences, with and without,
-#    interleaved (ROUNDS rounds, default 2);
+# 2. A/B: bench pp2048, tg16, 16 and 64 sequences under each variant of
+#    AB (flag sets separated by commas; default "--no-carry," that is
+#    without and with carrying), interleaved (ROUNDS rounds, default 2);
 # 3. a trace of the 64-sequence step with carrying (trace_b64.json.xz);
 # 4. grid: 64 sequences at the plan's own split and with GRID's host
 #    groups forced (`--hybrid N`; default "8 9");
 # 5. table: issue 31's table, llama.cpp `-ngl 99 --n-cpu-moe 31` beside
-#    (its defaults and `--no-mmap -ub 2048`).
+#    (its defaults and `--no-mmap -ub 2048`);
+# 6. llama: llama.cpp alone (`--no-strata`) at 64 sequences with the
+#    experts of NCM layers on the CPU (default 30), both configurations,
+#    for its GPU memory and speed at that placement.
 # Env: SKEW (routed skew of the synthetic file; default uniform), STAGES
 # (default "check ab trace").
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
@@ -35,7 +39,9 @@ if [[ $stages == *check* ]]; then
 fi
 if [[ $stages == *ab* ]]; then
   for r in $(seq 1 "${ROUNDS:-2}"); do
-    for c in --no-carry ""; do
+    IFS=, read -ra variants <<< "${AB---no-carry,}"
+    [[ ${AB---no-carry,} == *, ]] && variants+=("")
+    for c in "${variants[@]}"; do
       echo "== round $r: strata bench $common -p 2048 -n 16 -B 16,64 -r 2 $c"
       STRATA_LOG=strata=info timeout 200 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 $c 2>&1 | quiet
     done
@@ -54,4 +60,8 @@ fi
 if [[ $stages == *table* ]]; then
   STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 \
     --llama-ngl 99 --llama-best --llama-n-cpu-moe 31 2>&1 | quiet > "$out/table.txt"
+fi
+if [[ $stages == *llama* ]]; then
+  timeout 300 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --no-strata \
+    --llama-ngl 99 --llama-best --llama-n-cpu-moe "${NCM:-30}" 2>&1 | quiet > "$out/llama_ncm${NCM:-30}.txt"
 fi
