@@ -73,15 +73,17 @@ pub struct BenchArgs {
     /// llama.cpp keeps the expert tensors of the first N layers of a
     /// mixture of experts in CPU memory, everything else placed by
     /// --llama-ngl (its --n-cpu-moe N), on the rows with every layer on the
-    /// GPU (--llama-ngl 99, and the row --llama-best adds); rows of partial
-    /// offload keep llama.cpp's default placement. Refused on a model
-    /// without experts.
+    /// GPU (--llama-ngl 99, and the rows --llama-best adds); rows of partial
+    /// offload keep llama.cpp's default placement. Several (e.g. 30,31)
+    /// time each, so the fastest that fits strata's GPU memory is found.
+    /// Refused on a model without experts.
     #[arg(
         long = "llama-n-cpu-moe",
         value_name = "N",
+        value_delimiter = ',',
         conflicts_with = "llama_cpu_moe"
     )]
-    pub llama_n_cpu_moe: Option<u32>,
+    pub llama_n_cpu_moe: Vec<u32>,
     /// llama.cpp keeps every layer's expert tensors in CPU memory (its
     /// --cpu-moe), on the rows with every layer on the GPU. Refused on a
     /// model without experts.
@@ -638,14 +640,21 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The expert placement `--llama-n-cpu-moe N` or `--llama-cpu-moe` asks
-/// of llama.cpp, with the flag that asked.
-fn expert_flag(a: &BenchArgs) -> Option<(&'static str, CpuExperts)> {
-    match (a.llama_n_cpu_moe, a.llama_cpu_moe) {
-        (Some(n), _) => Some(("--llama-n-cpu-moe", CpuExperts::FirstLayers(n))),
-        (None, true) => Some(("--llama-cpu-moe", CpuExperts::All)),
-        (None, false) => None,
+/// The expert placements `--llama-n-cpu-moe N[,N...]` or `--llama-cpu-moe`
+/// ask of llama.cpp (each distinct one once, in the order given), with
+/// the flag that asked.
+fn expert_flag(a: &BenchArgs) -> Option<(&'static str, Vec<CpuExperts>)> {
+    if !a.llama_n_cpu_moe.is_empty() {
+        let mut v = Vec::new();
+        for &n in &a.llama_n_cpu_moe {
+            if !v.contains(&CpuExperts::FirstLayers(n)) {
+                v.push(CpuExperts::FirstLayers(n));
+            }
+        }
+        return Some(("--llama-n-cpu-moe", v));
     }
+    a.llama_cpu_moe
+        .then(|| ("--llama-cpu-moe", vec![CpuExperts::All]))
 }
 
 /// Refuses the expert-placement flags where they could not change what is
@@ -719,13 +728,15 @@ struct LlamaConfig {
 /// The configurations `--llama-*` ask for, at each `--llama-ngl`: the one
 /// the flags set, and with `--llama-best` also its users' flags for big
 /// batches at partial offload (--no-mmap -ub 2048) where they differ. On a
-/// mixture of experts with `--llama-n-cpu-moe N` (or `--llama-cpu-moe`),
-/// `--llama-best` adds what its users run such a model with: every layer
-/// on the GPU (ngl 99) but those expert tensors, unless an `--llama-ngl`
-/// already timed it.
+/// mixture of experts with `--llama-n-cpu-moe N[,N...]` (or
+/// `--llama-cpu-moe`), an `--llama-ngl` of every layer runs each of those
+/// placements, and `--llama-best` adds what its users run such a model
+/// with: every layer on the GPU (ngl 99) but those expert tensors, each
+/// placement under both settings, unless an `--llama-ngl` already timed
+/// it.
 #[cfg(feature = "reference")]
 fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
-    let experts = expert_flag(a).map_or(CpuExperts::None, |(_, e)| e);
+    let placements = expert_flag(a).map_or(Vec::new(), |(_, e)| e);
     let label = |experts: CpuExperts, mmap: bool, repack: bool, ubatch: u32| {
         let mut l = match experts {
             CpuExperts::None => String::new(),
@@ -744,53 +755,48 @@ fn llama_configs(a: &BenchArgs) -> Vec<LlamaConfig> {
         l
     };
     let repack = !a.llama_no_repack && !a.llama_match;
-    // the expert placement goes with every layer on the GPU (ngl >= 99),
-    // as llama.cpp's users run --n-cpu-moe; rows of partial offload keep
-    // its default placement, so they stay llama.cpp's defaults
-    let flags = |ngl: i32| {
-        let cpu_experts = if ngl >= ALL_LAYERS {
-            experts
-        } else {
-            CpuExperts::None
-        };
-        LlamaConfig {
-            ngl,
-            cpu_experts,
-            mmap: !a.llama_no_mmap,
-            repack,
-            ubatch: a.llama_ubatch,
-            label: label(cpu_experts, !a.llama_no_mmap, repack, a.llama_ubatch),
-        }
+    let config = |ngl: i32, cpu_experts: CpuExperts| LlamaConfig {
+        ngl,
+        cpu_experts,
+        mmap: !a.llama_no_mmap,
+        repack,
+        ubatch: a.llama_ubatch,
+        label: label(cpu_experts, !a.llama_no_mmap, repack, a.llama_ubatch),
     };
-    let mut v = Vec::new();
-    for &ngl in &a.llama_ngl {
-        let base = flags(ngl);
-        v.push(base.clone());
-        if a.llama_best {
-            let best = LlamaConfig {
-                mmap: false,
-                ubatch: 2048,
-                label: label(base.cpu_experts, false, repack, 2048),
-                ..base
-            };
-            if !v.contains(&best) {
-                v.push(best);
-            }
-        }
-    }
-    // (experts other than None passed check_expert_flags: the model has them)
-    if a.llama_best && experts != CpuExperts::None && !v.is_empty() {
-        let moe = flags(ALL_LAYERS);
-        let best = LlamaConfig {
+    // with --llama-best, each configuration also under --no-mmap -ub 2048
+    let with_best = |base: LlamaConfig| {
+        let best = a.llama_best.then(|| LlamaConfig {
             mmap: false,
             ubatch: 2048,
-            label: label(experts, false, repack, 2048),
-            ..moe.clone()
-        };
-        for c in [moe, best] {
+            label: label(base.cpu_experts, false, repack, 2048),
+            ..base.clone()
+        });
+        std::iter::once(base).chain(best)
+    };
+    let mut v: Vec<LlamaConfig> = Vec::new();
+    let push = |v: &mut Vec<LlamaConfig>, c: LlamaConfig| {
+        for c in with_best(c) {
             if !v.contains(&c) {
                 v.push(c);
             }
+        }
+    };
+    // the expert placements go with every layer on the GPU (ngl >= 99),
+    // as llama.cpp's users run --n-cpu-moe; rows of partial offload keep
+    // its default placement, so they stay llama.cpp's defaults
+    for &ngl in &a.llama_ngl {
+        if ngl >= ALL_LAYERS && !placements.is_empty() {
+            for &e in &placements {
+                push(&mut v, config(ngl, e));
+            }
+        } else {
+            push(&mut v, config(ngl, CpuExperts::None));
+        }
+    }
+    // (placements passed check_expert_flags: the model has experts)
+    if a.llama_best && !v.is_empty() {
+        for &e in &placements {
+            push(&mut v, config(ALL_LAYERS, e));
         }
     }
     v
@@ -1190,5 +1196,60 @@ mod tests {
             assert_eq!(v[i], median(&mut v.clone()), "{v:?}");
         }
         assert_eq!(median_index(&[]), 0);
+    }
+
+    fn args(extra: &[&str]) -> BenchArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let argv = ["strata", "-m", "m.gguf"].iter().chain(extra);
+        <Cli as clap::Parser>::try_parse_from(argv)
+            .expect("valid flags")
+            .bench
+    }
+
+    fn labels(a: &BenchArgs) -> Vec<(i32, String)> {
+        llama_configs(a)
+            .into_iter()
+            .map(|c| (c.ngl, c.label))
+            .collect()
+    }
+
+    /// Each expert placement asked for runs under both of llama.cpp's
+    /// settings with every layer on the GPU, once each, beside the
+    /// partial-offload rows with its default placement.
+    #[test]
+    fn every_expert_placement_runs_under_both_settings() {
+        let a = args(&[
+            "--llama-ngl",
+            "18",
+            "--llama-best",
+            "--llama-n-cpu-moe",
+            "30,31,30",
+        ]);
+        let want = [
+            (18, ""),
+            (18, " no-mmap ub=2048"),
+            (99, " n-cpu-moe=30"),
+            (99, " n-cpu-moe=30 no-mmap ub=2048"),
+            (99, " n-cpu-moe=31"),
+            (99, " n-cpu-moe=31 no-mmap ub=2048"),
+        ];
+        let want: Vec<_> = want.iter().map(|&(n, l)| (n, l.to_string())).collect();
+        assert_eq!(labels(&a), want);
+        // asked at ngl 99 directly: the same rows, not twice
+        let b = args(&[
+            "--llama-ngl",
+            "99",
+            "--llama-best",
+            "--llama-n-cpu-moe",
+            "30,31",
+        ]);
+        assert_eq!(labels(&b), want[2..].to_vec());
+        // without --llama-best, only the asked rows
+        let c = args(&["--llama-ngl", "99", "--llama-n-cpu-moe", "31"]);
+        assert_eq!(labels(&c), vec![(99, " n-cpu-moe=31".to_string())]);
     }
 }
