@@ -12,8 +12,9 @@
 # 3. a trace of the 64-sequence step with carrying (trace_b64.json.xz);
 # 4. grid: 64 sequences at the plan's own split and with GRID's host
 #    groups forced (`--hybrid N`; default "8 9");
-# 5. table: issue 31's table, llama.cpp `-ngl 99 --n-cpu-moe 31` beside
-#    (its defaults and `--no-mmap -ub 2048`);
+# 5. table: issue 31's table, llama.cpp `-ngl 99 --n-cpu-moe N` beside
+#    for each N of TABLE_NCM (default 31; "30,31" times both), its
+#    defaults and `--no-mmap -ub 2048`;
 # 6. llama: llama.cpp alone (`--no-strata`) at 64 sequences with the
 #    experts of NCM layers on the CPU (default 30), both configurations,
 #    for its GPU memory and speed at that placement.
@@ -59,7 +60,7 @@ if [[ $stages == *grid* ]]; then
 fi
 if [[ $stages == *table* ]]; then
   STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 \
-    --llama-ngl 99 --llama-best --llama-n-cpu-moe 31 2>&1 | quiet > "$out/table.txt"
+    --llama-ngl 99 --llama-best --llama-n-cpu-moe "${TABLE_NCM:-31}" 2>&1 | quiet > "$out/table.txt"
 fi
 if [[ $stages == *llama* ]]; then
   timeout 300 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --no-strata \
