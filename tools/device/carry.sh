@@ -27,8 +27,8 @@ s=$(TYPE=q4_k_m dev_synth qwen3-30b-a3b)
 echo "model: $s" > "$out/model.txt"
 dev_module_wait
 common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
-stages=${STAGES:-check ab trace}
-if [[ $stages == *check* ]]; then
+stages=" ${STAGES:-check ab trace} "
+if [[ $stages == *" check "* ]]; then
   {
     echo "== check --hybrid off"
     timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -n 16 --hybrid off 2>&1 | quiet
@@ -38,7 +38,7 @@ if [[ $stages == *check* ]]; then
     done
   } > "$out/check.txt"
 fi
-if [[ $stages == *ab* ]]; then
+if [[ $stages == *" ab "* ]]; then
   for r in $(seq 1 "${ROUNDS:-2}"); do
     IFS=, read -ra variants <<< "${AB---no-carry,}"
     [[ ${AB---no-carry,} == *, ]] && variants+=("")
@@ -48,21 +48,21 @@ if [[ $stages == *ab* ]]; then
     done
   done > "$out/ab.txt"
 fi
-if [[ $stages == *trace* ]]; then
+if [[ $stages == *" trace "* ]]; then
   timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --trace "$out/trace_b64.json" 2>&1 | quiet > "$out/trace_b64.txt"
   xz -9 "$out/trace_b64.json" 2>/dev/null
 fi
-if [[ $stages == *grid* ]]; then
+if [[ $stages == *" grid "* ]]; then
   for h in auto ${GRID:-8 9}; do
     echo "== strata bench $common -p 0 -n 0 -B 64 -r 2 --hybrid $h"
     STRATA_LOG=strata=info timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --hybrid $h 2>&1 | quiet
   done > "$out/grid.txt"
 fi
-if [[ $stages == *table* ]]; then
+if [[ $stages == *" table "* ]]; then
   STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 \
     --llama-ngl 99 --llama-best --llama-n-cpu-moe "${TABLE_NCM:-31}" 2>&1 | quiet > "$out/table.txt"
 fi
-if [[ $stages == *llama* ]]; then
+if [[ $stages == *" llama "* ]]; then
   timeout 300 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --no-strata \
     --llama-ngl 99 --llama-best --llama-n-cpu-moe "${NCM:-30}" 2>&1 | quiet > "$out/llama_ncm${NCM:-30}.txt"
 fi
