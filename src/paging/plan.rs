@@ -370,6 +370,21 @@ impl std::fmt::Display for Plan {
             if let Some(last) = h.per_size.iter().rposition(|s| s.cpu_groups > 0) {
                 write!(f, "; CPU takes part up to {}-token steps", last + 1)?;
             }
+            // each power-of-two step size's split, so a log shows why a
+            // step ran as it did
+            write!(f, "\nhybrid steps by size:")?;
+            for (i, z) in h.per_size.iter().enumerate() {
+                let n = i + 1;
+                if n.is_power_of_two() {
+                    write!(
+                        f,
+                        " {n} tokens: {} CPU groups, {:.2} ms{};",
+                        z.cpu_groups,
+                        z.predicted.step_s() * 1e3,
+                        if z.carry { " carrying" } else { "" }
+                    )?;
+                }
+            }
             if let Some(s) = &h.split {
                 let n_split = s.groups.iter().filter(|g| **g).count();
                 for (i, z) in s.per_size.iter().enumerate() {
