@@ -183,8 +183,6 @@ pub struct Pager {
     /// Whether this step does (the plan's choice for its size,
     /// `HybridPlan::carry_at`).
     pub carry_step: bool,
-    /// Per ring: the groups the last step's end uploaded for this one.
-    carried: [Vec<GroupId>; 3],
 }
 
 impl Pager {
@@ -247,7 +245,6 @@ impl Pager {
             relay_step: false,
             carry: false,
             carry_step: true,
-            carried: [Vec::new(), Vec::new(), Vec::new()],
         })
     }
 
@@ -296,10 +293,12 @@ impl Pager {
         kv: Option<&KvTier>,
     ) -> Result<(), EngineError> {
         // the groups the last step carried into this one, by ring
-        for r in 0..3 {
+        let carried: [Vec<GroupId>; 3] = std::array::from_fn(|r| {
             let n = self.rings[r].as_ref().map_or(0, |g| g.carried());
-            self.carried[r] = self.lists[r][..n].to_vec();
-            self.lists[r].clear();
+            self.lists[r][..n].to_vec()
+        });
+        for list in &mut self.lists {
+            list.clear();
         }
         self.streamed.clear();
         self.pos.clear();
@@ -316,8 +315,7 @@ impl Pager {
                 self.lists[Ring::Kv as usize].push(gi);
             }
         }
-        for r in 0..3 {
-            let carried = &self.carried[r];
+        for (r, carried) in carried.iter().enumerate() {
             // kept where this step streams them first too, whole
             let keep = self.lists[r].starts_with(carried)
                 && carried
