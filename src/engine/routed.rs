@@ -86,6 +86,9 @@ pub(super) struct RoutedStep {
     /// Some: the step runs routed in place of the hybrid plan's, whose
     /// prediction this is.
     hybrid_s: Option<f64>,
+    /// The factor on the probe's CPU time that prediction took
+    /// (`CpuCalibration::seen`).
+    hybrid_factor: f64,
 }
 
 impl Engine {
@@ -213,6 +216,7 @@ impl Engine {
                 choices,
                 predicted_s: Some(routed),
                 hybrid_s: Some(hybrid),
+                hybrid_factor: cal.seen,
             };
         }
         let choices = self.routed_choices(n, order, on_cpu);
@@ -223,6 +227,7 @@ impl Engine {
             choices,
             predicted_s,
             hybrid_s: None,
+            hybrid_factor: 0.0,
         }
     }
 
@@ -242,6 +247,7 @@ impl Engine {
         if let Some(h) = step.hybrid_s {
             r.stats.over_hybrid = 1;
             r.stats.hybrid_s = h;
+            r.stats.hybrid_factor = step.hybrid_factor;
         }
         if let Some(p) = step.predicted_s {
             r.stats.predicted = 1;

@@ -211,6 +211,9 @@ pub struct RoutedStats {
     pub predicted: u64,
     pub predicted_s: f64,
     pub hybrid_s: f64,
+    /// The factor on the probe's CPU time each `hybrid_s` took (the
+    /// calibration's, 1 before a hybrid step was seen).
+    pub hybrid_factor: f64,
 }
 
 impl RoutedStats {
@@ -227,6 +230,7 @@ impl RoutedStats {
         self.predicted += o.predicted;
         self.predicted_s += o.predicted_s;
         self.hybrid_s += o.hybrid_s;
+        self.hybrid_factor += o.hybrid_factor;
     }
 }
 

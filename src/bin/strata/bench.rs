@@ -258,11 +258,13 @@ struct StepFigures {
     routed_picked: f64,
     /// Routed steps: the share of steps that ran routed in place of the
     /// hybrid plan's step, and, per step predicted, the routed step's
-    /// prediction; per step chosen over the hybrid one, that one's.
+    /// prediction; per step chosen over the hybrid one, that one's and
+    /// the factor on the probe's CPU time it took.
     routed_over_hybrid: f64,
     routed_predicted_share: f64,
     routed_predicted_ms: f64,
     routed_hybrid_ms: f64,
+    routed_hybrid_factor: f64,
 }
 
 #[cfg(any(feature = "reference", test))]
@@ -409,6 +411,7 @@ fn time_strata(
         routed_predicted_share: routed.predicted as f64 / steps as f64,
         routed_predicted_ms: routed.predicted_s * 1e3 / routed.predicted.max(1) as f64,
         routed_hybrid_ms: routed.hybrid_s * 1e3 / routed.over_hybrid.max(1) as f64,
+        routed_hybrid_factor: routed.hybrid_factor / routed.over_hybrid.max(1) as f64,
     };
     Ok((tokens as f64 / secs, Some(fig), spans))
 }
@@ -1060,12 +1063,13 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
             }
             if f.routed_predicted_share > 0.0 {
                 println!(
-                    "{:<47} routed steps: {:.0}% of steps, predicted {:.2} ms a step; {:.0}% of steps chosen over the hybrid plan's (predicted {:.2} ms)",
+                    "{:<47} routed steps: {:.0}% of steps, predicted {:.2} ms a step; {:.0}% of steps chosen over the hybrid plan's (predicted {:.2} ms, the CPU at {:.2}x its probe's time)",
                     "",
                     100.0 * f.routed_predicted_share,
                     f.routed_predicted_ms,
                     100.0 * f.routed_over_hybrid,
-                    f.routed_hybrid_ms
+                    f.routed_hybrid_ms,
+                    f.routed_hybrid_factor
                 );
             }
             if f.relayed_mib > 0.0 {
