@@ -637,11 +637,11 @@ pub fn sizes(
             let (cpu_groups, cpu_bytes, predicted) = best(c);
             // without carrying, where that is faster (the next step waits
             // for the carried uploads when they outlast the step's tail)
-            let cold = CpuInput {
+            let cold = || CpuInput {
                 carry: false,
                 ..c.clone()
             };
-            match c.carry.then(|| best(&cold)) {
+            match c.carry.then(|| best(&cold())) {
                 Some((k, b, p)) if p.step_s() < predicted.step_s() => SizePlan {
                     cpu_groups: k,
                     cpu_bytes: b,
@@ -718,17 +718,7 @@ impl CpuCalibration {
     /// A step of `n` tokens in which the CPU computed its part of `plan`
     /// (whole groups, split groups' host experts) in `secs`.
     pub fn observe(&mut self, n: u32, plan: &HybridPlan, secs: f64) {
-        let at = plan.placement(n, &self.streamed);
-        let at_probe: f64 = self
-            .groups
-            .iter()
-            .zip(&at)
-            .map(|(g, w)| match *w {
-                Where::Cpu => self.probe.group_s(g, n),
-                Where::Split(k) => self.probe.group_s(g, n) * (1.0 - g.device_share(k)),
-                _ => 0.0,
-            })
-            .sum();
+        let at_probe = self.probe_cpu_s(n, plan);
         let f = secs / at_probe;
         if at_probe <= 0.0 || !(f.is_finite() && f > 0.0) {
             return;
@@ -746,6 +736,21 @@ impl CpuCalibration {
             1 => f,
             _ => 0.7 * self.seen + 0.3 * f,
         };
+    }
+
+    /// The CPU seconds the probe gives its part of `plan`'s step of `n`
+    /// tokens (whole groups, split groups' host experts).
+    fn probe_cpu_s(&self, n: u32, plan: &HybridPlan) -> f64 {
+        let at = plan.placement(n, &self.streamed);
+        self.groups
+            .iter()
+            .zip(&at)
+            .map(|(g, w)| match *w {
+                Where::Cpu => self.probe.group_s(g, n),
+                Where::Split(k) => self.probe.group_s(g, n) * (1.0 - g.device_share(k)),
+                _ => 0.0,
+            })
+            .sum()
     }
 
     /// The predicted step of `n` tokens with `plan`'s split, the CPU at the
@@ -905,19 +910,7 @@ mod tests {
         assert!((cal.seen - 1.3).abs() < 1e-6);
         // the first step of each new size is a warm-up too: a slow one
         // moves nothing, the next of that size counts
-        let probe = cal.probe.clone();
-        let at2: f64 = p
-            .placement(2, &cal.streamed)
-            .iter()
-            .zip(&cal.groups)
-            .map(|(w, g)| {
-                if *w == Where::Cpu {
-                    probe.group_s(g, 2)
-                } else {
-                    0.0
-                }
-            })
-            .sum();
+        let at2 = cal.probe_cpu_s(2, &p);
         assert!(at2 > 0.0);
         cal.observe(2, &p, 3.0 * at2);
         assert!((cal.seen - 1.3).abs() < 1e-6, "{}", cal.seen);
