@@ -1,15 +1,15 @@
 // Times and checks the CPU backend's expert product (mul_mat_id) over a
-// mixture's stacked experts, in plain memory, in the repacked layout
-// (CPU_REPACK) and, where the CPU has it, in AMX's (vendor patch 0009),
-// at several token counts: the product a hybrid step's host layers run
-// (run 143 chose the repacked layout for the host's experts with it).
-// Loads a CPU backend module (a ggml-cpu variant .so) and, for each token count of MOE_TOKENS (default
+// mixture's stacked experts, in plain memory and in the repacked layout
+// (CPU_REPACK), at several token counts: the product a hybrid step's host
+// layers run (run 143 chose the repacked layout for the host's experts
+// with it). Loads a CPU backend module (a
+// ggml-cpu variant .so) and, for each token count of MOE_TOKENS (default
 // "1 8 16 64"), routes the tokens to MOE_USED (8) of MOE_EXPERTS (128)
 // experts (uniform, or MOE_SKEW=S: expert e drawn with weight 1/(e+1)^S),
 // multiplies Qwen3-30B-A3B's expert shapes (gate/up: 768 x 2048, input
 // broadcast; down: 2048 x 768, one input per pick), and prints each
 // layout's time and GB/s of the picked experts' weights, and the repacked
-// and AMX outputs' NMSE against the plain one (ggml's vec_dot kernels, the
+// output's NMSE against the plain one (ggml's vec_dot kernels, the
 // reference: both quantize the inputs to the same Q8_K rows), with a hash
 // of the repacked output's bytes to compare two modules bit for bit.
 //   cpu-moe-check MODULE.so THREADS
@@ -42,7 +42,6 @@ int main(int argc, char ** argv) {
     }
     const CpuModule mod = load_cpu_module(argv[1]);
     ggml_backend_buffer_type_t repack = mod.extra("CPU_REPACK");
-    ggml_backend_buffer_type_t amx = mod.extra("AMX"); // the stack packed per expert: vendor patch 0009
     const bool q6 = strcmp(env_or("MOE_TYPE", "q4_K"), "q6_K") == 0;
     const ggml_type type = q6 ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K;
     const int64_t E = atoll(env_or("MOE_EXPERTS", "128")), U = atoll(env_or("MOE_USED", "8"));
@@ -102,11 +101,10 @@ int main(int argc, char ** argv) {
                 v = u(rng);
             }
             std::vector<float> ref;
-            for (int layout = 0; layout < 3; ++layout) {
-                ggml_backend_buffer_type_t buft =
-                    layout == 0 ? ggml_backend_dev_buffer_type(mod.dev) : layout == 1 ? repack : amx;
+            for (int layout = 0; layout < 2; ++layout) {
+                ggml_backend_buffer_type_t buft = layout == 0 ? ggml_backend_dev_buffer_type(mod.dev) : repack;
                 if (!buft || (layout == 1 && q6)) {
-                    continue;  // no such layout (x86 repacks no Q6_K; AMX only where the CPU has it)
+                    continue;  // no repacked layout (x86 repacks no Q6_K)
                 }
                 ggml_init_params pw = { 2 * ggml_tensor_overhead(), nullptr, true };
                 ggml_context * cw = ggml_init(pw);
@@ -117,13 +115,6 @@ int main(int argc, char ** argv) {
                 ggml_tensor * x = ggml_new_tensor_3d(ca, GGML_TYPE_F32, c.K, rows_in, T);
                 ggml_tensor * id = ggml_new_tensor_2d(ca, GGML_TYPE_I32, U, T);
                 ggml_tensor * y = ggml_mul_mat_id(ca, w, x, id);
-                if (layout == 2 && !ggml_backend_dev_supports_op(mod.dev, y)) {
-                    printf("%-17s AMX does not take this product\n", c.name);
-                    ggml_free(ca);
-                    ggml_backend_buffer_free(bw);
-                    ggml_free(cw);
-                    continue;
-                }
                 ggml_cgraph * gf = ggml_new_graph(ca);
                 ggml_build_forward_expand(gf, y);
                 ggml_backend_buffer_t ba = ggml_backend_alloc_ctx_tensors(ca, mod.backend);
@@ -151,8 +142,7 @@ int main(int argc, char ** argv) {
                 const double med = times[times.size() / 2];
                 const double gb = touched.size() * expert_bytes / 1e9;
                 printf("%-17s %3lld tokens, %3zu experts picked, %-10s median %8.1f us, %6.1f GB/s", c.name,
-                       (long long) T, touched.size(), layout == 0 ? "plain" : layout == 1 ? "CPU_REPACK" : "AMX", 1e6 * med,
-                       gb / med);
+                       (long long) T, touched.size(), layout == 0 ? "plain" : "CPU_REPACK", 1e6 * med, gb / med);
                 if (layout == 0) {
                     ref = out;
                     printf("\n");
