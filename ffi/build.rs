@@ -156,13 +156,17 @@ fn build_json_schema(manifest: &Path, src: &Path, archive: &Path, out: &Path) ->
     Ok(())
 }
 
-/// Unpacks the xz tarball `archive` into `dir` (made if missing).
+/// Unpacks the xz tarball `archive` into `dir` (made if missing). Every
+/// file gets the time of unpacking (`-m`), not the archive's: a tree
+/// unpacked afresh because a patch was dropped would otherwise be older
+/// than the objects built from the patched one, and make would keep them.
 fn untar(archive: &Path, dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     run_cmd(
         Command::new("tar")
             .arg("-C")
             .arg(dir)
+            .arg("-m")
             .arg("-xJf")
             .arg(archive),
         "tar (is xz-utils installed?)",

@@ -141,6 +141,10 @@ pub struct SplitRows {
     pub arena: TensorArena,
     /// The host's sums, reused from step to step.
     pub host: Vec<f32>,
+    /// Per layer, its experts most picked first (from the router counts
+    /// kept beside the model), of which the device computes the first
+    /// `k` (`paging::device_experts`); None: experts `0..k`.
+    pub order: Vec<Option<Vec<u32>>>,
 }
 
 impl SplitRows {
@@ -171,6 +175,7 @@ impl SplitRows {
         Ok(SplitRows {
             arena: TensorArena::new(buft, BufferUsage::Compute, &[spec])?,
             host: Vec::new(),
+            order: Vec::new(),
         })
     }
     pub(super) fn bytes(&self) -> u64 {

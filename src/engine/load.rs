@@ -651,9 +651,17 @@ impl Engine {
             .as_ref()
             .and_then(|h| h.split.as_ref())
         {
-            Some(_) if host.is_some() => Some(super::buffers::SplitRows::alloc_host_side(
-                &dims, lim, device,
-            )?),
+            Some(_) if host.is_some() => {
+                let mut rows = super::buffers::SplitRows::alloc_host_side(&dims, lim, device)?;
+                // the device takes each layer's most picked experts where
+                // the counts kept beside the model order them
+                if let Some(c) = saved_counts.as_ref() {
+                    rows.order = (0..c.n_layer())
+                        .map(|l| (c.layer_picks(l) > 0).then(|| c.hot(l, c.n_expert())))
+                        .collect();
+                }
+                Some(rows)
+            }
             _ => {
                 if cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe() {
                     tracing::warn!(
@@ -1012,15 +1020,16 @@ fn hot_plan(
     (!h.is_empty()).then_some(h)
 }
 
-/// The router counts kept beside the model where hot experts or routed
-/// uploads are asked for (read once per load), None where there are none
-/// or they are another model's.
+/// The router counts kept beside the model where hot experts, routed
+/// uploads or an expert split are asked for (read once per load), None
+/// where there are none or they are another model's.
 fn saved_counts(
     spec: &ModelSpec,
     cfg: &EngineConfig,
 ) -> Result<Option<crate::paging::routing::RouterCounts>, EngineError> {
     let wanted = cfg.paging.hot != crate::paging::HotExperts::Off
-        || cfg.paging.routed != crate::paging::RoutedUploads::Off;
+        || cfg.paging.routed != crate::paging::RoutedUploads::Off
+        || cfg.paging.split.mode != crate::paging::ExpertSplit::Off;
     if !wanted || !spec.hp.is_moe() {
         return Ok(None);
     }
@@ -1028,7 +1037,7 @@ fn saved_counts(
         // routed uploads only start their predictions from the counts:
         // without hot experts, a bad file is no reason to refuse the load
         Err(e @ EngineError::BadCounts(..)) if cfg.paging.hot == crate::paging::HotExperts::Off => {
-            tracing::warn!("{e}; routed uploads start without counts");
+            tracing::warn!("{e}; routed uploads and the expert split start without counts");
             Ok(None)
         }
         r => r,

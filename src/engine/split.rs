@@ -28,26 +28,37 @@ use crate::model::{GroupId, GroupKind};
 use std::time::Instant;
 
 /// The byte ranges of a group's extent (weights at `offsets`) an upload
-/// keeping `k` experts carries, and those its slot zeroes instead: each
-/// weight whole, but of an expert tensor only its first `k` experts (the
-/// outermost dimension), the rest of it zeroed.
+/// keeping the experts `on` marks (`paging::device_experts`) carries, and
+/// those its slot zeroes instead: each weight whole, but of an expert
+/// tensor only the marked experts (the outermost dimension), the others
+/// zeroed; adjacent ranges merged.
 pub(super) fn split_ranges(
     weights: &[crate::model::WeightSpec],
     offsets: &[usize],
-    k: u32,
+    on: &[bool],
 ) -> Partial {
     let mut p = Partial::default();
     for (w, &off) in weights.iter().zip(offsets) {
         let size = w.size as usize;
-        if w.role.is_some_and(|r| r.is_expert()) && w.ne[2] > 0 {
-            let per = size / w.ne[2] as usize;
-            let up = per * (k as usize).min(w.ne[2] as usize);
-            p.up.push((off, up));
-            if up < size {
-                p.zero.push((off + up, size - up));
-            }
-        } else {
+        if !(w.role.is_some_and(|r| r.is_expert()) && w.ne[2] > 0) {
             p.up.push((off, size));
+            continue;
+        }
+        let n = w.ne[2] as usize;
+        let per = size / n;
+        let mut e = 0;
+        while e < n {
+            let up = on.get(e).copied().unwrap_or(false);
+            let run = (e..n)
+                .take_while(|&x| on.get(x).copied().unwrap_or(false) == up)
+                .count();
+            let r = (off + e * per, run * per);
+            if up {
+                p.up.push(r);
+            } else {
+                p.zero.push(r);
+            }
+            e += run;
         }
     }
     p
@@ -59,13 +70,25 @@ impl Engine {
     pub(super) fn plan_partial_uploads(&mut self, split: &[(GroupId, u32)]) {
         self.pager.partial.clear();
         for &(gi, k) in split {
+            let on = self.split_experts(gi.layer(), k);
             let ranges = split_ranges(
                 &self.spec.groups[gi.index()].weights,
                 &self.store.layouts[gi.index()].offsets,
-                k,
+                &on,
             );
             self.pager.partial.insert(gi.index(), ranges);
         }
+    }
+
+    /// The experts of split layer `layer` the device computes at `k`
+    /// (`paging::device_experts`).
+    fn split_experts(&self, layer: u32, k: u32) -> Vec<bool> {
+        let order = self
+            .split
+            .as_ref()
+            .and_then(|s| s.order.get(layer as usize))
+            .and_then(|o| o.as_deref());
+        crate::paging::device_experts(order, self.spec.hp.n_expert, k)
     }
 
     /// Runs mixture FFN group `gi`'s router graph over `n` rows on the
@@ -139,7 +162,8 @@ impl Engine {
         let gi = GroupId::new(layer, GroupKind::Ffn);
         let (ring, b, id) = self.bind_streamed(gi, 0, "an expert split of a resident group")?;
         let n = shape.n_tokens;
-        let dev = shape.dev_experts as i32;
+        let dev = shape.dev_experts;
+        let on = self.split_experts(layer, dev);
         let sig = self.spec.groups[gi.index()].signature();
 
         // 2. the router, and its picks on the host
@@ -150,7 +174,7 @@ impl Engine {
         let mut picks = picks_of(&ids, &wts, self.spec.hp.n_expert_used as usize, n as usize)?;
         self.count_routed(layer, &ids)?;
         // the host's side: the experts the slot holds zeros for
-        picks.retain(|p| p.expert >= dev);
+        picks.retain(|p| !on.get(p.expert as usize).copied().unwrap_or(false));
 
         // 3. the device's experts, queued
         let (_, key) = self.group_key(layer, GroupKind::Ffn, shape);
@@ -159,7 +183,7 @@ impl Engine {
         let rec = self.rec.scope(
             timeline::Stream::Compute,
             &self.backend,
-            || format!("ffn {layer} (experts 0..{dev})"),
+            || format!("ffn {layer} ({dev} experts)"),
             0,
         );
         self.backend.compute_async(&t.graph())?;
@@ -191,7 +215,7 @@ impl Engine {
         let r = host.split_experts(gi, &sig, &cur, &picks, &mut sums);
         self.rec.host_span(
             timeline::Stream::Cpu,
-            || format!("ffn {layer} (experts {dev}..)"),
+            || format!("ffn {layer} (the other experts)"),
             t0,
             Instant::now(),
         );
@@ -246,23 +270,29 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_split_upload_carries_each_expert_tensors_prefix() {
+    fn a_split_upload_carries_the_device_experts_and_zeroes_the_rest() {
         let (ws, offsets) = group();
         assert_eq!(
-            split_ranges(&ws, &offsets, 1),
+            split_ranges(&ws, &offsets, &[true, false, false, false]),
             Partial {
                 up: vec![(0, 32), (256, 128), (512, 192), (1536, 192)],
                 zero: vec![(704, 576), (1728, 576)],
             }
         );
         assert_eq!(
-            split_ranges(&ws, &offsets, 4),
+            split_ranges(&ws, &offsets, &[true; 4]),
             Partial {
                 up: vec![(0, 32), (256, 128), (512, 768), (1536, 768)],
                 zero: vec![],
             }
         );
-        // more than the experts there are: all of them
-        assert_eq!(split_ranges(&ws, &offsets, 9).up[2], (512, 768));
+        // the most picked experts where counts ordered them: runs of each
+        assert_eq!(
+            split_ranges(&ws, &offsets, &[false, true, true, false]),
+            Partial {
+                up: vec![(0, 32), (256, 128), (704, 384), (1728, 384)],
+                zero: vec![(512, 192), (1088, 192), (1536, 192), (2112, 192)],
+            }
+        );
     }
 }

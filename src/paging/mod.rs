@@ -35,6 +35,7 @@ pub use memory::{
 pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput, ResidentOrder};
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
 pub use routed::RoutedUploads;
+pub use split::device_experts;
 pub use sizes::{Activations, Limits};
 
 /// Parses a size like "12G", "512M", "1.5GiB", "4096" (bytes). K/M/G/T are

@@ -91,6 +91,24 @@ pub fn plan_split(
     })
 }
 
+/// The experts of a split layer whose picks the device computes when it
+/// takes `k` of the layer's `n_expert`: the first `k` of `order` (the
+/// layer's experts, most picked first, from the router counts kept beside
+/// the model), or experts `0..k` where no counts ordered the layer. A
+/// mask over the experts: with skewed routing the most picked experts
+/// take most of the picks, so the bus carries the experts worth carrying
+/// and the CPU gets the rarely picked ones, each for few rows.
+pub fn device_experts(order: Option<&[u32]>, n_expert: u32, k: u32) -> Vec<bool> {
+    let n = n_expert as usize;
+    let k = (k as usize).min(n);
+    let mut on = vec![false; n];
+    match order.filter(|o| o.len() == n) {
+        Some(o) => o[..k].iter().for_each(|&e| on[e as usize] = true),
+        None => on[..k].iter_mut().for_each(|x| *x = true),
+    }
+    on
+}
+
 #[cfg(test)]
 const AUTO: SplitInput = SplitInput {
     mode: ExpertSplit::Auto,
@@ -153,6 +171,23 @@ mod tests {
         let bus = simulate(&g, &vec![Where::Bus; g.len()], (3, 3), 50e9, &c, 64).step_s();
         let split = p.per_size[63].predicted.step_s();
         assert!(split < 0.8 * bus, "{split} against {bus}");
+    }
+
+    #[test]
+    fn the_device_takes_the_most_picked_experts_where_counts_order_them() {
+        let order = [2, 0, 3, 1];
+        assert_eq!(
+            device_experts(Some(&order), 4, 2),
+            [true, false, true, false]
+        );
+        assert_eq!(device_experts(Some(&order), 4, 9), [true; 4]);
+        // no counts, or counts of another shape: the first experts
+        assert_eq!(device_experts(None, 4, 1), [true, false, false, false]);
+        assert_eq!(
+            device_experts(Some(&[1, 0]), 4, 1),
+            [true, false, false, false]
+        );
+        assert_eq!(device_experts(None, 4, 0), [false; 4]);
     }
 
     #[test]

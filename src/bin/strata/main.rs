@@ -638,12 +638,13 @@ impl ModelArgs {
         self.ubatch_size.min(self.batch_size)
     }
     /// Whether the router counts a run made are added to the file at
-    /// exit: with --expert-stats, and where hot experts or routed uploads
-    /// are asked for (the host CPU's mixture layers and routed layers
-    /// count their picks; the next load plans from them).
+    /// exit: with --expert-stats, and where hot experts, routed uploads or
+    /// an expert split are asked for (the host CPU's mixture layers, routed
+    /// and split layers count their picks; the next load plans from them).
     pub fn saves_counts(&self) -> bool {
         self.expert_stats
             || self.hot_experts != strata::paging::HotExperts::Off
+            || self.expert_split != strata::paging::ExpertSplit::Off
             || self
                 .routed_uploads
                 .is_some_and(|r| r != strata::paging::RoutedUploads::Off)
