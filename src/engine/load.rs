@@ -488,6 +488,13 @@ impl Engine {
         };
         if let Some(c) = cpu {
             input.cpu = Some(c.clone());
+            if cfg.paging.split.mode != crate::paging::ExpertSplit::Off {
+                // an expert split gives the device each layer's most picked
+                // experts: the plan costs it by how the picks spread
+                if let Some(counts) = saved_counts.as_ref() {
+                    set_popularity(&mut input.groups, &spec, counts);
+                }
+            }
             if cfg.paging.look_ahead > 0 && spec.hp.is_moe() {
                 // the look-ahead's slots and rows out of the budget
                 input.fixed_bytes += super::aheadslots::device_bytes(
@@ -957,7 +964,24 @@ fn group_info(g: &crate::model::GroupSpec, bytes: u64, hp: &crate::model::Hparam
             n_expert: hp.n_expert,
             n_used: hp.n_expert_used,
             hot: 0.0,
+            popularity: None,
         }),
+    }
+}
+
+/// Each mixture group's spread of picks over its experts, from `counts`
+/// (the whole model's, by layer).
+fn set_popularity(
+    groups: &mut [crate::paging::GroupInfo],
+    spec: &ModelSpec,
+    counts: &crate::paging::routing::RouterCounts,
+) {
+    for (g, s) in groups.iter_mut().zip(&spec.groups) {
+        let l = s.layer as usize;
+        if let Some(x) = g.experts.as_mut().filter(|_| l < counts.n_layer()) {
+            let row: Vec<u64> = (0..counts.n_expert()).map(|e| counts.count(l, e)).collect();
+            x.popularity = crate::paging::Popularity::from_counts(&row);
+        }
     }
 }
 

@@ -91,6 +91,7 @@ pub(super) fn cpu_input(
                     n_expert: ne3[2] as u32,
                     n_used: used,
                     hot: 0.0,
+                    popularity: None,
                 }),
             };
             // the log's figure: the bytes of the experts the step picked

@@ -260,6 +260,7 @@ mod tests {
                             n_expert,
                             n_used,
                             hot: 0.0,
+                            popularity: None,
                         }),
                     },
                 ]

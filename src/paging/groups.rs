@@ -43,6 +43,47 @@ pub struct Experts {
     /// computes this group (`paging::experts`; 0: none): the CPU computes
     /// only the rest.
     pub hot: f64,
+    /// How the picks spread over the experts, from router counts; None:
+    /// uniformly.
+    pub popularity: Option<Popularity>,
+}
+
+/// Bins of [`Popularity`].
+pub const POPULARITY_BINS: usize = 16;
+
+/// How a mixture layer's picks spread over its experts: the share of the
+/// picks each sixteenth of the experts took, most picked first (from the
+/// router counts kept beside the model). An expert split gives the device
+/// the most picked experts (`paging::device_experts`), so with skewed
+/// routing its share of the picks runs ahead of its share of the bytes,
+/// and the CPU's rarely picked experts each have few rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Popularity(pub [f64; POPULARITY_BINS]);
+
+impl Popularity {
+    /// From one layer's counts per expert; None where nothing was counted.
+    pub fn from_counts(row: &[u64]) -> Option<Popularity> {
+        let total: u64 = row.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut sorted = row.to_vec();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let n = sorted.len();
+        let mut bins = [0.0; POPULARITY_BINS];
+        for (r, &c) in sorted.iter().enumerate() {
+            bins[r * POPULARITY_BINS / n] += c as f64 / total as f64;
+        }
+        Some(Popularity(bins))
+    }
+
+    /// The share of the picks of the expert of rank `r` among `n`.
+    fn share(&self, r: u32, n: u32) -> f64 {
+        let n = n.max(1) as usize;
+        let b = (r as usize * POPULARITY_BINS / n).min(POPULARITY_BINS - 1);
+        let in_bin = (0..n).filter(|&x| x * POPULARITY_BINS / n == b).count();
+        self.0[b] / in_bin.max(1) as f64
+    }
 }
 
 /// Sets each mixture group's share of the picks its hot experts take
@@ -101,12 +142,54 @@ impl GroupInfo {
     }
 
     /// The share of the routed experts' bytes the device holds when it
-    /// keeps the first `k` experts (1 for a dense group).
+    /// keeps `k` experts (1 for a dense group).
     pub fn device_share(&self, k: u32) -> f64 {
         match self.experts {
             None => 1.0,
             Some(x) => (k.min(x.n_expert) as f64) / x.n_expert.max(1) as f64,
         }
+    }
+
+    /// The share of the picks the device computes when it keeps the `k`
+    /// most picked experts (their share of the bytes where routing is
+    /// uniform or uncounted; 1 for a dense group).
+    pub fn device_pick_share(&self, k: u32) -> f64 {
+        match self.experts {
+            Some(Experts {
+                n_expert,
+                popularity: Some(p),
+                ..
+            }) => (0..k.min(n_expert))
+                .map(|r| p.share(r, n_expert))
+                .sum::<f64>()
+                .min(1.0),
+            _ => self.device_share(k),
+        }
+    }
+
+    /// Seconds the CPU computes the picks of the experts an expert split
+    /// leaves it (all but the `k` most picked) at a step of `n` tokens, at
+    /// `s_per_byte(t)` as [`GroupInfo::compute_s`] takes it: the experts
+    /// its tokens touched, read at the one-token rate, and the arithmetic
+    /// of its share of the picks. Uniform routing: `compute_s` of the
+    /// group's experts times the CPU's share of them.
+    pub fn split_cpu_s(&self, n: u32, k: u32, s_per_byte: impl Fn(u32) -> f64) -> f64 {
+        let Some(x) = self.experts else {
+            return 0.0;
+        };
+        let e = x.n_expert.max(1);
+        let per_expert = x.bytes as f64 / e as f64;
+        let used = x.n_used.min(e) as f64;
+        let touched: f64 = (k.min(e)..e)
+            .map(|r| {
+                let share = x.popularity.map_or(1.0 / e as f64, |p| p.share(r, e));
+                1.0 - (1.0 - (used * share).min(1.0)).powi(n.max(1) as i32)
+            })
+            .sum();
+        let s1 = s_per_byte(1);
+        let extra = (s_per_byte(n) - s1).max(0.0);
+        let arithmetic = x.bytes as f64 * used / e as f64 * (1.0 - self.device_pick_share(k));
+        touched * per_expert * s1 + arithmetic * extra
     }
 
     /// Bytes crossing the bus for a group placed at `w`: all of a streamed
@@ -164,6 +247,7 @@ mod tests {
                 n_expert,
                 n_used,
                 hot: 0.0,
+                popularity: None,
             }),
         }
     }
@@ -200,6 +284,55 @@ mod tests {
             assert_eq!(g.read_bytes(n), d.read_bytes(n));
             assert!((g.compute_s(n, rate) - d.compute_s(n, rate)).abs() < 1e-6);
         }
+    }
+
+    /// Counts of `n` experts falling as (rank + 1)^-1, in a shuffled order.
+    fn zipf_counts(n: u64) -> Vec<u64> {
+        (0..n).map(|e| 100_000 / ((e * 37) % n + 1)).collect()
+    }
+
+    #[test]
+    fn popularity_bins_the_picks_most_picked_first() {
+        assert_eq!(Popularity::from_counts(&[0; 8]), None);
+        let p = Popularity::from_counts(&zipf_counts(128)).expect("counted");
+        assert!((p.0.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        assert!(p.0.windows(2).all(|w| w[0] >= w[1]), "{:?}", p.0);
+        let flat = Popularity::from_counts(&[5; 128]).expect("counted");
+        assert!(flat.0.iter().all(|&x| (x - 1.0 / 16.0).abs() < 1e-12));
+    }
+
+    #[test]
+    fn a_split_costs_the_cpu_its_share_of_uniform_routing() {
+        // no shared bytes: the CPU computing every expert is compute_s
+        let g = moe(0, 128 << 20, 128, 8);
+        let s = |t: u32| 1e-10 * (1.0 + f64::from(t) / 8.0);
+        for n in [1, 16, 64] {
+            let whole = g.compute_s(n, s);
+            // (read_bytes rounds to whole bytes)
+            assert!((g.split_cpu_s(n, 0, s) - whole).abs() < 1e-6 * whole);
+            let quarter = g.split_cpu_s(n, 96, s);
+            assert!((quarter - whole / 4.0).abs() < 1e-6 * whole, "{n}");
+            assert_eq!(g.device_pick_share(96), g.device_share(96));
+        }
+        assert_eq!(g.split_cpu_s(64, 128, s), 0.0);
+    }
+
+    #[test]
+    fn skewed_routing_gives_the_device_most_picks_and_the_cpu_few_rows() {
+        let mut g = moe(0, 128 << 20, 128, 8);
+        let uniform = g;
+        g.experts.as_mut().expect("a mixture").popularity =
+            Popularity::from_counts(&zipf_counts(128));
+        let s = |t: u32| 1e-10 * (1.0 + f64::from(t) / 8.0);
+        let f = g.device_pick_share(64);
+        assert!(f > 0.8 && f < 1.0, "{f}");
+        assert_eq!(g.device_share(64), 0.5);
+        // the CPU's half of the experts: fewer touched, far fewer rows
+        let (skew, flat) = (g.split_cpu_s(64, 64, s), uniform.split_cpu_s(64, 64, s));
+        assert!(skew < 0.6 * flat, "{skew} against {flat}");
+        // more device experts never cost the CPU more
+        let c: Vec<f64> = (0..=128).map(|k| g.split_cpu_s(64, k, s)).collect();
+        assert!(c.windows(2).all(|w| w[1] <= w[0] + 1e-15));
     }
 
     proptest! {

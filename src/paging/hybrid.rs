@@ -430,9 +430,9 @@ impl Step<'_> {
                     if let Where::Split(k) = at[i] {
                         // the router's picks come to the host, then both
                         // sides compute at once
-                        let f = g.device_share(k);
-                        let d =
-                            c.hop_s + (c.gpu_group_s(g, n) * f).max(c.group_s(g, n) * (1.0 - f));
+                        let f = g.device_pick_share(k);
+                        let cpu = g.split_cpu_s(n, k, |t| c.s_per_byte(t));
+                        let d = c.hop_s + (c.gpu_group_s(g, n) * f).max(cpu);
                         p.cpu_s += d;
                         t += d;
                         host = t;
@@ -747,7 +747,7 @@ impl CpuCalibration {
             .zip(&at)
             .map(|(g, w)| match *w {
                 Where::Cpu => self.probe.group_s(g, n),
-                Where::Split(k) => self.probe.group_s(g, n) * (1.0 - g.device_share(k)),
+                Where::Split(k) => g.split_cpu_s(n, k, |t| self.probe.s_per_byte(t)),
                 _ => 0.0,
             })
             .sum()
@@ -1099,6 +1099,7 @@ mod tests {
                 n_expert: 128,
                 n_used: 8,
                 hot: 0.0,
+                popularity: None,
             }),
         };
         let g: Vec<GroupInfo> = (0..48)
@@ -1203,6 +1204,7 @@ mod tests {
                     n_expert: 128,
                     n_used: 8,
                     hot,
+                    popularity: None,
                 }),
                 ..g
             })

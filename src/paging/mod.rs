@@ -24,7 +24,7 @@ pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use devices::{split_layers, split_rows, DeviceSplitError, RowSplit};
 pub use experts::{plan_hot, refresh_hot, HotExperts, HotPlan};
 pub use gemm::{choose_mmq_max_rows, PathTiming, Widened};
-pub use groups::{set_hot_shares, Experts, GroupInfo, Where};
+pub use groups::{set_hot_shares, Experts, GroupInfo, Popularity, Where};
 pub use hybrid::{
     plan_hybrid, s_per_byte_at, spread, CpuCalibration, CpuInput, ExpertSplit, HybridPlan,
     Prediction, SizePlan, SplitInput, SplitPlan, SplitSize, MAX_TOKENS as HYBRID_MAX_TOKENS,
@@ -35,8 +35,8 @@ pub use memory::{
 pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput, ResidentOrder};
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
 pub use routed::RoutedUploads;
-pub use split::device_experts;
 pub use sizes::{Activations, Limits};
+pub use split::device_experts;
 
 /// Parses a size like "12G", "512M", "1.5GiB", "4096" (bytes). K/M/G/T are
 /// binary multiples (KiB, MiB, ...), as GPU memory is reported.

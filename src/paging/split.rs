@@ -139,6 +139,7 @@ mod tests {
                             n_expert: 128,
                             n_used: 8,
                             hot: 0.0,
+                            popularity: None,
                         }),
                     },
                 ]
