@@ -14,10 +14,14 @@
 #    groups forced (`--hybrid N`; default "8 9");
 # 5. table: issue 31's table, llama.cpp `-ngl 99 --n-cpu-moe N` beside
 #    for each N of TABLE_NCM (default 31; "30,31" times both), its
-#    defaults and `--no-mmap -ub 2048`;
+#    defaults and `--no-mmap -ub 2048`; strata with TABLE_FLAGS (e.g.
+#    "--expert-split 80"; default none);
 # 6. llama: llama.cpp alone (`--no-strata`) at 64 sequences with the
 #    experts of NCM layers on the CPU (default 30), both configurations,
 #    for its GPU memory and speed at that placement.
+# 0. stats (before the others): router counts of 64-sequence steps
+#    (`--expert-stats`) written beside the model, which hot experts,
+#    routed uploads and the expert split plan from.
 # Env: SKEW (routed skew of the synthetic file; default uniform), STAGES
 # (default "check ab trace").
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
@@ -28,6 +32,9 @@ echo "model: $s" > "$out/model.txt"
 dev_module_wait
 common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
 stages=" ${STAGES:-check ab trace} "
+if [[ $stages == *" stats "* ]]; then
+  timeout 120 $bin/strata bench $common -p 0 -n 0 -B 64 -r 1 --expert-stats 2>&1 | quiet > "$out/stats.txt"
+fi
 if [[ $stages == *" check "* ]]; then
   {
     echo "== check --hybrid off"
@@ -59,7 +66,8 @@ if [[ $stages == *" grid "* ]]; then
   done > "$out/grid.txt"
 fi
 if [[ $stages == *" table "* ]]; then
-  STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 \
+  # shellcheck disable=SC2086 # TABLE_FLAGS: flags, split on spaces
+  STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 ${TABLE_FLAGS:-} \
     --llama-ngl 99 --llama-best --llama-n-cpu-moe "${TABLE_NCM:-31}" 2>&1 | quiet > "$out/table.txt"
 fi
 if [[ $stages == *" llama "* ]]; then
