@@ -555,6 +555,83 @@ fn moe_expert_split_equals_resident() {
     }
 }
 
+/// The expert split with router counts beside the model: the device takes
+/// each layer's most picked experts, here every other expert from the
+/// last down (so the upload is a scatter of single experts and the slot's
+/// zeroed ones lie between them), not the first ones. With slots poisoned
+/// after use, logits within rounding of the resident engine's and tokens
+/// equal, one-token and prompt steps; the bus carries the same bytes as a
+/// prefix of as many experts.
+#[test]
+fn moe_expert_split_takes_the_most_picked_experts() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("qwen3moe-tiny.gguf");
+    common::synth(
+        &path,
+        &vocab,
+        Synth {
+            preset: "qwen3moe-tiny",
+            seed: 5,
+            ..Synth::default()
+        },
+    );
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let plain = EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    };
+    let mut resident = Engine::load(&path, &plain).expect("resident engine");
+    let hp = resident.spec.hp.clone();
+    let (n_layer, n_expert) = (hp.n_layer as usize, hp.n_expert as usize);
+    // counts: expert e picked e times if odd, never if even, in every layer
+    let used = hp.n_expert_used as usize;
+    let mut counts = strata::paging::routing::RouterCounts::new(n_layer, n_expert, used);
+    let ids: Vec<i32> = (0..n_expert as i32)
+        .filter(|e| e % 2 == 1)
+        .flat_map(|e| std::iter::repeat_n(e, e as usize))
+        .collect();
+    let whole = ids.len() / used * used;
+    for l in 0..n_layer {
+        counts.add(l, &ids[..whole]).expect("counts");
+    }
+    let counts_path = dir.path().join("counts.json");
+    std::fs::write(&counts_path, counts.to_json()).expect("write counts");
+    let dev = hp.n_expert / 2;
+    let mut cfg = hybrid_cfg(n_layer, false);
+    cfg.paging.split = strata::paging::SplitInput {
+        mode: strata::paging::ExpertSplit::Force(dev),
+        min_tokens: 2,
+    };
+    cfg.expert_counts = Some(counts_path);
+    cfg.faults.poison_slots = true;
+    let mut split = Engine::load(&path, &cfg).expect("split engine");
+    let odd: Vec<bool> = (0..n_expert).map(|e| e % 2 == 1).collect();
+    for l in 0..hp.n_layer {
+        assert_eq!(split.split_experts(l, dev), odd, "layer {l}");
+    }
+    for p in PROMPTS {
+        let prompt = lm.tokenize(p, true, true).expect("tokenize");
+        let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
+        let b = run_strata(&mut split, &prompt, 12).expect("split run");
+        let (worst, diff) = compare(&b, &a);
+        assert!(worst < 1e-8, "NMSE {worst}");
+        assert_eq!(diff, None, "tokens differ");
+    }
+    let prompt = lm.tokenize(PROMPTS[1], true, true).expect("tokenize");
+    split.clear();
+    resident.clear();
+    let batch = common::all_positions(&[prompt]);
+    let a = resident.decode(&batch).expect("resident prompt");
+    let b = split.decode(&batch).expect("split prompt");
+    assert!(common::nmse(&b, &a) < 1e-8, "prompt");
+    let st = split.last_step;
+    assert!(st.host.groups > 0, "no layer left picks to the host");
+    assert_eq!(st.pager.bytes, split_upload_bytes(&split, dev), "bytes up");
+}
+
 /// The bytes a step of an engine streaming every group carries when each
 /// mixture layer is split with `dev` experts on the device: every weight
 /// but the expert tensors whole, and `dev` of each expert tensor's experts.

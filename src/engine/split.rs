@@ -81,8 +81,8 @@ impl Engine {
     }
 
     /// The experts of split layer `layer` the device computes at `k`
-    /// (`paging::device_experts`).
-    fn split_experts(&self, layer: u32, k: u32) -> Vec<bool> {
+    /// (`paging::device_experts`), as a mask over the layer's experts.
+    pub fn split_experts(&self, layer: u32, k: u32) -> Vec<bool> {
         let order = self
             .split
             .as_ref()
