@@ -394,7 +394,7 @@ impl std::fmt::Display for Plan {
                     if z.dev_experts > 0 && (first || n.is_power_of_two()) {
                         write!(
                             f,
-                            "\nexpert split at {n} tokens: {n_split} streamed layers keep their first {} experts on the GPU, the CPU computes the others' picks; predicted bus {:.2} ms, chain {:.2} ms + stalls {:.2} ms = step {:.2} ms (whole CPU groups: {:.2} ms)",
+                            "\nexpert split at {n} tokens: {n_split} streamed layers keep {} experts on the GPU (the most picked where router counts say, else the first), the CPU computes the others' picks; predicted bus {:.2} ms, chain {:.2} ms + stalls {:.2} ms = step {:.2} ms (whole CPU groups: {:.2} ms)",
                             z.dev_experts,
                             z.predicted.bus_s * 1e3,
                             (z.predicted.cpu_s + z.predicted.gpu_s) * 1e3,
