@@ -522,26 +522,13 @@ fn moe_expert_split_equals_resident() {
             assert_eq!(h.split_at(1), None);
             assert_eq!(h.split_at(2), Some(dev));
             assert!(h.cpu_groups(2).iter().all(|c| !c));
-            for p in PROMPTS {
-                let prompt = lm.tokenize(p, true, true).expect("tokenize");
-                let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
-                let b = run_strata(&mut split, &prompt, 12).expect("split run");
-                let (worst, diff) = compare(&b, &a);
-                assert!(worst < 1e-8, "{preset} dev={dev}: NMSE {worst}");
-                assert_eq!(diff, None, "{preset} dev={dev}: tokens differ");
-                // the last step was one token: whole CPU groups
-                assert_eq!(split.last_step.host.groups, n_layer as u64);
-            }
-            // a prompt step: every FFN group split, the bus carrying the
-            // attention groups whole and the FFN groups' first experts
-            let prompt = lm.tokenize(PROMPTS[1], true, true).expect("tokenize");
-            split.clear();
-            resident.clear();
-            let batch = common::all_positions(&[prompt]);
-            let a = resident.decode(&batch).expect("resident prompt");
-            let b = split.decode(&batch).expect("split prompt");
-            assert!(common::nmse(&b, &a) < 1e-8, "{preset} dev={dev}");
-            let st = split.last_step;
+            // one-token steps: whole CPU groups; the prompt step: every FFN
+            // group split, the bus carrying the attention groups whole and
+            // the FFN groups' first experts
+            let what = format!("{preset} dev={dev}");
+            let st = split_matches_resident(&mut split, &mut resident, &lm, &what, |e| {
+                assert_eq!(e.last_step.host.groups, n_layer as u64);
+            });
             // (a layer none of whose picks went to the host's experts
             // computes nothing there)
             assert!(st.host.groups <= n_layer as u64, "{preset} dev={dev}");
@@ -612,13 +599,30 @@ fn moe_expert_split_takes_the_most_picked_experts() {
     for l in 0..hp.n_layer {
         assert_eq!(split.split_experts(l, dev), odd, "layer {l}");
     }
+    let st = split_matches_resident(&mut split, &mut resident, &lm, "by counts", |_| {});
+    assert!(st.host.groups > 0, "no layer left picks to the host");
+    assert_eq!(st.pager.bytes, split_upload_bytes(&split, dev), "bytes up");
+}
+
+/// `split` against `resident` (`what` names the case): 12 tokens after
+/// each of PROMPTS (logits within rounding, tokens equal; `each` then
+/// checks `split`'s last, one-token step), then one prompt step of
+/// PROMPTS[1] (logits within rounding), whose statistics it returns.
+fn split_matches_resident(
+    split: &mut Engine,
+    resident: &mut Engine,
+    lm: &LlamaModel,
+    what: &str,
+    mut each: impl FnMut(&Engine),
+) -> strata::engine::StepStats {
     for p in PROMPTS {
         let prompt = lm.tokenize(p, true, true).expect("tokenize");
-        let a = run_strata(&mut resident, &prompt, 12).expect("resident run");
-        let b = run_strata(&mut split, &prompt, 12).expect("split run");
+        let a = run_strata(resident, &prompt, 12).expect("resident run");
+        let b = run_strata(split, &prompt, 12).expect("split run");
         let (worst, diff) = compare(&b, &a);
-        assert!(worst < 1e-8, "NMSE {worst}");
-        assert_eq!(diff, None, "tokens differ");
+        assert!(worst < 1e-8, "{what}: NMSE {worst}");
+        assert_eq!(diff, None, "{what}: tokens differ");
+        each(split);
     }
     let prompt = lm.tokenize(PROMPTS[1], true, true).expect("tokenize");
     split.clear();
@@ -626,10 +630,8 @@ fn moe_expert_split_takes_the_most_picked_experts() {
     let batch = common::all_positions(&[prompt]);
     let a = resident.decode(&batch).expect("resident prompt");
     let b = split.decode(&batch).expect("split prompt");
-    assert!(common::nmse(&b, &a) < 1e-8, "prompt");
-    let st = split.last_step;
-    assert!(st.host.groups > 0, "no layer left picks to the host");
-    assert_eq!(st.pager.bytes, split_upload_bytes(&split, dev), "bytes up");
+    assert!(common::nmse(&b, &a) < 1e-8, "{what}: prompt");
+    split.last_step
 }
 
 /// The bytes a step of an engine streaming every group carries when each
