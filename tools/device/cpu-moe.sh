@@ -3,8 +3,9 @@
 # mixture's stacked experts) in plain memory and repacked, with this
 # checkout's CPU module and, where .carry/old-cpu/ holds one, an older
 # module (run 143: a gemm path for the repacked product; runs 154-155: a
-# VNNI kernel taking an expert's rows 4 at a time; neither paid in the
-# engine and both were dropped), in one call, with a hash of each repacked
+# VNNI kernel taking an expert's rows 4 at a time; run 176: AMX's tile
+# kernel, vendor patch 0009 of fada1cd with this tool's AMX layout; none
+# paid in the engine and all were dropped), in one call, with a hash of each repacked
 # output to tell whether two modules agree bit for bit:
 # tools/device/cpu-moe-check.cpp with each module of each of VARIANTS
 # (default sapphirerapids), at each of THREADS (default 16), for uniform
