@@ -77,11 +77,13 @@ impl Popularity {
         Some(Popularity(bins))
     }
 
-    /// The share of the picks of the expert of rank `r` among `n`.
+    /// The share of the picks of the expert of rank `r` among `n`: its
+    /// bin's share over the ranks in the bin (those x with
+    /// x * BINS / n == b, that is ceil(b n / BINS) <= x < ceil((b + 1) n / BINS)).
     fn share(&self, r: u32, n: u32) -> f64 {
         let n = n.max(1) as usize;
         let b = (r as usize * POPULARITY_BINS / n).min(POPULARITY_BINS - 1);
-        let in_bin = (0..n).filter(|&x| x * POPULARITY_BINS / n == b).count();
+        let in_bin = ((b + 1) * n).div_ceil(POPULARITY_BINS) - (b * n).div_ceil(POPULARITY_BINS);
         self.0[b] / in_bin.max(1) as f64
     }
 }
@@ -299,6 +301,17 @@ mod tests {
         assert!(p.0.windows(2).all(|w| w[0] >= w[1]), "{:?}", p.0);
         let flat = Popularity::from_counts(&[5; 128]).expect("counted");
         assert!(flat.0.iter().all(|&x| (x - 1.0 / 16.0).abs() < 1e-12));
+    }
+
+    #[test]
+    fn each_rank_takes_its_share_of_its_bin() {
+        // fewer experts than bins (empty bins) and a count bins do not divide
+        for n in [8u32, 128, 100] {
+            let row: Vec<u64> = (0..u64::from(n)).map(|e| 1000 / (e + 1)).collect();
+            let p = Popularity::from_counts(&row).expect("counted");
+            let total: f64 = (0..n).map(|r| p.share(r, n)).sum();
+            assert!((total - 1.0).abs() < 1e-9, "{n}: {total}");
+        }
     }
 
     #[test]
