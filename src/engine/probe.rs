@@ -79,16 +79,38 @@ pub(super) fn cpu_input(
     let big = match (spec.hp.is_moe() && w.ne[2] > 1, cfg.n_batch) {
         (true, nb) if nb > PROBE_TOKENS => {
             let n = crate::paging::HYBRID_MAX_TOKENS.min(nb);
-            let ne3 = [w.ne[0], w.ne[1], w.ne[2]];
             let used = spec.hp.n_expert_used;
-            let (secs, each) =
-                measure_expert_matmul(&cb, buft, w.ty, ne3, used, probe_bytes, n, bus)?;
+            // each kind of expert matrix the host's groups hold, timed once
+            // and weighted by its bytes over them: in llama.cpp's Q4_K_M
+            // mix half the layers' `ffn_down` is Q6_K, whose product (plain
+            // memory on x86) ran 21-25 GB/s at 64 tokens where Q4_K's
+            // repacked one ran 30-34 (run 182): the largest matrix alone
+            // read the host 1.3-1.4x slow
+            let mut kinds: Vec<((crate::dtype::GgmlType, [i64; 3]), u64)> = Vec::new();
+            for &i in &cand {
+                for x in spec.groups[i].weights.iter().filter(|x| x.ne[2] > 1) {
+                    let key = (x.ty, [x.ne[0], x.ne[1], x.ne[2]]);
+                    match kinds.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, b)) => *b += x.size,
+                        None => kinds.push((key, x.size)),
+                    }
+                }
+            }
+            let (mut secs, mut each) = (0.0, 0u64);
+            for &((ty, ne3), bytes) in &kinds {
+                let kb = host::cpu_weight_buft(cpu, ty, [ne3[0], ne3[1]], cfg.cpu_layout());
+                let (s, b) = measure_expert_matmul(&cb, kb, ty, ne3, used, probe_bytes, n, bus)?;
+                // the candidates' mean group: its share of this kind
+                let share = bytes as f64 / cand.len() as f64;
+                secs += s * share / b.max(1) as f64;
+                each += share.round() as u64;
+            }
             let g = crate::paging::GroupInfo {
                 kind: GroupKind::Ffn,
                 bytes: each,
                 experts: Some(crate::paging::Experts {
                     bytes: each,
-                    n_expert: ne3[2] as u32,
+                    n_expert: w.ne[2] as u32,
                     n_used: used,
                     hot: 0.0,
                     popularity: None,
