@@ -5,8 +5,9 @@
 # module (run 143: a gemm path for the repacked product; runs 154-155: a
 # VNNI kernel taking an expert's rows 4 at a time; run 176: AMX's tile
 # kernel, vendor patch 0009 of fada1cd with this tool's AMX layout; none
-# paid in the engine and all were dropped), in one call, with a hash of each repacked
-# output to tell whether two modules agree bit for bit:
+# paid in the engine and all were dropped; run 182: today's patch 0009,
+# rows up to 4 at a time with prefetch, which did), in one call, with a
+# hash of each repacked output to tell whether two modules agree bit for bit:
 # tools/device/cpu-moe-check.cpp with each module of each of VARIANTS
 # (default sapphirerapids), at each of THREADS (default 16), for uniform
 # and skewed routing (MOE_SKEW 0 and 1), Q4_K; and Q6_K once (x86
