@@ -62,70 +62,8 @@ pub(super) fn cpu_input(
     // bandwidth in a hybrid step (on the H100 machine the CPU read 93 GB/s
     // alone, 67 GB/s beside the copies)
     let bus = Some((device, copy_bw));
-    // a mixture's host groups multiply their experts with `mul_mat_id`:
-    // each kind of expert matrix they hold, timed once and weighted by its
-    // bytes over them. In llama.cpp's Q4_K_M mix half the layers'
-    // `ffn_down` is Q6_K, whose product (plain memory on x86) ran 21-25
-    // GB/s at 64 tokens where Q4_K's repacked one ran 30-34 (run 182), and
-    // a dense product of the largest matrix read the host 1.2-1.4x slow at
-    // one token and at 64 (runs 182-183); so a mixture's three points (1,
-    // 16 and 64 tokens) are its experts' product over that mix
-    let moe = spec.hp.is_moe() && w.ne[2] > 1;
-    let mut kinds: Vec<((crate::dtype::GgmlType, [i64; 3]), u64)> = Vec::new();
-    for &i in cand.iter().filter(|_| moe) {
-        for x in spec.groups[i].weights.iter().filter(|x| x.ne[2] > 1) {
-            let key = (x.ty, [x.ne[0], x.ne[1], x.ne[2]]);
-            match kinds.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, b)) => *b += x.size,
-                None => kinds.push((key, x.size)),
-            }
-        }
-    }
-    let used = spec.hp.n_expert_used;
-    // the expert product at one token, at the probe's and, for batches,
-    // at the largest hybrid step
-    let big_n = match cfg.n_batch {
-        nb if nb > PROBE_TOKENS => Some(crate::paging::HYBRID_MAX_TOKENS.min(nb)),
-        _ => None,
-    };
-    let tokens: Vec<u32> = [1, PROBE_TOKENS].into_iter().chain(big_n).collect();
-    // seconds the candidates' mean group takes over its experts at each
-    // of `tokens`, and that group
-    let mut secs = vec![0.0; tokens.len()];
-    let mut each = 0u64;
-    let per_kind = (probe_bytes / kinds.len().max(1) as u64)
-        .max(512 << 20)
-        .min(probe_bytes);
-    for &((ty, ne3), bytes) in &kinds {
-        let kb = host::cpu_weight_buft(cpu, ty, [ne3[0], ne3[1]], cfg.cpu_layout());
-        let (t, b) = measure_expert_matmul(&cb, kb, ty, ne3, used, per_kind, &tokens, bus)?;
-        let share = bytes as f64 / cand.len() as f64;
-        for (s, t) in secs.iter_mut().zip(t) {
-            *s += t * share / b.max(1) as f64;
-        }
-        each += share.round() as u64;
-    }
-    let mean_group = crate::paging::GroupInfo {
-        kind: GroupKind::Ffn,
-        bytes: each,
-        experts: Some(crate::paging::Experts {
-            bytes: each,
-            n_expert: w.ne[2] as u32,
-            n_used: used,
-            hot: 0.0,
-            popularity: None,
-        }),
-    };
-    let s1 = if moe {
-        secs[0] / mean_group.read_bytes(1).max(1) as f64
-    } else {
-        measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1, bus)?
-    };
-    let sn = if moe {
-        crate::paging::s_per_byte_at(&mean_group, PROBE_TOKENS, secs[1], s1)
-    } else {
-        measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS, bus)?
-    };
+    let s1 = measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1, bus)?;
+    let sn = measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS, bus)?;
     let gpu = measure_matmul(
         backend,
         device.buffer_type(),
@@ -138,12 +76,49 @@ pub(super) fn cpu_input(
     // a mixture's steps of many sequences: its own expert product at
     // that step, which the line through 1 and 16 tokens misses (runs
     // 154-158: 0.65-0.83x of its time at 64 tokens)
-    let big = match (moe, big_n) {
-        (true, Some(n)) => {
-            let g = &mean_group;
+    let big = match (spec.hp.is_moe() && w.ne[2] > 1, cfg.n_batch) {
+        (true, nb) if nb > PROBE_TOKENS => {
+            let n = crate::paging::HYBRID_MAX_TOKENS.min(nb);
+            let used = spec.hp.n_expert_used;
+            // each kind of expert matrix the host's groups hold, timed once
+            // and weighted by its bytes over them: in llama.cpp's Q4_K_M
+            // mix half the layers' `ffn_down` is Q6_K, whose product (plain
+            // memory on x86) ran 21-25 GB/s at 64 tokens where Q4_K's
+            // repacked one ran 30-34 (run 182): the largest matrix alone
+            // read the host 1.3-1.4x slow
+            let mut kinds: Vec<((crate::dtype::GgmlType, [i64; 3]), u64)> = Vec::new();
+            for &i in &cand {
+                for x in spec.groups[i].weights.iter().filter(|x| x.ne[2] > 1) {
+                    let key = (x.ty, [x.ne[0], x.ne[1], x.ne[2]]);
+                    match kinds.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, b)) => *b += x.size,
+                        None => kinds.push((key, x.size)),
+                    }
+                }
+            }
+            let (mut secs, mut each) = (0.0, 0u64);
+            for &((ty, ne3), bytes) in &kinds {
+                let kb = host::cpu_weight_buft(cpu, ty, [ne3[0], ne3[1]], cfg.cpu_layout());
+                let (s, b) = measure_expert_matmul(&cb, kb, ty, ne3, used, probe_bytes, n, bus)?;
+                // the candidates' mean group: its share of this kind
+                let share = bytes as f64 / cand.len() as f64;
+                secs += s * share / b.max(1) as f64;
+                each += share.round() as u64;
+            }
+            let g = crate::paging::GroupInfo {
+                kind: GroupKind::Ffn,
+                bytes: each,
+                experts: Some(crate::paging::Experts {
+                    bytes: each,
+                    n_expert: w.ne[2] as u32,
+                    n_used: used,
+                    hot: 0.0,
+                    popularity: None,
+                }),
+            };
             // the log's figure: the bytes of the experts the step picked
-            let gb_s = g.read_bytes(n) as f64 / secs[2] / 1e9;
-            Some((n, crate::paging::s_per_byte_at(g, n, secs[2], s1), gb_s))
+            let gb_s = g.read_bytes(n) as f64 / secs / 1e9;
+            Some((n, crate::paging::s_per_byte_at(&g, n, secs, s1), gb_s))
         }
         _ => None,
     };
@@ -513,13 +488,12 @@ pub fn measure_matmul(
     })
 }
 
-/// Seconds a step of each of `tokens` tokens takes over one stacked
-/// expert tensor of type `ty` and shape `ne` ([k, m, n_expert]) placed in
-/// `buft`, each token routed to `n_used` distinct experts drawn uniformly
-/// (a random router's picks), and the tensor's bytes: `mul_mat_id` over
-/// about `bytes` of such tensors (written once for every step size), the
-/// best of three timed runs after a warm-up; with `bus`, while that
-/// device's bus uploads.
+/// Seconds a step of `n_tokens` tokens takes over one stacked expert
+/// tensor of type `ty` and shape `ne` ([k, m, n_expert]) placed in `buft`,
+/// each token routed to `n_used` distinct experts drawn uniformly (a
+/// random router's picks), and the tensor's bytes: `mul_mat_id` over
+/// about `bytes` of such tensors, the best of three timed runs after a
+/// warm-up; with `bus`, while that device's bus uploads.
 #[allow(clippy::too_many_arguments)]
 pub fn measure_expert_matmul(
     backend: &Backend,
@@ -528,38 +502,34 @@ pub fn measure_expert_matmul(
     ne: [i64; 3],
     n_used: u32,
     bytes: u64,
-    tokens: &[u32],
+    n_tokens: u32,
     bus: Option<(Device, f64)>,
-) -> Result<(Vec<f64>, u64), EngineError> {
+) -> Result<(f64, u64), EngineError> {
     let n_expert = ne[2].max(1);
     let used = i64::from(n_used).clamp(1, n_expert);
-    let wctx = Context::new(128, 0)?;
-    let (_wbuf, ws) = zeroed_weights(&wctx, buft, ty, &ne, bytes, 64)?;
-    let mut secs = Vec::with_capacity(tokens.len());
-    for &t in tokens {
-        let n = i64::from(t.max(1));
-        let ctx = Context::new(256, 256)?;
-        let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], used, n]);
-        let ids = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used, n]);
-        let mut g = ctx.new_graph(256);
-        for &w in &ws {
-            g.expand(ctx.mul_mat_id(w, x, ids));
-        }
-        let ibuft = backend.device().buffer_type();
-        let a = ibuft.alignment();
-        let inputs = Buffer::alloc(ibuft, x.nbytes() + ids.nbytes() + 2 * a, BufferUsage::Any)?;
-        inputs.place(x, 0)?;
-        inputs.place(ids, x.nbytes().div_ceil(a) * a)?;
-        x.set_f32(&vec![0.5f32; x.nbytes() / 4])?;
-        ids.set_i32(&uniform_picks(n_expert as u32, used as u32, n as u32))?;
-        let mut alloc = GraphAllocator::new(ibuft)?;
-        alloc.alloc(&g)?;
-        let mut run = || backend.compute(&g).map_err(EngineError::from);
-        // warm-up
-        run()?;
-        secs.push(best_of_three(&mut run, bus)? / ws.len() as f64);
+    let n = i64::from(n_tokens.max(1));
+    let ctx = Context::new(256, 256)?;
+    let (_wbuf, ws) = zeroed_weights(&ctx, buft, ty, &ne, bytes, 64)?;
+    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], used, n]);
+    let ids = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used, n]);
+    let mut g = ctx.new_graph(256);
+    for &w in &ws {
+        g.expand(ctx.mul_mat_id(w, x, ids));
     }
-    Ok((secs, ws[0].nbytes() as u64))
+    let ibuft = backend.device().buffer_type();
+    let a = ibuft.alignment();
+    let inputs = Buffer::alloc(ibuft, x.nbytes() + ids.nbytes() + 2 * a, BufferUsage::Any)?;
+    inputs.place(x, 0)?;
+    inputs.place(ids, x.nbytes().div_ceil(a) * a)?;
+    x.set_f32(&vec![0.5f32; x.nbytes() / 4])?;
+    ids.set_i32(&uniform_picks(n_expert as u32, used as u32, n as u32))?;
+    let mut alloc = GraphAllocator::new(ibuft)?;
+    alloc.alloc(&g)?;
+    let mut run = || backend.compute(&g).map_err(EngineError::from);
+    // warm-up
+    run()?;
+    let best = best_of_three(&mut run, bus)?;
+    Ok((best / ws.len() as f64, ws[0].nbytes() as u64))
 }
 
 /// `n_used` distinct experts of `n_expert` for each of `n_tokens` tokens,
