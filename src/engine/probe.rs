@@ -96,10 +96,16 @@ pub(super) fn cpu_input(
                     }
                 }
             }
+            // the probe's bytes shared among the kinds, each still more than
+            // a server's last-level cache (run 187: 680 MiB a kind read the
+            // host as 2 GiB did, 36.2 against 35.3-37.8 GB/s)
+            let per_kind = (probe_bytes / kinds.len().max(1) as u64)
+                .max(512 << 20)
+                .min(probe_bytes);
             let (mut secs, mut each) = (0.0, 0u64);
             for &((ty, ne3), bytes) in &kinds {
                 let kb = host::cpu_weight_buft(cpu, ty, [ne3[0], ne3[1]], cfg.cpu_layout());
-                let (s, b) = measure_expert_matmul(&cb, kb, ty, ne3, used, probe_bytes, n, bus)?;
+                let (s, b) = measure_expert_matmul(&cb, kb, ty, ne3, used, per_kind, n, bus)?;
                 // the candidates' mean group: its share of this kind
                 let share = bytes as f64 / cand.len() as f64;
                 secs += s * share / b.max(1) as f64;
