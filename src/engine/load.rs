@@ -477,17 +477,22 @@ impl Engine {
         // uploads
         let saved_counts = saved_counts(&spec, cfg)?;
         let cpu = match &like {
-            Some(p) => p.cpu.clone(),
+            Some(p) => p.cpu.clone().map(|c| (c, p.cpu_scales.clone())),
             None => probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
-                .map(|c| match spec.shard {
+                .map(|(c, scales)| match spec.shard {
                     // the row split: every device's host share runs on the
                     // same cores, so each plan sees its share of the CPU
-                    Some(s) => c.scaled(f64::from(s.count)),
-                    None => c,
+                    Some(s) => (c.scaled(f64::from(s.count)), scales),
+                    None => (c, scales),
                 }),
         };
-        if let Some(c) = cpu {
+        let mut cpu_scales = Vec::new();
+        if let Some((c, scales)) = cpu {
             input.cpu = Some(c.clone());
+            // each group's kinds of expert matrix: the plan prefers the
+            // cheaper groups for the CPU
+            crate::paging::set_cpu_scales(&mut input.groups, &scales);
+            cpu_scales = scales;
             if cfg.paging.split.mode != crate::paging::ExpertSplit::Off {
                 // an expert split gives the device each layer's most picked
                 // experts: the plan costs it by how the picks spread
@@ -767,6 +772,7 @@ impl Engine {
             copy_bw: input.copy_bw,
             compute: measured_compute,
             cpu: input.cpu.clone(),
+            cpu_scales,
         };
         // `auto` routes on a GPU only (engine/routed.rs)
         let routes = match cfg.paging.routed {
@@ -965,6 +971,7 @@ fn group_info(g: &crate::model::GroupSpec, bytes: u64, hp: &crate::model::Hparam
             n_used: hp.n_expert_used,
             hot: 0.0,
             popularity: None,
+            cpu_scale: [1.0; 2],
         }),
     }
 }

@@ -17,6 +17,10 @@ use crate::paging::{ComputeRate, PathTiming, Plan};
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// Each group's CPU cost against the probe's mean group
+/// ([`crate::paging::Experts::cpu_scale`], by group index).
+pub(super) type CpuScales = Vec<[f64; 2]>;
+
 /// What the planner needs to know about the host CPU, measured, when the
 /// plan streams FFN groups the CPU could compute instead (see
 /// `paging::hybrid`); None when hybrid decode is off or cannot apply.
@@ -27,7 +31,7 @@ pub(super) fn cpu_input(
     device: Device,
     backend: &Backend,
     cfg: &EngineConfig,
-) -> Result<Option<crate::paging::CpuInput>, EngineError> {
+) -> Result<Option<(crate::paging::CpuInput, CpuScales)>, EngineError> {
     let force = match cfg.paging.hybrid {
         Hybrid::Off => return Ok(None),
         Hybrid::Auto if device.is_cpu() => return Ok(None),
@@ -62,8 +66,17 @@ pub(super) fn cpu_input(
     // bandwidth in a hybrid step (on the H100 machine the CPU read 93 GB/s
     // alone, 67 GB/s beside the copies)
     let bus = Some((device, copy_bw));
-    let s1 = measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1, bus)?;
-    let sn = measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS, bus)?;
+    let moe = spec.hp.is_moe() && w.ne[2] > 1;
+    let points = if moe {
+        expert_points(spec, &cand, &cb, cfg, probe_bytes, PROBE_TOKENS, bus)?
+    } else {
+        CpuPoints {
+            s1: measure_matmul(&cb, buft, w.ty, ne, probe_bytes, 1, bus)?,
+            sn: measure_matmul(&cb, buft, w.ty, ne, probe_bytes, PROBE_TOKENS, bus)?,
+            big: None,
+            scales: vec![[1.0; 2]; spec.groups.len()],
+        }
+    };
     let gpu = measure_matmul(
         backend,
         device.buffer_type(),
@@ -73,64 +86,19 @@ pub(super) fn cpu_input(
         1,
         None,
     )?;
-    // a mixture's steps of many sequences: its own expert product at
-    // that step, which the line through 1 and 16 tokens misses (runs
-    // 154-158: 0.65-0.83x of its time at 64 tokens)
-    let big = match (spec.hp.is_moe() && w.ne[2] > 1, cfg.n_batch) {
-        (true, nb) if nb > PROBE_TOKENS => {
-            let n = crate::paging::HYBRID_MAX_TOKENS.min(nb);
-            let used = spec.hp.n_expert_used;
-            // each kind of expert matrix the host's groups hold, timed once
-            // and weighted by its bytes over them: in llama.cpp's Q4_K_M
-            // mix half the layers' `ffn_down` is Q6_K, whose product (plain
-            // memory on x86) ran 21-25 GB/s at 64 tokens where Q4_K's
-            // repacked one ran 30-34 (run 182): the largest matrix alone
-            // read the host 1.3-1.4x slow
-            let mut kinds: Vec<((crate::dtype::GgmlType, [i64; 3]), u64)> = Vec::new();
-            for &i in &cand {
-                for x in spec.groups[i].weights.iter().filter(|x| x.ne[2] > 1) {
-                    let key = (x.ty, [x.ne[0], x.ne[1], x.ne[2]]);
-                    match kinds.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, b)) => *b += x.size,
-                        None => kinds.push((key, x.size)),
-                    }
-                }
-            }
-            // the probe's bytes shared among the kinds, each still more than
-            // a server's last-level cache (run 187: 680 MiB a kind read the
-            // host as 2 GiB did, 36.2 against 35.3-37.8 GB/s)
-            let per_kind = (probe_bytes / kinds.len().max(1) as u64)
-                .max(512 << 20)
-                .min(probe_bytes);
-            let (mut secs, mut each) = (0.0, 0u64);
-            for &((ty, ne3), bytes) in &kinds {
-                let kb = host::cpu_weight_buft(cpu, ty, [ne3[0], ne3[1]], cfg.cpu_layout());
-                let (s, b) = measure_expert_matmul(&cb, kb, ty, ne3, used, per_kind, n, bus)?;
-                // the candidates' mean group: its share of this kind
-                let share = bytes as f64 / cand.len() as f64;
-                secs += s * share / b.max(1) as f64;
-                each += share.round() as u64;
-            }
-            let g = crate::paging::GroupInfo {
-                kind: GroupKind::Ffn,
-                bytes: each,
-                experts: Some(crate::paging::Experts {
-                    bytes: each,
-                    n_expert: w.ne[2] as u32,
-                    n_used: used,
-                    hot: 0.0,
-                    popularity: None,
-                }),
-            };
-            // the log's figure: the bytes of the experts the step picked
-            let gb_s = g.read_bytes(n) as f64 / secs / 1e9;
-            Some((n, crate::paging::s_per_byte_at(&g, n, secs, s1), gb_s))
-        }
-        _ => None,
-    };
     let bus_beside = measure_bus_beside_cpu(&cb, buft, w.ty, ne, probe_bytes, device, copy_bw)?;
     let hop = measure_hop(device, backend, spec.hp.n_embd as i64)?;
-    let per_group = measure_group_overhead(device, backend, spec.hp.n_embd as i64)?;
+    let per_group = measure_group_overhead(device, backend, spec.hp.n_embd as i64, 12)?;
+    // a host group's nodes: a mixture's routing, products and weighted sum
+    // about 22, a dense FFN's about 8
+    let host_nodes = if moe { 22 } else { 8 };
+    let cpu_group = measure_group_overhead(cpu, &cb, spec.hp.n_embd as i64, host_nodes)?;
+    let CpuPoints {
+        s1,
+        sn,
+        big,
+        scales,
+    } = points;
     let c = crate::paging::CpuInput {
         s_per_byte_1: s1,
         s_per_byte_n: sn,
@@ -141,6 +109,7 @@ pub(super) fn cpu_input(
         hop_s: hop,
         gpu_s_per_byte: gpu,
         gpu_group_s: per_group,
+        cpu_group_s: cpu_group,
         bus_bw_beside: bus_beside,
         force,
         split: cfg.paging.split,
@@ -148,19 +117,157 @@ pub(super) fn cpu_input(
         carry: cfg.paging.carry && !device.is_cpu(),
     };
     tracing::info!(
-        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}{}; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
+        "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}{}{}, {:.0} us per group; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",
         1e-9 / s1,
         1e-9 / sn,
         big.map_or(String::new(), |(n, _, gb_s)| format!(
-            ", its experts' product {gb_s:.1} GB/s of picked experts at {n}"
+            ", {gb_s:.1} GB/s of picked experts at {n}"
         )),
+        if moe { " (its experts' product)" } else { "" },
+        cpu_group * 1e6,
         1e-9 / gpu,
         per_group * 1e6,
         hop * 1e6,
         copy_bw / 1e9,
         bus_beside.unwrap_or(copy_bw) / 1e9,
     );
-    Ok(Some(c))
+    Ok(Some((c, scales)))
+}
+
+/// The CPU's three points and each group's cost against their mean
+/// ([`crate::paging::Experts::cpu_scale`], by group index).
+struct CpuPoints {
+    s1: f64,
+    sn: f64,
+    /// Tokens, seconds per byte and the log's GB/s of picked experts.
+    big: Option<(u32, f64, f64)>,
+    scales: Vec<[f64; 2]>,
+}
+
+/// A mixture's points, from its experts' product (`mul_mat_id`, which a
+/// host group spends its time in): each kind of expert matrix the
+/// candidate groups `cand` hold, timed once at one token, at
+/// `probe_tokens` and, for batches, at the largest hybrid step, and
+/// weighted by its bytes over them. In llama.cpp's Q4_K_M mix half the
+/// layers' `ffn_down` is Q6_K, whose product (plain memory on x86) ran
+/// 21-25 GB/s at 64 tokens where Q4_K's repacked one ran 30-34 (run 182):
+/// a dense product of the largest matrix read the host 1.2-1.4x slow at
+/// one token and at 64, and each group's own mix sets its cost.
+fn expert_points(
+    spec: &ModelSpec,
+    cand: &[usize],
+    cb: &Backend,
+    cfg: &EngineConfig,
+    probe_bytes: u64,
+    probe_tokens: u32,
+    bus: Option<(Device, f64)>,
+) -> Result<CpuPoints, EngineError> {
+    type Kind = (crate::dtype::GgmlType, [i64; 3]);
+    let key = |x: &crate::model::WeightSpec| (x.ty, [x.ne[0], x.ne[1], x.ne[2]]);
+    let mut kinds: Vec<(Kind, u64)> = Vec::new();
+    for &i in cand {
+        for x in spec.groups[i].weights.iter().filter(|x| x.ne[2] > 1) {
+            match kinds.iter_mut().find(|(k, _)| *k == key(x)) {
+                Some((_, b)) => *b += x.size,
+                None => kinds.push((key(x), x.size)),
+            }
+        }
+    }
+    let big_n =
+        (cfg.n_batch > probe_tokens).then(|| crate::paging::HYBRID_MAX_TOKENS.min(cfg.n_batch));
+    let tokens: Vec<u32> = [1, probe_tokens].into_iter().chain(big_n).collect();
+    // the probe's bytes shared among the kinds, each still more than a
+    // server's last-level cache (run 187: 680 MiB a kind read the host as
+    // 2 GiB did, 36.2 against 35.3-37.8 GB/s)
+    let per_kind = (probe_bytes / kinds.len().max(1) as u64)
+        .max(512 << 20)
+        .min(probe_bytes);
+    let cpu = cb.device();
+    // per kind: seconds per byte of its stacked tensors at each of `tokens`
+    let mut rate: Vec<(Kind, Vec<f64>)> = Vec::with_capacity(kinds.len());
+    for &((ty, ne3), _) in &kinds {
+        let kb = host::cpu_weight_buft(cpu, ty, [ne3[0], ne3[1]], cfg.cpu_layout());
+        let (t, b) = measure_expert_matmul(
+            cb,
+            kb,
+            ty,
+            ne3,
+            spec.hp.n_expert_used,
+            per_kind,
+            &tokens,
+            bus,
+        )?;
+        rate.push(((ty, ne3), t.iter().map(|s| s / b.max(1) as f64).collect()));
+    }
+    let rate_of = |k: Kind| rate.iter().find(|r| r.0 == k).map(|r| &r.1);
+    // the candidates' mean group: each kind's share
+    let each: u64 = kinds.iter().map(|&(_, b)| b).sum::<u64>() / cand.len().max(1) as u64;
+    let mean_secs: Vec<f64> = (0..tokens.len())
+        .map(|j| {
+            kinds
+                .iter()
+                .map(|&(k, b)| {
+                    b as f64 / cand.len().max(1) as f64 * rate_of(k).map_or(0.0, |r| r[j])
+                })
+                .sum()
+        })
+        .collect();
+    let w = &spec.groups[cand[0]].weights;
+    let n_expert = w.iter().map(|x| x.ne[2]).max().unwrap_or(1) as u32;
+    let mean = crate::paging::GroupInfo {
+        kind: GroupKind::Ffn,
+        bytes: each,
+        experts: Some(crate::paging::Experts {
+            bytes: each,
+            n_expert,
+            n_used: spec.hp.n_expert_used,
+            hot: 0.0,
+            popularity: None,
+            cpu_scale: [1.0; 2],
+        }),
+    };
+    let s1 = mean_secs[0] / mean.read_bytes(1).max(1) as f64;
+    let sn = crate::paging::s_per_byte_at(&mean, probe_tokens, mean_secs[1], s1);
+    let big = big_n.map(|n| {
+        let secs = mean_secs[2];
+        // the log's figure: the bytes of the experts the step picked
+        let gb_s = mean.read_bytes(n) as f64 / secs / 1e9;
+        (n, crate::paging::s_per_byte_at(&mean, n, secs, s1), gb_s)
+    });
+    // each candidate's seconds against the mean group's for its bytes, at
+    // one token and at the largest step measured
+    let last = tokens.len() - 1;
+    let scales = (0..spec.groups.len())
+        .map(|i| {
+            let ws: Vec<_> = spec.groups[i]
+                .weights
+                .iter()
+                .filter(|x| x.ne[2] > 1)
+                .collect();
+            let bytes: u64 = ws.iter().map(|x| x.size).sum();
+            let mut out = [1.0; 2];
+            if !cand.contains(&i) || bytes == 0 {
+                return out;
+            }
+            for (o, j) in out.iter_mut().zip([0, last]) {
+                let secs: Option<f64> = ws
+                    .iter()
+                    .map(|x| rate_of(key(x)).map(|r| x.size as f64 * r[j]))
+                    .sum();
+                let mean_for = mean_secs[j] * bytes as f64 / each.max(1) as f64;
+                if let Some(s) = secs.filter(|_| mean_for > 0.0) {
+                    *o = s / mean_for;
+                }
+            }
+            out
+        })
+        .collect();
+    Ok(CpuPoints {
+        s1,
+        sn,
+        big,
+        scales,
+    })
 }
 
 /// The device's compute speed per weight byte at one token and at a step
@@ -494,12 +601,13 @@ pub fn measure_matmul(
     })
 }
 
-/// Seconds a step of `n_tokens` tokens takes over one stacked expert
-/// tensor of type `ty` and shape `ne` ([k, m, n_expert]) placed in `buft`,
-/// each token routed to `n_used` distinct experts drawn uniformly (a
-/// random router's picks), and the tensor's bytes: `mul_mat_id` over
-/// about `bytes` of such tensors, the best of three timed runs after a
-/// warm-up; with `bus`, while that device's bus uploads.
+/// Seconds a step of each of `tokens` tokens takes over one stacked
+/// expert tensor of type `ty` and shape `ne` ([k, m, n_expert]) placed in
+/// `buft`, each token routed to `n_used` distinct experts drawn uniformly
+/// (a random router's picks), and the tensor's bytes: `mul_mat_id` over
+/// about `bytes` of such tensors (written once for every step size), the
+/// best of three timed runs after a warm-up; with `bus`, while that
+/// device's bus uploads.
 #[allow(clippy::too_many_arguments)]
 pub fn measure_expert_matmul(
     backend: &Backend,
@@ -508,34 +616,38 @@ pub fn measure_expert_matmul(
     ne: [i64; 3],
     n_used: u32,
     bytes: u64,
-    n_tokens: u32,
+    tokens: &[u32],
     bus: Option<(Device, f64)>,
-) -> Result<(f64, u64), EngineError> {
+) -> Result<(Vec<f64>, u64), EngineError> {
     let n_expert = ne[2].max(1);
     let used = i64::from(n_used).clamp(1, n_expert);
-    let n = i64::from(n_tokens.max(1));
-    let ctx = Context::new(256, 256)?;
-    let (_wbuf, ws) = zeroed_weights(&ctx, buft, ty, &ne, bytes, 64)?;
-    let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], used, n]);
-    let ids = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used, n]);
-    let mut g = ctx.new_graph(256);
-    for &w in &ws {
-        g.expand(ctx.mul_mat_id(w, x, ids));
+    let wctx = Context::new(128, 0)?;
+    let (_wbuf, ws) = zeroed_weights(&wctx, buft, ty, &ne, bytes, 64)?;
+    let mut secs = Vec::with_capacity(tokens.len());
+    for &t in tokens {
+        let n = i64::from(t.max(1));
+        let ctx = Context::new(256, 256)?;
+        let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[ne[0], used, n]);
+        let ids = ctx.new_tensor(crate::dtype::GgmlType::I32, &[used, n]);
+        let mut g = ctx.new_graph(256);
+        for &w in &ws {
+            g.expand(ctx.mul_mat_id(w, x, ids));
+        }
+        let ibuft = backend.device().buffer_type();
+        let a = ibuft.alignment();
+        let inputs = Buffer::alloc(ibuft, x.nbytes() + ids.nbytes() + 2 * a, BufferUsage::Any)?;
+        inputs.place(x, 0)?;
+        inputs.place(ids, x.nbytes().div_ceil(a) * a)?;
+        x.set_f32(&vec![0.5f32; x.nbytes() / 4])?;
+        ids.set_i32(&uniform_picks(n_expert as u32, used as u32, n as u32))?;
+        let mut alloc = GraphAllocator::new(ibuft)?;
+        alloc.alloc(&g)?;
+        let mut run = || backend.compute(&g).map_err(EngineError::from);
+        // warm-up
+        run()?;
+        secs.push(best_of_three(&mut run, bus)? / ws.len() as f64);
     }
-    let ibuft = backend.device().buffer_type();
-    let a = ibuft.alignment();
-    let inputs = Buffer::alloc(ibuft, x.nbytes() + ids.nbytes() + 2 * a, BufferUsage::Any)?;
-    inputs.place(x, 0)?;
-    inputs.place(ids, x.nbytes().div_ceil(a) * a)?;
-    x.set_f32(&vec![0.5f32; x.nbytes() / 4])?;
-    ids.set_i32(&uniform_picks(n_expert as u32, used as u32, n as u32))?;
-    let mut alloc = GraphAllocator::new(ibuft)?;
-    alloc.alloc(&g)?;
-    let mut run = || backend.compute(&g).map_err(EngineError::from);
-    // warm-up
-    run()?;
-    let best = best_of_three(&mut run, bus)?;
-    Ok((best / ws.len() as f64, ws[0].nbytes() as u64))
+    Ok((secs, ws[0].nbytes() as u64))
 }
 
 /// `n_used` distinct experts of `n_expert` for each of `n_tokens` tokens,
@@ -681,21 +793,23 @@ pub fn measure_hop(device: Device, backend: &Backend, n_embd: i64) -> Result<f64
 }
 
 /// Seconds a small group graph costs on `backend` beyond its weight reads:
-/// a chain of 12 tiny kernels (a group launches about that many at decode)
-/// launched and drained, the best of 20.
+/// a chain of `nodes` tiny ones (a device group launches about 12
+/// kernels at decode; on the CPU each node ends at a barrier of its
+/// threads) computed and drained, the best of 20.
 pub fn measure_group_overhead(
     device: Device,
     backend: &Backend,
     n_embd: i64,
+    nodes: usize,
 ) -> Result<f64, EngineError> {
-    let ctx = Context::new(32, 32)?;
+    let ctx = Context::new(nodes + 8, nodes + 8)?;
     let x = ctx.new_tensor(crate::dtype::GgmlType::F32, &[n_embd]);
     let buf = Buffer::alloc(device.buffer_type(), x.nbytes(), BufferUsage::Any)?;
     buf.place(x, 0)?;
     x.set_f32(&vec![1.0f32; n_embd as usize])?;
-    let mut g = ctx.new_graph(32);
+    let mut g = ctx.new_graph(nodes + 8);
     let mut cur = x;
-    for _ in 0..12 {
+    for _ in 0..nodes {
         cur = ctx.rms_norm(cur, 1e-5);
     }
     g.expand(cur);

@@ -61,6 +61,9 @@ pub(super) struct Probes {
     pub(super) copy_bw: f64,
     pub(super) compute: Option<crate::paging::ComputeRate>,
     pub(super) cpu: Option<crate::paging::CpuInput>,
+    /// Each group's CPU cost against the probe's mean
+    /// (`paging::Experts::cpu_scale`; empty: none measured).
+    pub(super) cpu_scales: Vec<[f64; 2]>,
 }
 
 pub struct Engine {

@@ -261,6 +261,7 @@ mod tests {
                             n_used,
                             hot: 0.0,
                             popularity: None,
+                            cpu_scale: [1.0; 2],
                         }),
                     },
                 ]

@@ -46,6 +46,13 @@ pub struct Experts {
     /// How the picks spread over the experts, from router counts; None:
     /// uniformly.
     pub popularity: Option<Popularity>,
+    /// The CPU's time on these experts against the probe's mean group of
+    /// the same bytes, at one token and at the largest step it measured
+    /// (`CpuInput::measured_tokens`); [1, 1]: as the mean. The kinds of
+    /// matrix differ: in llama.cpp's Q4_K_M mix half the layers' `ffn_down`
+    /// is Q6_K, which x86 does not repack, and such a layer ran 1.2x the
+    /// time per byte of a Q4_K one at 64 tokens (run 182).
+    pub cpu_scale: [f64; 2],
 }
 
 /// Bins of [`Popularity`].
@@ -85,6 +92,15 @@ impl Popularity {
         let b = (r as usize * POPULARITY_BINS / n).min(POPULARITY_BINS - 1);
         let in_bin = ((b + 1) * n).div_ceil(POPULARITY_BINS) - (b * n).div_ceil(POPULARITY_BINS);
         self.0[b] / in_bin.max(1) as f64
+    }
+}
+
+/// Sets each mixture group's [`Experts::cpu_scale`] (by group index).
+pub fn set_cpu_scales(groups: &mut [GroupInfo], scales: &[[f64; 2]]) {
+    for (g, &x) in groups.iter_mut().zip(scales) {
+        if let Some(e) = g.experts.as_mut() {
+            e.cpu_scale = x;
+        }
     }
 }
 
@@ -136,6 +152,11 @@ impl GroupInfo {
                 self.shared_bytes() + (x.bytes as f64 * share).round() as u64
             }
         }
+    }
+
+    /// [`Experts::cpu_scale`]; [1, 1] for a dense group.
+    pub fn cpu_scale(&self) -> [f64; 2] {
+        self.experts.map_or([1.0; 2], |x| x.cpu_scale)
     }
 
     /// The share of the picks hot experts on the device take (0: none).
@@ -250,6 +271,7 @@ mod tests {
                 n_used,
                 hot: 0.0,
                 popularity: None,
+                cpu_scale: [1.0; 2],
             }),
         }
     }

@@ -55,6 +55,11 @@ pub struct CpuInput {
     /// launches: about 0.1 ms on the H100 machine, where 36 resident groups
     /// took 6.9 ms for 3.3 ms of weight reads).
     pub gpu_group_s: f64,
+    /// Measured CPU seconds per group beyond its weight reads: a host
+    /// group's graph is about twenty nodes, each ending at a barrier of
+    /// the host's threads (about 0.2 ms a group at decode on the H200
+    /// machine, which a probe of the expert product alone missed: run 186).
+    pub cpu_group_s: f64,
     /// Measured host-to-device bytes/s while the CPU computes (the two
     /// share the host's memory bandwidth); None: the bus's own rate.
     pub bus_bw_beside: Option<f64>,
@@ -105,6 +110,16 @@ impl CpuInput {
         }
     }
 
+    /// The CPU's time on `g` at a step of `n` tokens against the probe's
+    /// mean group ([`GroupInfo::cpu_scale`], linear in between and flat
+    /// beyond its two steps).
+    pub fn scale(&self, g: &GroupInfo, n: u32) -> f64 {
+        let [s1, sb] = g.cpu_scale();
+        let b = self.measured_tokens().max(2);
+        let f = (f64::from(n.clamp(1, b)) - 1.0) / f64::from(b - 1);
+        s1 + (sb - s1) * f
+    }
+
     /// CPU seconds a step of `n` tokens computes group `g` (a mixture's
     /// experts only where its tokens were routed), hops excluded.
     pub fn group_s(&self, g: &GroupInfo, n: u32) -> f64 {
@@ -115,7 +130,13 @@ impl CpuInput {
         } else {
             0.0
         };
-        g.compute_s(n, |t| self.s_per_byte(t)) * (1.0 - hot)
+        g.compute_s(n, |t| self.s_per_byte(t)) * (1.0 - hot) * self.scale(g, n) + self.cpu_group_s
+    }
+
+    /// CPU seconds a step of `n` tokens computes the experts an expert
+    /// split leaves the host of group `g` (all but the device's `k`).
+    pub fn split_s(&self, g: &GroupInfo, n: u32, k: u32) -> f64 {
+        g.split_cpu_s(n, k, |t| self.s_per_byte(t)) * self.scale(g, n) + self.cpu_group_s
     }
 
     /// GPU seconds a step of `n` tokens (a few: decode) computes `g`.
@@ -138,6 +159,8 @@ pub fn s_per_byte_at(g: &GroupInfo, n: u32, secs: f64, s1: f64) -> f64 {
 pub struct HybridPlan {
     /// Groups the host keeps a CPU copy of (the most the CPU computes).
     pub host: Vec<bool>,
+    /// Each group's cost tier for the CPU (see [`tiers`]; 0: the cheapest).
+    pub tier: Vec<u8>,
     pub host_bytes: u64,
     /// For a step of n tokens (index n - 1, n <= MAX_TOKENS): how many of
     /// the host groups the CPU computes, and the predicted step.
@@ -151,6 +174,9 @@ pub struct HybridPlan {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SizePlan {
     pub cpu_groups: usize,
+    /// The costliest tier the step's CPU groups come from: they are
+    /// spread over the host groups of this tier and cheaper.
+    pub tier: u8,
     pub cpu_bytes: u64,
     pub predicted: Prediction,
     /// Whether a step of this size ends by uploading the next one's first
@@ -431,7 +457,7 @@ impl Step<'_> {
                         // the router's picks come to the host, then both
                         // sides compute at once
                         let f = g.device_pick_share(k);
-                        let cpu = g.split_cpu_s(n, k, |t| c.s_per_byte(t));
+                        let cpu = c.split_s(g, n, k);
                         let d = c.hop_s + (c.gpu_group_s(g, n) * f).max(cpu);
                         p.cpu_s += d;
                         t += d;
@@ -533,7 +559,14 @@ pub fn placement(streamed: &[bool], cpu: &[bool]) -> Vec<Where> {
 }
 
 /// Chooses the host groups and the split per step size. `streamed` marks
-/// the groups that do not stay on the device.
+/// the groups that do not stay on the device. Where the groups cost the
+/// CPU differently per byte ([`GroupInfo::cpu_scale`]), a step takes its
+/// CPU groups from the cheapest tier that gives the fastest step. On the
+/// Qwen3-30B-A3B shape in Q4_K_M, half the layers' `ffn_down` is Q6_K
+/// (1.2x the time per byte of a Q4_K layer at 64 tokens, run 182); the
+/// plan spread its 10 host groups of a 64-token step over all 31, which
+/// ones depending on the load, and loads ran them at 28-35 GB/s (runs
+/// 183-187).
 pub fn plan_hybrid(
     groups: &[GroupInfo],
     streamed: &[bool],
@@ -552,30 +585,70 @@ pub fn plan_hybrid(
         .host_room
         .checked_div(largest)
         .map_or(0, |f| (f as usize).min(cand.len()));
-    let best_for = |n: u32, pool: &[usize], most: usize| {
-        best_split(groups, streamed, slots, copy_bw, c, n, pool, most)
-    };
-    let (k1, host_bytes, _) = best_for(1, &cand, fit);
-    if k1 == 0 {
+    let cand_tier = tiers(groups, &cand);
+    let best = best_split(
+        groups, streamed, slots, copy_bw, c, 1, &cand, &cand_tier, fit,
+    );
+    if best.k == 0 {
         return None;
     }
-    let hosts: Vec<usize> = spread(cand.len(), k1).iter().map(|&j| cand[j]).collect();
+    let pool = in_tier(&cand, &cand_tier, best.tier);
+    let hosts: Vec<usize> = spread(pool.len(), best.k)
+        .iter()
+        .map(|&j| pool[j])
+        .collect();
     let mut host = vec![false; groups.len()];
     for &i in &hosts {
         host[i] = true;
     }
+    // the steps' tiers: among the host groups, as `sizes` takes them
+    let tier = tiers(groups, &hosts);
     let per_size = sizes(groups, streamed, slots, copy_bw, c, &host);
     Some(HybridPlan {
-        host_bytes,
+        host_bytes: best.bytes,
         host,
+        tier,
         per_size,
         // planned beside this one (`paging::split::plan_split`)
         split: None,
     })
 }
 
+/// Each group's tier of CPU cost among `idx` (group indices): groups of
+/// the same kinds of matrix cost the same per byte
+/// ([`GroupInfo::cpu_scale`] at the largest step, where the kinds differ
+/// most), tier 0 the cheapest; at most 4 tiers, the costlier kinds merged.
+pub fn tiers(groups: &[GroupInfo], idx: &[usize]) -> Vec<u8> {
+    let cost = |i: usize| groups[i].cpu_scale()[1];
+    let mut levels: Vec<f64> = idx.iter().map(|&i| cost(i)).collect();
+    levels.sort_by(f64::total_cmp);
+    levels.dedup_by(|a, b| (*a - *b).abs() <= 1e-6 * b.abs());
+    let levels: Vec<f64> = spread(levels.len(), 4).iter().map(|&j| levels[j]).collect();
+    let mut out = vec![0u8; groups.len()];
+    for &i in idx {
+        let t = levels.iter().position(|&v| cost(i) <= v * (1.0 + 1e-6));
+        out[i] = t.unwrap_or(levels.len().saturating_sub(1)) as u8;
+    }
+    out
+}
+
+/// The groups of `idx` of tier `t` or cheaper, in layer order.
+fn in_tier(idx: &[usize], tier: &[u8], t: u8) -> Vec<usize> {
+    idx.iter().copied().filter(|&i| tier[i] <= t).collect()
+}
+
+/// [`best_split`]'s choice.
+struct Best {
+    /// Groups the CPU computes, spread over those of `tier` and cheaper.
+    k: usize,
+    tier: u8,
+    bytes: u64,
+    predicted: Prediction,
+}
+
 /// The best split for a step of `n` tokens: up to `most` of the groups in
-/// `pool` (group indices in layer order), spread over it.
+/// `pool` (group indices in layer order), spread over those of a tier
+/// and cheaper (`tier`, by group index), the cheapest tiers tried first.
 #[allow(clippy::too_many_arguments)]
 fn best_split(
     groups: &[GroupInfo],
@@ -585,26 +658,40 @@ fn best_split(
     c: &CpuInput,
     n: u32,
     pool: &[usize],
+    tier: &[u8],
     most: usize,
-) -> (usize, u64, Prediction) {
-    let eval = |k: usize| {
+) -> Best {
+    let top = pool.iter().map(|&i| tier[i]).max().unwrap_or(0);
+    let eval = |t: u8, k: usize| {
+        let p = in_tier(pool, tier, t);
+        let picked = spread(p.len(), k);
         let mut cpu = vec![false; groups.len()];
-        for j in spread(pool.len(), k) {
-            cpu[pool[j]] = true;
+        for &j in &picked {
+            cpu[p[j]] = true;
         }
-        let b: u64 = spread(pool.len(), k)
-            .iter()
-            .map(|&j| groups[pool[j]].bytes)
-            .sum();
         let at = placement(streamed, &cpu);
-        (k, b, simulate(groups, &at, slots, copy_bw, c, n))
+        Best {
+            k: picked.len(),
+            tier: t,
+            bytes: picked.iter().map(|&j| groups[p[j]].bytes).sum(),
+            predicted: simulate(groups, &at, slots, copy_bw, c, n),
+        }
     };
     if let Some(f) = c.force {
-        return eval(f.min(most));
+        // the cheapest tiers that hold that many
+        let f = f.min(most);
+        let t = (0..=top)
+            .find(|&t| in_tier(pool, tier, t).len() >= f)
+            .unwrap_or(top);
+        return eval(t, f);
     }
-    (0..=most)
-        .map(eval)
-        .min_by(|a, b| a.2.step_s().total_cmp(&b.2.step_s()))
+    (0..=top)
+        .flat_map(|t| {
+            let m = in_tier(pool, tier, t).len().min(most);
+            (0..=m).map(move |k| (t, k))
+        })
+        .map(|(t, k)| eval(t, k))
+        .min_by(|a, b| a.predicted.step_s().total_cmp(&b.predicted.step_s()))
         .expect("k = 0 is always a candidate")
 }
 
@@ -619,6 +706,7 @@ pub fn sizes(
     host: &[bool],
 ) -> Vec<SizePlan> {
     let hosts: Vec<usize> = (0..groups.len()).filter(|&i| host[i]).collect();
+    let tier = tiers(groups, &hosts);
     (1..=MAX_TOKENS)
         .map(|n| {
             // beyond the measured steps the CPU's speed is extrapolated,
@@ -632,28 +720,26 @@ pub fn sizes(
             } else {
                 hosts.len()
             };
-            let best =
-                |c: &CpuInput| best_split(groups, streamed, slots, copy_bw, c, n, &hosts, most);
-            let (cpu_groups, cpu_bytes, predicted) = best(c);
+            let best = |c: &CpuInput| {
+                best_split(groups, streamed, slots, copy_bw, c, n, &hosts, &tier, most)
+            };
+            let warm = best(c);
             // without carrying, where that is faster (the next step waits
             // for the carried uploads when they outlast the step's tail)
             let cold = || CpuInput {
                 carry: false,
                 ..c.clone()
             };
-            match c.carry.then(|| best(&cold())) {
-                Some((k, b, p)) if p.step_s() < predicted.step_s() => SizePlan {
-                    cpu_groups: k,
-                    cpu_bytes: b,
-                    predicted: p,
-                    carry: false,
-                },
-                _ => SizePlan {
-                    cpu_groups,
-                    cpu_bytes,
-                    predicted,
-                    carry: c.carry,
-                },
+            let (b, carry) = match c.carry.then(|| best(&cold())) {
+                Some(b) if b.predicted.step_s() < warm.predicted.step_s() => (b, false),
+                _ => (warm, c.carry),
+            };
+            SizePlan {
+                cpu_groups: b.k,
+                tier: b.tier,
+                cpu_bytes: b.bytes,
+                predicted: b.predicted,
+                carry,
             }
         })
         .collect()
@@ -747,7 +833,7 @@ impl CpuCalibration {
             .zip(&at)
             .map(|(g, w)| match *w {
                 Where::Cpu => self.probe.group_s(g, n),
-                Where::Split(k) => g.split_cpu_s(n, k, |t| self.probe.s_per_byte(t)),
+                Where::Split(k) => self.probe.split_s(g, n, k),
                 _ => 0.0,
             })
             .sum()
@@ -826,15 +912,19 @@ impl HybridPlan {
     }
 
     /// The groups the CPU computes in a step of `n` tokens (none above
-    /// MAX_TOKENS): `per_size[n - 1].cpu_groups` of the host groups, spread
-    /// evenly over the layers so the bus always has uploads queued.
+    /// MAX_TOKENS): `per_size[n - 1].cpu_groups` of the host groups of its
+    /// tier and cheaper, spread evenly over the layers so the bus always
+    /// has uploads queued.
     pub fn cpu_groups(&self, n: u32) -> Vec<bool> {
         let mut out = vec![false; self.host.len()];
         if n == 0 || n > MAX_TOKENS || self.split_at(n).is_some() {
             return out;
         }
-        let hosts: Vec<usize> = (0..self.host.len()).filter(|&i| self.host[i]).collect();
-        let k = self.per_size[n as usize - 1].cpu_groups;
+        let s = self.per_size[n as usize - 1];
+        let hosts: Vec<usize> = (0..self.host.len())
+            .filter(|&i| self.host[i] && self.tier[i] <= s.tier)
+            .collect();
+        let k = s.cpu_groups;
         for j in spread(hosts.len(), k) {
             out[hosts[j]] = true;
         }
@@ -1100,6 +1190,7 @@ mod tests {
                 n_used: 8,
                 hot: 0.0,
                 popularity: None,
+                cpu_scale: [1.0; 2],
             }),
         };
         let g: Vec<GroupInfo> = (0..48)
@@ -1205,6 +1296,7 @@ mod tests {
                     n_used: 8,
                     hot,
                     popularity: None,
+                    cpu_scale: [1.0; 2],
                 }),
                 ..g
             })
@@ -1327,6 +1419,90 @@ mod tests {
 
     /// Per-group GPU overhead on the H100 machine, from the run-4 trace (36
     /// resident groups in 6.9 ms for 3.3 ms of weight reads).
+    /// Half a mixture's streamed layers dearer for the CPU (a Q6_K
+    /// `ffn_down` beside Q4_K ones): at 64 tokens, where the CPU takes a
+    /// few groups, it takes the cheaper ones, and the step is no slower
+    /// than spreading the same count over all; every step's CPU groups are
+    /// host groups of its tier or cheaper, as many as the plan says.
+    #[test]
+    fn the_cpu_takes_the_cheaper_groups_first() {
+        let mut g = qwen3moe_30b(48, 0.0);
+        for (i, x) in g.iter_mut().enumerate() {
+            if let Some(e) = x.experts.as_mut().filter(|_| (i / 2) % 2 == 1) {
+                e.cpu_scale = [1.15, 1.3];
+            }
+        }
+        let streamed: Vec<bool> = (0..g.len()).map(|i| i >= 40).collect();
+        let c = CpuInput {
+            big: Some((64, 3.0 / 24e9)),
+            bus_bw_beside: Some(54e9),
+            gpu_group_s: GPU_GROUP_S,
+            cpu_group_s: 200e-6,
+            ..h100_cpu()
+        };
+        let p = plan_hybrid(&g, &streamed, (7, 3), 55e9, &c).expect("hybrid pays");
+        let dear = |i: usize| g[i].cpu_scale()[1] > 1.0;
+        assert!(
+            (0..g.len()).any(|i| p.host[i] && dear(i)),
+            "every streamed group is a host at decode"
+        );
+        let s = p.per_size[63];
+        assert!(s.cpu_groups > 0);
+        let cpu = p.cpu_groups(64);
+        assert!(
+            cpu.iter().enumerate().all(|(i, &x)| !x || !dear(i)),
+            "{cpu:?}"
+        );
+        // the same count spread over every host group
+        let hosts: Vec<usize> = (0..g.len()).filter(|&i| p.host[i]).collect();
+        let mut all = vec![false; g.len()];
+        for j in spread(hosts.len(), s.cpu_groups) {
+            all[hosts[j]] = true;
+        }
+        let mixed = simulate(&g, &placement(&streamed, &all), (7, 3), 55e9, &c, 64);
+        assert!(
+            s.predicted.step_s() <= mixed.step_s(),
+            "{:?} against {mixed:?}",
+            s.predicted
+        );
+        for n in 1..=MAX_TOKENS {
+            let z = p.per_size[n as usize - 1];
+            let cpu = p.cpu_groups(n);
+            assert_eq!(cpu.iter().filter(|x| **x).count(), z.cpu_groups, "n = {n}");
+            for i in (0..g.len()).filter(|&i| cpu[i]) {
+                assert!(p.host[i] && p.tier[i] <= z.tier, "n = {n}, group {i}");
+            }
+        }
+    }
+
+    /// A group's CPU cost: its scale, linear from one token to the
+    /// largest measured step and flat beyond, and the per-group overhead.
+    #[test]
+    fn a_groups_cpu_cost_follows_its_scale_and_overhead() {
+        let mut g = qwen3moe_30b(1, 0.0).remove(1);
+        let c = CpuInput {
+            big: Some((64, 3.0 / 24e9)),
+            ..h100_cpu()
+        };
+        let base: Vec<f64> = [1, 16, 64].iter().map(|&n| c.group_s(&g, n)).collect();
+        g.experts.as_mut().expect("a mixture").cpu_scale = [2.0, 3.0];
+        assert_eq!(c.scale(&g, 1), 2.0);
+        assert_eq!(c.scale(&g, 64), 3.0);
+        assert!((c.scale(&g, 22) - 2.0 - 21.0 / 63.0).abs() < 1e-12);
+        for (&n, b) in [1, 16, 64].iter().zip(&base) {
+            assert!((c.group_s(&g, n) - b * c.scale(&g, n)).abs() < 1e-12 * b);
+        }
+        let over = CpuInput {
+            cpu_group_s: 1e-3,
+            ..c.clone()
+        };
+        assert!((over.group_s(&g, 1) - c.group_s(&g, 1) - 1e-3).abs() < 1e-12);
+        assert!((over.split_s(&g, 64, 32) - c.split_s(&g, 64, 32) - 1e-3).abs() < 1e-12);
+        // a dense group is the mean
+        let d = GroupInfo::dense(GroupKind::Ffn, 1000);
+        assert_eq!(c.scale(&d, 64), 1.0);
+    }
+
     const GPU_GROUP_S: f64 = 100e-6;
 
     /// The H100 machine's probe readings (docs/device/hybrid/run4).
@@ -1340,6 +1516,7 @@ mod tests {
             hop_s: 45e-6,
             gpu_s_per_byte: 1.0 / 2502e9,
             gpu_group_s: GPU_GROUP_S,
+            cpu_group_s: 0.0,
             bus_bw_beside: None,
             force: None,
             split: crate::paging::SplitInput::default(),
@@ -1399,6 +1576,7 @@ mod tests {
                 hop_s,
                 gpu_s_per_byte: 1.0 / 2502e9,
                 gpu_group_s: GPU_GROUP_S,
+                cpu_group_s: 0.0,
                 bus_bw_beside: Some(bus_gbs * 1e9),
                 force: None,
                 split: crate::paging::SplitInput::default(),

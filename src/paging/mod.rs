@@ -24,7 +24,7 @@ pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
 pub use devices::{split_layers, split_rows, DeviceSplitError, RowSplit};
 pub use experts::{plan_hot, refresh_hot, HotExperts, HotPlan};
 pub use gemm::{choose_mmq_max_rows, PathTiming, Widened};
-pub use groups::{set_hot_shares, Experts, GroupInfo, Popularity, Where};
+pub use groups::{set_cpu_scales, set_hot_shares, Experts, GroupInfo, Popularity, Where};
 pub use hybrid::{
     plan_hybrid, s_per_byte_at, spread, CpuCalibration, CpuInput, ExpertSplit, HybridPlan,
     Prediction, SizePlan, SplitInput, SplitPlan, SplitSize, MAX_TOKENS as HYBRID_MAX_TOKENS,

@@ -376,10 +376,20 @@ impl std::fmt::Display for Plan {
             for (i, z) in h.per_size.iter().enumerate() {
                 let n = i + 1;
                 if n.is_power_of_two() {
+                    // the tier, where the host groups' costs differ
+                    let of = h.host.iter().zip(&h.tier).filter(|(x, _)| **x);
+                    let (pool, all) = of.fold((0, 0), |(p, a), (_, &t)| {
+                        (p + usize::from(t <= z.tier), a + 1)
+                    });
                     write!(
                         f,
-                        " {n} tokens: {} CPU groups, {:.2} ms{};",
+                        " {n} tokens: {} CPU groups{}, {:.2} ms{};",
                         z.cpu_groups,
+                        if pool < all && z.cpu_groups > 0 {
+                            format!(" of the {pool} cheapest")
+                        } else {
+                            String::new()
+                        },
                         z.predicted.step_s() * 1e3,
                         if z.carry { " carrying" } else { "" }
                     )?;

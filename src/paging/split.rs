@@ -140,6 +140,7 @@ mod tests {
                             n_used: 8,
                             hot: 0.0,
                             popularity: None,
+                            cpu_scale: [1.0; 2],
                         }),
                     },
                 ]

@@ -30,6 +30,7 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
         hop_s: 0.0,
         gpu_s_per_byte: 0.0,
         gpu_group_s: 0.0,
+        cpu_group_s: 0.0,
         bus_bw_beside: None,
         force: None,
         split: super::hybrid::SplitInput::default(),
