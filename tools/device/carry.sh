@@ -22,10 +22,12 @@
 # 0. stats (before the others): router counts of 64-sequence steps
 #    (`--expert-stats`) written beside the model, which hot experts,
 #    routed uploads and the expert split plan from.
+# The host CPU's clock is sampled throughout (cpu_clock.txt, dev_clock).
 # Env: SKEW (routed skew of the synthetic file; default uniform), STAGES
 # (default "check ab trace").
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
 dev_machine >/dev/null
+dev_clock
 dev_module_start
 s=$(TYPE=q4_k_m dev_synth qwen3-30b-a3b)
 echo "model: $s" > "$out/model.txt"
@@ -61,11 +63,13 @@ if [[ $stages == *" trace "* ]]; then
 fi
 if [[ $stages == *" grid "* ]]; then
   for h in auto ${GRID:-8 9}; do
+    dev_mark "grid --hybrid $h"
     echo "== strata bench $common -p 0 -n 0 -B 64 -r 2 --hybrid $h"
     STRATA_LOG=strata=info timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --hybrid $h 2>&1 | quiet
   done > "$out/grid.txt"
 fi
 if [[ $stages == *" table "* ]]; then
+  dev_mark table
   # shellcheck disable=SC2086 # TABLE_FLAGS: flags, split on spaces
   STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 ${TABLE_FLAGS:-} \
     --llama-ngl 99 --llama-best --llama-n-cpu-moe "${TABLE_NCM:-31}" 2>&1 | quiet > "$out/table.txt"

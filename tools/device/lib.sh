@@ -34,6 +34,27 @@ dev_machine() {
   head -2 "$out/machine.txt"
 }
 
+# dev_clock [SECONDS]: samples the host CPU's clock every SECONDS (default
+# 2) into $out/cpu_clock.txt until the run ends: the time, then the mean,
+# lowest and highest MHz over the cores (cpufreq where the machine has it,
+# else /proc/cpuinfo, which a VM may report as fixed). `dev_mark TEXT`
+# writes a line there, so a stage's clocks can be found. A power limit
+# that lowers the clock after a minute of all-core AVX-512 work is one
+# suspect for the host's slower groups late in a long load (runs 183-187).
+dev_clock() {
+  local every=${1:-2}
+  (
+    while sleep "$every"; do
+      local f
+      f=$(cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq 2>/dev/null | awk '{print $1 / 1000}')
+      [ -n "$f" ] || f=$(awk -F: '/^cpu MHz/ {print $2}' /proc/cpuinfo)
+      echo "$f" | awk -v t="$(date +%T)" '{s += $1; n++; if (n == 1 || $1 < lo) lo = $1; if ($1 > hi) hi = $1}
+        END {if (n) printf "%s %.0f %.0f %.0f\n", t, s / n, lo, hi}'
+    done
+  ) >> "$out/cpu_clock.txt" 2>/dev/null &
+}
+dev_mark() { echo "$(date +%T) == $*" >> "$out/cpu_clock.txt"; }
+
 # dev_vocab: prints the path of the vocabulary GGUF the synthetic models take
 # their tokenizer from (the carried one may travel xz-compressed: with a
 # CUDA module in .carry/cuda the carry is close to its 64 MiB).

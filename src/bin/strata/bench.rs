@@ -521,6 +521,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .position(|(n, _)| n.starts_with("tg"))
             .unwrap_or(0);
         for (i, (name, (pre, run))) in tests.iter().enumerate() {
+            // when each test starts, for logs and samplers beside the run
+            tracing::info!("bench: {name} starts");
             let mut all = Vec::new();
             let mut figs = Vec::new();
             for _ in 0..a.reps.max(1) {
