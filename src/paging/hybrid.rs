@@ -1598,6 +1598,52 @@ mod tests {
     }
 
     proptest! {
+        /// Mixture groups of differing CPU costs: every step's CPU groups
+        /// are host groups of its tier or cheaper, as many and as many
+        /// bytes as the plan says, the prediction is that very split's,
+        /// and no step is slower than streaming everything.
+        #[test]
+        fn tiered_plans_are_consistent(
+            n in 1usize..40, first_streamed in 0usize..80,
+            scales in proptest::collection::vec((0.5f64..2.0, 0.5f64..2.0), 1..5),
+            pick in proptest::collection::vec(0usize..5, 40),
+            spb in 0.2f64..5.0, room in 0u64..20_000_000_000, hop in 0.0f64..1e-3,
+            per_group in 0.0f64..1e-3,
+        ) {
+            let mut g = qwen3moe_30b(n, 0.0);
+            for (i, x) in g.iter_mut().enumerate() {
+                if let Some(e) = x.experts.as_mut() {
+                    let (a, b) = scales[pick[i / 2] % scales.len()];
+                    e.cpu_scale = [a, b];
+                }
+            }
+            let streamed: Vec<bool> = (0..g.len()).map(|i| i >= first_streamed.min(g.len())).collect();
+            let c = CpuInput {
+                big: Some((64, spb * 3.0 / 24e9)),
+                host_room: room,
+                hop_s: hop,
+                cpu_group_s: per_group,
+                gpu_group_s: GPU_GROUP_S,
+                ..cpu(spb / 90e9)
+            };
+            let Some(p) = plan_hybrid(&g, &streamed, (7, 3), 55e9, &c) else { return Ok(()) };
+            prop_assert!(p.host_bytes <= room);
+            for (i, s) in p.per_size.iter().enumerate() {
+                let n = i as u32 + 1;
+                let set = p.cpu_groups(n);
+                prop_assert_eq!(set.iter().filter(|c| **c).count(), s.cpu_groups);
+                for (j, _) in set.iter().enumerate().filter(|(_, c)| **c) {
+                    prop_assert!(p.host[j] && p.tier[j] <= s.tier);
+                }
+                let b: u64 = g.iter().zip(&set).filter(|(_, c)| **c).map(|(g, _)| g.bytes).sum();
+                prop_assert_eq!(b, s.cpu_bytes);
+                let q = simulate(&g, &placement(&streamed, &set), (7, 3), 55e9, &c, n);
+                prop_assert_eq!(q, s.predicted);
+                let none = simulate(&g, &placement(&streamed, &vec![false; g.len()]), (7, 3), 55e9, &c, n);
+                prop_assert!(q.step_s() <= none.step_s() + 1e-9);
+            }
+        }
+
         #[test]
         fn hybrid_plans_are_consistent(
             n in 1usize..40, attn in 1u64..100, ffn in 1u64..400,
