@@ -17,6 +17,19 @@ const PROMPTS: [&str; 2] = [
     "def quicksort(xs):\n    ",
 ];
 
+/// `strata-convert synth --preset PRESET --seed SEED` (Q4_0, the preset's
+/// layers) into `dir`.
+fn synth_tiny(dir: &Path, vocab: &Path, preset: &str, seed: u64) -> std::path::PathBuf {
+    let path = dir.join(format!("{preset}-{seed}.gguf"));
+    let s = Synth {
+        preset,
+        seed,
+        ..Synth::default()
+    };
+    common::synth(&path, vocab, s);
+    path
+}
+
 fn hybrid_cfg(k: usize, repack: bool) -> EngineConfig {
     EngineConfig {
         paging: PagingOptions {
@@ -178,16 +191,7 @@ fn moe_hybrid_equals_resident() {
     };
     let dir = tempfile::tempdir().expect("tmp");
     for preset in ["mixtral-tiny", "qwen3moe-tiny"] {
-        let path = dir.path().join(format!("{preset}.gguf"));
-        common::synth(
-            &path,
-            &vocab,
-            Synth {
-                preset,
-                seed: 5,
-                ..Synth::default()
-            },
-        );
+        let path = synth_tiny(dir.path(), &vocab, preset, 5);
         hybrid_equals_resident_at(&path, preset, |n| vec![1, n]);
     }
 }
@@ -208,17 +212,8 @@ fn expert_stats_count_every_pick_and_change_nothing() {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("qwen3moe-tiny.gguf");
     let preset = "qwen3moe-tiny";
-    common::synth(
-        &path,
-        &vocab,
-        Synth {
-            preset,
-            seed: 5,
-            ..Synth::default()
-        },
-    );
+    let path = synth_tiny(dir.path(), &vocab, preset, 5);
     let lm = LlamaModel::load(&path, true, 0).expect("vocab");
     let prompt = lm.tokenize(PROMPTS[0], true, true).expect("tokenize");
     let n_gen = 8;
@@ -492,16 +487,7 @@ fn moe_expert_split_equals_resident() {
     };
     let dir = tempfile::tempdir().expect("tmp");
     for preset in ["mixtral-tiny", "qwen3moe-tiny"] {
-        let path = dir.path().join(format!("{preset}.gguf"));
-        common::synth(
-            &path,
-            &vocab,
-            Synth {
-                preset,
-                seed: 7,
-                ..Synth::default()
-            },
-        );
+        let path = synth_tiny(dir.path(), &vocab, preset, 7);
         let lm = LlamaModel::load(&path, true, 0).expect("vocab");
         let plain = EngineConfig {
             repack: false,
@@ -555,16 +541,7 @@ fn moe_expert_split_takes_the_most_picked_experts() {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("qwen3moe-tiny.gguf");
-    common::synth(
-        &path,
-        &vocab,
-        Synth {
-            preset: "qwen3moe-tiny",
-            seed: 5,
-            ..Synth::default()
-        },
-    );
+    let path = synth_tiny(dir.path(), &vocab, "qwen3moe-tiny", 5);
     let lm = LlamaModel::load(&path, true, 0).expect("vocab");
     let plain = EngineConfig {
         repack: false,
@@ -663,16 +640,7 @@ fn moe_hot_experts_equal_resident() {
     };
     let dir = tempfile::tempdir().expect("tmp");
     for preset in ["mixtral-tiny", "qwen3moe-tiny"] {
-        let path = dir.path().join(format!("{preset}.gguf"));
-        common::synth(
-            &path,
-            &vocab,
-            Synth {
-                preset,
-                seed: 11,
-                ..Synth::default()
-            },
-        );
+        let path = synth_tiny(dir.path(), &vocab, preset, 11);
         let lm = LlamaModel::load(&path, true, 0).expect("vocab");
         let plain = EngineConfig {
             repack: false,
@@ -826,16 +794,7 @@ fn cpu_halves_equal_resident() {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let moe = dir.path().join("qwen3moe-tiny.gguf");
-    common::synth(
-        &moe,
-        &vocab,
-        Synth {
-            preset: "qwen3moe-tiny",
-            seed: 9,
-            ..Synth::default()
-        },
-    );
+    let moe = synth_tiny(dir.path(), &vocab, "qwen3moe-tiny", 9);
     let Some(dense) = model(common::SMOLLM2) else {
         return;
     };
