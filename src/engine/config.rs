@@ -180,6 +180,10 @@ pub struct PagingOptions {
     /// uploads the next step's first groups (`paging::ring`, `carry_next`),
     /// kept where that step streams the same groups.
     pub carry: bool,
+    /// Hybrid steps take their CPU groups from the host groups cheapest
+    /// for the CPU where that is faster (`paging::hybrid::tiers`); false:
+    /// spread over all of them, whatever their kinds of matrix cost.
+    pub cpu_tiers: bool,
 }
 
 impl Default for PagingOptions {
@@ -201,6 +205,7 @@ impl Default for PagingOptions {
             row_widen: true,
             cpu_halves: false,
             carry: true,
+            cpu_tiers: true,
         }
     }
 }

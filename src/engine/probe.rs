@@ -115,6 +115,7 @@ pub(super) fn cpu_input(
         split: cfg.paging.split,
         // the CPU device's copies run when its computation waits
         carry: cfg.paging.carry && !device.is_cpu(),
+        tiers: cfg.paging.cpu_tiers,
     };
     tracing::info!(
         "hybrid probe: CPU {:.1} GB/s at 1 token, {:.1} GB/s at {PROBE_TOKENS}{}{}, {:.0} us per group; device {:.1} GB/s, {:.0} us per group; hop {:.0} us; bus {:.1} GB/s alone, {:.1} beside the CPU",

@@ -73,6 +73,9 @@ pub struct CpuInput {
     /// first (`SlotRing::carry_next`): the simulation then prices a step
     /// as a decode loop repeats it.
     pub carry: bool,
+    /// Whether steps take their CPU groups from the cheapest host groups
+    /// where that is faster ([`tiers`]); false: one tier.
+    pub tiers: bool,
 }
 
 impl CpuInput {
@@ -585,7 +588,7 @@ pub fn plan_hybrid(
         .host_room
         .checked_div(largest)
         .map_or(0, |f| (f as usize).min(cand.len()));
-    let cand_tier = tiers(groups, &cand);
+    let cand_tier = tiers(groups, &cand, c.tiers);
     let best = best_split(
         groups, streamed, slots, copy_bw, c, 1, &cand, &cand_tier, fit,
     );
@@ -602,7 +605,7 @@ pub fn plan_hybrid(
         host[i] = true;
     }
     // the steps' tiers: among the host groups, as `sizes` takes them
-    let tier = tiers(groups, &hosts);
+    let tier = tiers(groups, &hosts, c.tiers);
     let per_size = sizes(groups, streamed, slots, copy_bw, c, &host);
     Some(HybridPlan {
         host_bytes: best.bytes,
@@ -618,7 +621,11 @@ pub fn plan_hybrid(
 /// the same kinds of matrix cost the same per byte
 /// ([`GroupInfo::cpu_scale`] at the largest step, where the kinds differ
 /// most), tier 0 the cheapest; at most 4 tiers, the costlier kinds merged.
-pub fn tiers(groups: &[GroupInfo], idx: &[usize]) -> Vec<u8> {
+/// `on` false: every group tier 0.
+pub fn tiers(groups: &[GroupInfo], idx: &[usize], on: bool) -> Vec<u8> {
+    if !on {
+        return vec![0; groups.len()];
+    }
     let cost = |i: usize| groups[i].cpu_scale()[1];
     let mut levels: Vec<f64> = idx.iter().map(|&i| cost(i)).collect();
     levels.sort_by(f64::total_cmp);
@@ -706,7 +713,7 @@ pub fn sizes(
     host: &[bool],
 ) -> Vec<SizePlan> {
     let hosts: Vec<usize> = (0..groups.len()).filter(|&i| host[i]).collect();
-    let tier = tiers(groups, &hosts);
+    let tier = tiers(groups, &hosts, c.tiers);
     (1..=MAX_TOKENS)
         .map(|n| {
             // beyond the measured steps the CPU's speed is extrapolated,
@@ -1465,6 +1472,15 @@ mod tests {
             "{:?} against {mixed:?}",
             s.predicted
         );
+        // without tiers (`--no-cpu-tiers`): one tier, spread over all
+        let one = CpuInput {
+            tiers: false,
+            ..c.clone()
+        };
+        let q = plan_hybrid(&g, &streamed, (7, 3), 55e9, &one).expect("hybrid pays");
+        assert!(q.tier.iter().all(|&t| t == 0));
+        assert!(q.per_size[63].predicted.step_s() >= s.predicted.step_s());
+        assert!((0..g.len()).any(|i| q.cpu_groups(64)[i] && dear(i)));
         for n in 1..=MAX_TOKENS {
             let z = p.per_size[n as usize - 1];
             let cpu = p.cpu_groups(n);
@@ -1521,6 +1537,7 @@ mod tests {
             force: None,
             split: crate::paging::SplitInput::default(),
             carry: false,
+            tiers: true,
         }
     }
 
@@ -1581,6 +1598,7 @@ mod tests {
                 force: None,
                 split: crate::paging::SplitInput::default(),
                 carry: false,
+                tiers: true,
             };
             let at = spread_on_cpu(&g, resident, k);
             let p = simulate(&g, &at, (7, 3), 54.2e9, &c, 1);

@@ -35,6 +35,7 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
         force: None,
         split: super::hybrid::SplitInput::default(),
         carry: false,
+        tiers: true,
     }
 }
 

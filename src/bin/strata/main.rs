@@ -321,6 +321,13 @@ pub struct ModelArgs {
     /// compute, and are kept where the next step streams the same groups).
     #[arg(long = "no-carry")]
     pub no_carry: bool,
+    /// Hybrid steps spread their CPU groups over all the host groups,
+    /// whatever their kinds of matrix cost the CPU (by default a step
+    /// takes them from the cheapest ones where the plan predicts that
+    /// faster: in llama.cpp's Q4_K_M mix half a mixture's layers have a
+    /// Q6_K `ffn_down`, which costs the CPU more per byte).
+    #[arg(long = "no-cpu-tiers")]
+    pub no_cpu_tiers: bool,
     /// Whether CPU weights may use the CPU's AMX layout (where its module
     /// has one). auto: the groups hybrid decode gives the host CPU use AMX
     /// for the types it computes one-row products of faster, and the
@@ -717,6 +724,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             row_widen: !m.no_row_widen,
             cpu_halves: m.cpu_halves,
             carry: !m.no_carry,
+            cpu_tiers: !m.no_cpu_tiers,
             hot: m.hot_experts,
             look_ahead: m.look_ahead,
             look_ahead_layers: m.look_ahead_layers,
