@@ -568,8 +568,8 @@ pub fn placement(streamed: &[bool], cpu: &[bool]) -> Vec<Where> {
 /// Qwen3-30B-A3B shape in Q4_K_M, half the layers' `ffn_down` is Q6_K
 /// (1.2x the time per byte of a Q4_K layer at 64 tokens, run 182), and
 /// the plan spread its 10 host groups of a 64-token step over all 31: 3.7
-/// GB a step with about six of them Q6_K (runs 183-187), where ten Q4_K
-/// ones are 3.4 GB at the faster rate.
+/// GB a step, six or seven of them Q6_K (runs 183-187), where ten Q4_K
+/// ones are 3.3-3.4 GB at the faster rate.
 pub fn plan_hybrid(
     groups: &[GroupInfo],
     streamed: &[bool],
