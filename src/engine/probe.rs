@@ -149,11 +149,13 @@ struct CpuPoints {
 /// host group spends its time in): each kind of expert matrix the
 /// candidate groups `cand` hold, timed once at one token, at
 /// `probe_tokens` and, for batches, at the largest hybrid step, and
-/// weighted by its bytes over them. In llama.cpp's Q4_K_M mix half the
-/// layers' `ffn_down` is Q6_K, whose product (plain memory on x86) ran
-/// 21-25 GB/s at 64 tokens where Q4_K's repacked one ran 30-34 (run 182):
-/// a dense product of the largest matrix read the host 1.2-1.4x slow at
-/// one token and at 64, and each group's own mix sets its cost.
+/// weighted by its bytes over them (the largest step because the line
+/// through 1 and 16 tokens missed a mixture's time at 64 by 0.65-0.83x,
+/// runs 154-158). In llama.cpp's Q4_K_M mix half the layers' `ffn_down`
+/// is Q6_K, whose product (plain memory on x86) ran 21-25 GB/s at 64
+/// tokens where Q4_K's repacked one ran 30-34 (run 182): a dense product
+/// of the largest matrix read the host 1.2-1.4x slow at one token and at
+/// 64, and each group's own mix sets its cost.
 fn expert_points(
     spec: &ModelSpec,
     cand: &[usize],
