@@ -209,9 +209,8 @@ fn expert_points(
         .map(|j| {
             kinds
                 .iter()
-                .map(|&(k, b)| {
-                    b as f64 / cand.len().max(1) as f64 * rate_of(k).map_or(0.0, |r| r[j])
-                })
+                .zip(&rate)
+                .map(|(&(_, b), (_, r))| b as f64 / cand.len().max(1) as f64 * r[j])
                 .sum()
         })
         .collect();

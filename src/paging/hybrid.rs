@@ -669,8 +669,10 @@ fn best_split(
     most: usize,
 ) -> Best {
     let top = pool.iter().map(|&i| tier[i]).max().unwrap_or(0);
+    // by tier: the groups of that tier and cheaper
+    let pools: Vec<Vec<usize>> = (0..=top).map(|t| in_tier(pool, tier, t)).collect();
     let eval = |t: u8, k: usize| {
-        let p = in_tier(pool, tier, t);
+        let p = &pools[t as usize];
         let picked = spread(p.len(), k);
         let mut cpu = vec![false; groups.len()];
         for &j in &picked {
@@ -688,15 +690,12 @@ fn best_split(
         // the cheapest tiers that hold that many
         let f = f.min(most);
         let t = (0..=top)
-            .find(|&t| in_tier(pool, tier, t).len() >= f)
+            .find(|&t| pools[t as usize].len() >= f)
             .unwrap_or(top);
         return eval(t, f);
     }
     (0..=top)
-        .flat_map(|t| {
-            let m = in_tier(pool, tier, t).len().min(most);
-            (0..=m).map(move |k| (t, k))
-        })
+        .flat_map(|t| (0..=pools[t as usize].len().min(most)).map(move |k| (t, k)))
         .map(|(t, k)| eval(t, k))
         .min_by(|a, b| a.predicted.step_s().total_cmp(&b.predicted.step_s()))
         .expect("k = 0 is always a candidate")
@@ -1424,8 +1423,6 @@ mod tests {
         placement(&streamed, &cpu)
     }
 
-    /// Per-group GPU overhead on the H100 machine, from the run-4 trace (36
-    /// resident groups in 6.9 ms for 3.3 ms of weight reads).
     /// Half a mixture's streamed layers dearer for the CPU (a Q6_K
     /// `ffn_down` beside Q4_K ones): at 64 tokens, where the CPU takes a
     /// few groups, it takes the cheaper ones, and the step is no slower
@@ -1519,6 +1516,8 @@ mod tests {
         assert_eq!(c.scale(&d, 64), 1.0);
     }
 
+    /// Per-group GPU overhead on the H100 machine, from the run-4 trace (36
+    /// resident groups in 6.9 ms for 3.3 ms of weight reads).
     const GPU_GROUP_S: f64 = 100e-6;
 
     /// The H100 machine's probe readings (docs/device/hybrid/run4).

@@ -377,10 +377,10 @@ impl std::fmt::Display for Plan {
                 let n = i + 1;
                 if n.is_power_of_two() {
                     // the tier, where the host groups' costs differ
-                    let of = h.host.iter().zip(&h.tier).filter(|(x, _)| **x);
-                    let (pool, all) = of.fold((0, 0), |(p, a), (_, &t)| {
-                        (p + usize::from(t <= z.tier), a + 1)
-                    });
+                    let all = h.host.iter().filter(|x| **x).count();
+                    let pool = (h.host.iter().zip(&h.tier))
+                        .filter(|&(&x, &t)| x && t <= z.tier)
+                        .count();
                     write!(
                         f,
                         " {n} tokens: {} CPU groups{}, {:.2} ms{};",

@@ -52,6 +52,7 @@ if [[ $stages == *" ab "* ]]; then
     IFS=, read -ra variants <<< "${AB---no-carry,}"
     [[ ${AB---no-carry,} == *, ]] && variants+=("")
     for c in "${variants[@]}"; do
+      dev_mark "ab round $r: $c"
       echo "== round $r: strata bench $common -p 2048 -n 16 -B 16,64 -r 2 $c"
       STRATA_LOG=strata=info timeout 200 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 $c 2>&1 | quiet
     done
