@@ -15,7 +15,13 @@
 # 5. table: issue 31's table, llama.cpp `-ngl 99 --n-cpu-moe N` beside
 #    for each N of TABLE_NCM (default 31; "30,31" times both), its
 #    defaults and `--no-mmap -ub 2048`; strata with TABLE_FLAGS (e.g.
-#    "--expert-split 80"; default none);
+#    "--expert-split 80"; default none); TABLE_TRACE=1 traces its
+#    64-sequence test (trace_table_b64.json.xz);
+# 5b. order: which earlier tests of a load slow its 64-sequence steps (the
+#    table's load ran them at 365 t/s, loads of their own at 406-419,
+#    runs 183-187): strata alone with each test list of ORDER (separated
+#    by semicolons; default 64 sequences alone, after pp2048, after tg16 and
+#    16 sequences, after all three), ROUNDS rounds interleaved;
 # 6. llama: llama.cpp alone (`--no-strata`) at 64 sequences with the
 #    experts of NCM layers on the CPU (default 30), both configurations,
 #    for its GPU memory and speed at that placement.
@@ -69,11 +75,25 @@ if [[ $stages == *" grid "* ]]; then
     STRATA_LOG=strata=info timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --hybrid $h 2>&1 | quiet
   done > "$out/grid.txt"
 fi
+if [[ $stages == *" order "* ]]; then
+  IFS=';' read -ra lists <<< "${ORDER:--p 0 -n 0 -B 64;-p 2048 -n 0 -B 64;-p 0 -n 16 -B 16,64;-p 2048 -n 16 -B 16,64}"
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for t in "${lists[@]}"; do
+      dev_mark "order round $r: $t"
+      echo "== round $r: strata bench $common $t -r 2"
+      # shellcheck disable=SC2086 # a test list: flags, split on spaces
+      STRATA_LOG=strata=info timeout 200 $bin/strata bench $common $t -r 2 2>&1 | quiet
+    done
+  done > "$out/order.txt"
+fi
 if [[ $stages == *" table "* ]]; then
   dev_mark table
+  trace=()
+  [ "${TABLE_TRACE:-0}" = 1 ] && trace=(--trace "$out/trace_table_b64.json" --trace-test batched64x8)
   # shellcheck disable=SC2086 # TABLE_FLAGS: flags, split on spaces
-  STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 ${TABLE_FLAGS:-} \
+  STRATA_LOG=strata=info timeout 420 $bin/strata bench $common -p 2048 -n 16 -B 16,64 -r 2 ${TABLE_FLAGS:-} "${trace[@]}" \
     --llama-ngl 99 --llama-best --llama-n-cpu-moe "${TABLE_NCM:-31}" 2>&1 | quiet > "$out/table.txt"
+  [ -f "$out/trace_table_b64.json" ] && xz -9 "$out/trace_table_b64.json"
 fi
 if [[ $stages == *" llama "* ]]; then
   timeout 300 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 --no-strata \

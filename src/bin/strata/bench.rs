@@ -114,6 +114,10 @@ pub struct BenchArgs {
     /// repetition (of the first test's when there is no generation test).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// The test --trace follows instead, by its printed name (pp2048,
+    /// tg16, batched64x8, ...).
+    #[arg(long = "trace-test", value_name = "NAME", requires = "trace")]
+    pub trace_test: Option<String>,
     #[command(flatten)]
     pub spec: super::spec::SpecArgs,
     /// Speculative step costs: the target step with 1 + k tokens and the
@@ -515,11 +519,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         eprintln!("measured pinned host-to-device copy: {:.1} GB/s", bw / 1e9);
 
         build_tests(&a, n_vocab, &mut tests);
-        // the generation test's steps, else the first test's
-        let traced = tests
-            .iter()
-            .position(|(n, _)| n.starts_with("tg"))
-            .unwrap_or(0);
+        // the test named, else the generation test's steps, else the
+        // first test's
+        let traced = match &a.trace_test {
+            Some(t) => tests.iter().position(|(n, _)| n == t).with_context(|| {
+                let names: Vec<&str> = tests.iter().map(|(n, _)| n.as_str()).collect();
+                format!("--trace-test {t}: no such test here ({})", names.join(", "))
+            })?,
+            None => tests
+                .iter()
+                .position(|(n, _)| n.starts_with("tg"))
+                .unwrap_or(0),
+        };
         for (i, (name, (pre, run))) in tests.iter().enumerate() {
             // when each test starts, for logs and samplers beside the run
             tracing::info!("bench: {name} starts");
