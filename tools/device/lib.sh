@@ -38,9 +38,9 @@ dev_machine() {
 # 2) into $out/cpu_clock.txt until the run ends: the time, then the mean,
 # lowest and highest MHz over the cores (cpufreq where the machine has it,
 # else /proc/cpuinfo, which a VM may report as fixed). `dev_mark TEXT`
-# writes a line there, so a stage's clocks can be found. A power limit
-# that lowers the clock after a minute of all-core AVX-512 work is one
-# suspect for the host's slower groups late in a long load (runs 183-187).
+# writes a line there, so a stage's clocks can be found. The H200 VM of
+# runs 188-192 reports a fixed 2100 MHz on every core (no cpufreq), so
+# there the samples cannot show a clock change.
 dev_clock() {
   local every=${1:-2}
   (
