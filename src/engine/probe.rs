@@ -564,16 +564,8 @@ fn zeroed_weights<'c>(
     Ok((buf, ws))
 }
 
-/// The fastest of three runs of `run` (warmed up before), while `bus` (a
+/// The fastest of `n` runs of `run` (warmed up before), while `bus` (a
 /// device and its copy rate) uploads where given (see [`BusLoad`]).
-fn best_of_three(
-    run: &mut dyn FnMut() -> Result<(), EngineError>,
-    bus: Option<(Device, f64)>,
-) -> Result<f64, EngineError> {
-    best_of(3, run, bus)
-}
-
-/// The fastest of `n` timed runs (see [`best_of_three`]).
 fn best_of(
     n: usize,
     run: &mut dyn FnMut() -> Result<(), EngineError>,
@@ -608,7 +600,7 @@ pub fn measure_matmul(
     bus: Option<(Device, f64)>,
 ) -> Result<f64, EngineError> {
     with_matmul_probe(backend, buft, ty, ne, bytes, n_tokens, |run, read| {
-        Ok(best_of_three(run, bus)? / read as f64)
+        Ok(best_of(3, run, bus)? / read as f64)
     })
 }
 
@@ -691,10 +683,9 @@ fn run_picks(n_expert: u32, n_used: u32, n_tokens: u32, run: u32) -> Vec<i32> {
 /// drawn uniformly by a fixed generator (the same picks every load for a
 /// `seed`).
 fn uniform_picks(n_expert: u32, n_used: u32, n_tokens: u32, seed: u32) -> Vec<i32> {
+    // never zero (xorshift's fixed point): the constant's halves differ,
+    // the seed's are equal
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15 ^ (u64::from(seed) << 32 | u64::from(seed));
-    if state == 0 {
-        state = 1;
-    }
     let mut out = Vec::with_capacity((n_used * n_tokens) as usize);
     for _ in 0..n_tokens {
         let start = out.len();
