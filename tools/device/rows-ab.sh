@@ -8,6 +8,10 @@
 #    and 64 sequences, ROUNDS rounds (default 2) of the old and the new
 #    module interleaved in the same binaries (ab.txt);
 #    with SKEW set, the skewed file.
+# The CUDA module, where this call built it, is kept into $OUT/cuda first
+# (dev_keep_module), so a call cut short still returns it; TOKENS (default
+# "1 4 16 64") and MOE_REPS (10) set cpu-moe.sh's token counts and
+# repetitions, after the engine's rounds.
 #   here: keep the old module: mkdir -p /tmp/old-cpu && tar -xJf .carry/bin.tar.xz -O
 #         bin/libggml-cpu-sapphirerapids.so > /tmp/old-cpu/libggml-cpu-sapphirerapids.so;
 #         XZ_BIN=1 tools/device/pack.sh VOCAB; mkdir -p .carry/old-cpu; cp /tmp/old-cpu/* .carry/old-cpu/
@@ -17,7 +21,7 @@ dev_machine >/dev/null
 dev_module_start
 s=$(TYPE=q4_k_m dev_synth qwen3-30b-a3b)
 dev_module_wait
-MOE_REPS=${MOE_REPS:-10} THREADS=14 TOKENS="1 4 16 64" bash tools/device/cpu-moe.sh > /dev/null 2>&1
+dev_keep_module
 m=$bin/libggml-cpu-sapphirerapids.so
 cp $m /root/new-cpu.so
 for r in $(seq 1 "${ROUNDS:-2}"); do
@@ -29,3 +33,4 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   done
 done > "$out/ab.txt"
 cp /root/new-cpu.so $m
+MOE_REPS=${MOE_REPS:-10} THREADS=14 TOKENS="${TOKENS:-1 4 16 64}" bash tools/device/cpu-moe.sh > /dev/null 2>&1
