@@ -11,8 +11,9 @@
 //   pairs+pf rows+pf in the order of patch 0009's second form (run 194):
 //          a sub-block pair's 256 bytes unpacked into eight registers once,
 //          then each row's eight dpbusd on them; each row's sub-block sums
-//          broadcast from memory. Built as below, the loops stay rolled in
-//          every mode; ggml's build of the patch unrolls them by pragma.
+//          broadcast from memory. Run 194 timed these kernels as separate
+//          functions (commit a23be21's file); built as below their loops
+//          stay rolled; ggml's build of the patch unrolls them by pragma.
 // over EXPERTS experts (cold: more bytes than the caches) and over one
 // expert repeated (hot: its slices stay in each core's L2), so the
 // difference says how much of the time is waiting for memory. Checks that
@@ -57,18 +58,50 @@ const char * env_or(const char * k, const char * d) {
     return v ? v : d;
 }
 
+// A sub-block pair's scales (each repeated for its two lanes) and mins,
+// decoded from a repacked block's 96 bytes of scales.
+struct SubScales {
+    __m512i sc0, sc1;
+    __m256i mins;
+};
+
+SubScales sub_scales(const uint8_t * scales, int sb) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    const __m128i dupmask = _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    uint32_t u0[4], u1[4];
+    memcpy(u0, scales + 24 * sb, 12);
+    u0[3] = ((u0[2] >> 4) & kmask2) | (((u0[1] >> 6) & kmask3) << 4);
+    const uint32_t a0 = u0[1] & kmask1;
+    u0[1] = (u0[2] & kmask2) | (((u0[0] >> 6) & kmask3) << 4);
+    u0[2] = a0;
+    u0[0] &= kmask1;
+    memcpy(u1, scales + 12 + sb * 24, 12);
+    u1[3] = ((u1[2] >> 4) & kmask2) | (((u1[1] >> 6) & kmask3) << 4);
+    const uint32_t a1 = u1[1] & kmask1;
+    u1[1] = (u1[2] & kmask2) | (((u1[0] >> 6) & kmask3) << 4);
+    u1[2] = a1;
+    u1[0] &= kmask1;
+    const __m128i ms0 = _mm_set_epi32(u0[3], u0[2], u0[1], u0[0]);
+    const __m128i ms1 = _mm_set_epi32(u1[3], u1[2], u1[1], u1[0]);
+    return {_mm512_cvtepu8_epi32(_mm_shuffle_epi8(ms0, dupmask)), _mm512_cvtepu8_epi32(_mm_shuffle_epi8(ms1, dupmask)),
+            _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(ms0, 78), _mm_shuffle_epi32(ms1, 78)))};
+}
+
 // R rows (1 to 4) against one slice of repacked Q4_K weights: the same
 // integer sums as ggml's one-row kernel and, per row, its floating-point
 // operations in its order, so each output is bit for bit the one-row
-// kernel's. PF > 0: prefetch the weights PF bytes ahead of the block being
-// read, continuing into `next` (the next expert's slice) past this one's end.
-template <int R, bool PREFETCH>
+// kernel's. PREFETCH: prefetch the weights PF bytes ahead of the block
+// being read, continuing into `next` (the next expert's slice) past this
+// one's end. PAIRS: patch 0009's second order (each sub-block pair's 256
+// bytes unpacked once into eight registers, then each row's eight dpbusd
+// and its sums, the rows' sub-block sums broadcast from memory); else its
+// first (each 64 bytes' two dpbusd for every row in turn, each row's dot
+// sums and sub-block sums in registers).
+template <int R, bool PREFETCH, bool PAIRS>
 void rows_kernel(int n, float * const * s, const void * vx, const BlockQ8K * const * a_ptr, int nc, const char * next,
                  int pf) {
     const int64_t nb = n / QK;
-    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
     const __m512i m4b = _mm512_set1_epi8(0x0F);
-    const __m128i dupmask = _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i evens = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odds = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
     const BlockQ4Kx8 * b_start = (const BlockQ4Kx8 *) vx;
@@ -93,61 +126,78 @@ void rows_kernel(int n, float * const * s, const void * vx, const BlockQ8K * con
             }
             const __m256 col_scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b_ptr[b].d));
             const __m256 col_dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b_ptr[b].dmin));
+            // each row's 8 sub-block sums, a pair to a 32-bit lane: in a
+            // register shifted a lane a sub-block pair (first order), or in
+            // memory (second)
             __m256i q8s[R], iacc_min[R];
+            alignas(16) int32_t pairs[R][4];
             __m512i iacc[R];
             for (int r = 0; r < R; r++) {
                 const __m256i sums = _mm256_loadu_si256((const __m256i *) a_ptr[r][b].bsums);
-                q8s[r] = _mm256_castsi128_si256(
-                    _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)));
-                q8s[r] = _mm256_permute2f128_si256(q8s[r], q8s[r], 0);
+                const __m128i sub = _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+                if (PAIRS) {
+                    _mm_store_si128((__m128i *) pairs[r], sub);
+                } else {
+                    q8s[r] = _mm256_castsi128_si256(sub);
+                    q8s[r] = _mm256_permute2f128_si256(q8s[r], q8s[r], 0);
+                }
                 iacc[r] = _mm512_setzero_si512();
                 iacc_min[r] = _mm256_setzero_si256();
             }
             for (int sb = 0; sb < QK / 64; sb++) {
-                uint32_t u0[4], u1[4];
-                memcpy(u0, b_ptr[b].scales + 24 * sb, 12);
-                u0[3] = ((u0[2] >> 4) & kmask2) | (((u0[1] >> 6) & kmask3) << 4);
-                const uint32_t a0 = u0[1] & kmask1;
-                u0[1] = (u0[2] & kmask2) | (((u0[0] >> 6) & kmask3) << 4);
-                u0[2] = a0;
-                u0[0] &= kmask1;
-                memcpy(u1, b_ptr[b].scales + 12 + sb * 24, 12);
-                u1[3] = ((u1[2] >> 4) & kmask2) | (((u1[1] >> 6) & kmask3) << 4);
-                const uint32_t a1 = u1[1] & kmask1;
-                u1[1] = (u1[2] & kmask2) | (((u1[0] >> 6) & kmask3) << 4);
-                u1[2] = a1;
-                u1[0] &= kmask1;
-                const __m128i ms0 = _mm_set_epi32(u0[3], u0[2], u0[1], u0[0]);
-                const __m128i ms1 = _mm_set_epi32(u1[3], u1[2], u1[1], u1[0]);
-                const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(ms0, dupmask));
-                const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(ms1, dupmask));
-                const __m256i mins = _mm256_cvtepu8_epi16(
-                    _mm_unpacklo_epi8(_mm_shuffle_epi32(ms0, 78), _mm_shuffle_epi32(ms1, 78)));
-                __m512i d0[R], d1[R];
-                for (int r = 0; r < R; r++) {
-                    d0[r] = _mm512_setzero_si512();
-                    d1[r] = _mm512_setzero_si512();
-                }
-                for (int k = 0; k < 4; k++) {
-                    const __m512i w = _mm512_loadu_si512((const void *) (b_ptr[b].qs + sb * 256 + 64 * k));
-                    const __m512i lo = _mm512_and_si512(w, m4b);
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4b);
-                    for (int r = 0; r < R; r++) {
-                        int64_t l0, l1;
-                        memcpy(&l0, a_ptr[r][b].qs + sb * 64 + 8 * k, 8);
-                        memcpy(&l1, a_ptr[r][b].qs + sb * 64 + 32 + 8 * k, 8);
-                        d0[r] = _mm512_dpbusd_epi32(d0[r], lo, _mm512_set1_epi64(l0));
-                        d1[r] = _mm512_dpbusd_epi32(d1[r], hi, _mm512_set1_epi64(l1));
-                    }
-                }
-                for (int r = 0; r < R; r++) {
-                    // a lane holds 16 products of a nibble and a Q8_K value,
-                    // |sum| <= 30720: madd_epi16 against the zero-extended
-                    // scale is its exact 32-bit product
+                const SubScales sc = sub_scales(b_ptr[b].scales, sb);
+                // a lane holds 16 products of a nibble and a Q8_K value,
+                // |sum| <= 30720: madd_epi16 against the zero-extended scale
+                // is its exact 32-bit product
+                auto add_sums = [&](int r, __m512i d0, __m512i d1) {
                     iacc[r] = _mm512_add_epi32(
-                        iacc[r], _mm512_add_epi32(_mm512_madd_epi16(d0[r], sc0), _mm512_madd_epi16(d1[r], sc1)));
-                    iacc_min[r] = _mm256_add_epi32(iacc_min[r], _mm256_madd_epi16(_mm256_shuffle_epi32(q8s[r], 0), mins));
-                    q8s[r] = _mm256_bsrli_epi128(q8s[r], 4);
+                        iacc[r], _mm512_add_epi32(_mm512_madd_epi16(d0, sc.sc0), _mm512_madd_epi16(d1, sc.sc1)));
+                    const __m256i q8pair = PAIRS ? _mm256_set1_epi32(pairs[r][sb]) : _mm256_shuffle_epi32(q8s[r], 0);
+                    iacc_min[r] = _mm256_add_epi32(iacc_min[r], _mm256_madd_epi16(q8pair, sc.mins));
+                    if (!PAIRS) {
+                        q8s[r] = _mm256_bsrli_epi128(q8s[r], 4);
+                    }
+                };
+                if (PAIRS) {
+                    __m512i lo[4], hi[4];
+                    for (int k = 0; k < 4; k++) {
+                        const __m512i w = _mm512_loadu_si512((const void *) (b_ptr[b].qs + sb * 256 + 64 * k));
+                        lo[k] = _mm512_and_si512(w, m4b);
+                        hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4b);
+                    }
+                    for (int r = 0; r < R; r++) {
+                        const int8_t * q = a_ptr[r][b].qs + sb * 64;
+                        __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+                        for (int k = 0; k < 4; k++) {
+                            int64_t l0, l1;
+                            memcpy(&l0, q + 8 * k, 8);
+                            memcpy(&l1, q + 32 + 8 * k, 8);
+                            d0 = _mm512_dpbusd_epi32(d0, lo[k], _mm512_set1_epi64(l0));
+                            d1 = _mm512_dpbusd_epi32(d1, hi[k], _mm512_set1_epi64(l1));
+                        }
+                        add_sums(r, d0, d1);
+                    }
+                } else {
+                    __m512i d0[R], d1[R];
+                    for (int r = 0; r < R; r++) {
+                        d0[r] = _mm512_setzero_si512();
+                        d1[r] = _mm512_setzero_si512();
+                    }
+                    for (int k = 0; k < 4; k++) {
+                        const __m512i w = _mm512_loadu_si512((const void *) (b_ptr[b].qs + sb * 256 + 64 * k));
+                        const __m512i lo = _mm512_and_si512(w, m4b);
+                        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4b);
+                        for (int r = 0; r < R; r++) {
+                            int64_t l0, l1;
+                            memcpy(&l0, a_ptr[r][b].qs + sb * 64 + 8 * k, 8);
+                            memcpy(&l1, a_ptr[r][b].qs + sb * 64 + 32 + 8 * k, 8);
+                            d0[r] = _mm512_dpbusd_epi32(d0[r], lo, _mm512_set1_epi64(l0));
+                            d1[r] = _mm512_dpbusd_epi32(d1[r], hi, _mm512_set1_epi64(l1));
+                        }
+                    }
+                    for (int r = 0; r < R; r++) {
+                        add_sums(r, d0[r], d1[r]);
+                    }
                 }
             }
             for (int r = 0; r < R; r++) {
@@ -165,127 +215,15 @@ void rows_kernel(int n, float * const * s, const void * vx, const BlockQ8K * con
     }
 }
 
-template <bool PREFETCH>
+template <bool PREFETCH, bool PAIRS>
 void rows_any(int n, float * const * s, const void * vx, const BlockQ8K * const * a, int nr, int nc, const char * next,
               int pf) {
     for (int i = 0; i < nr; i += 4) {
-        const int r = std::min(4, nr - i);
-        switch (r) {
-            case 1: rows_kernel<1, PREFETCH>(n, s + i, vx, a + i, nc, next, pf); break;
-            case 2: rows_kernel<2, PREFETCH>(n, s + i, vx, a + i, nc, next, pf); break;
-            case 3: rows_kernel<3, PREFETCH>(n, s + i, vx, a + i, nc, next, pf); break;
-            default: rows_kernel<4, PREFETCH>(n, s + i, vx, a + i, nc, next, pf); break;
-        }
-    }
-}
-
-// pairs+pf: R rows (1 to 4), rows_kernel<R, true>'s arithmetic in another
-// order: per sub-block pair the 4 x 64 bytes of weights are unpacked once
-// into eight registers, then each row runs its eight dpbusd and adds its
-// sums, one row's dot sums live at a time; the rows' sub-block sums are
-// broadcast from memory. Bit for bit rows_kernel's outputs.
-template <int R>
-void pairs_kernel(int n, float * const * s, const void * vx, const BlockQ8K * const * a_ptr, int nc, const char * next,
-                  int pf) {
-    const int64_t nb = n / QK;
-    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    const __m512i m4b = _mm512_set1_epi8(0x0F);
-    const __m128i dupmask = _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i evens = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odds = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
-    const BlockQ4Kx8 * b_start = (const BlockQ4Kx8 *) vx;
-    const int64_t total = (int64_t) (nc / 8) * nb * (int64_t) sizeof(BlockQ4Kx8);
-    for (int64_t x = 0; x < nc / 8; x++) {
-        const BlockQ4Kx8 * b_ptr = b_start + x * nb;
-        __m256 acc_row[R], acc_min[R];
-        for (int r = 0; r < R; r++) {
-            acc_row[r] = _mm256_setzero_ps();
-            acc_min[r] = _mm256_setzero_ps();
-        }
-        for (int64_t b = 0; b < nb; b++) {
-            const int64_t at = (x * nb + b) * (int64_t) sizeof(BlockQ4Kx8) + pf;
-            const char * p = at < total ? (const char *) vx + at : (next ? next + (at - total) : nullptr);
-            if (p) {
-                for (int l = 0; l < (int) sizeof(BlockQ4Kx8); l += 64) {
-                    _mm_prefetch(p + l, _MM_HINT_T0);
-                }
-            }
-            const __m256 col_scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b_ptr[b].d));
-            const __m256 col_dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b_ptr[b].dmin));
-            alignas(16) int32_t pairs[R][4];
-            __m256i iacc_min[R];
-            __m512i iacc[R];
-            for (int r = 0; r < R; r++) {
-                const __m256i sums = _mm256_loadu_si256((const __m256i *) a_ptr[r][b].bsums);
-                _mm_store_si128((__m128i *) pairs[r],
-                                _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)));
-                iacc[r] = _mm512_setzero_si512();
-                iacc_min[r] = _mm256_setzero_si256();
-            }
-            for (int sb = 0; sb < QK / 64; sb++) {
-                uint32_t u0[4], u1[4];
-                memcpy(u0, b_ptr[b].scales + 24 * sb, 12);
-                u0[3] = ((u0[2] >> 4) & kmask2) | (((u0[1] >> 6) & kmask3) << 4);
-                const uint32_t a0 = u0[1] & kmask1;
-                u0[1] = (u0[2] & kmask2) | (((u0[0] >> 6) & kmask3) << 4);
-                u0[2] = a0;
-                u0[0] &= kmask1;
-                memcpy(u1, b_ptr[b].scales + 12 + sb * 24, 12);
-                u1[3] = ((u1[2] >> 4) & kmask2) | (((u1[1] >> 6) & kmask3) << 4);
-                const uint32_t a1 = u1[1] & kmask1;
-                u1[1] = (u1[2] & kmask2) | (((u1[0] >> 6) & kmask3) << 4);
-                u1[2] = a1;
-                u1[0] &= kmask1;
-                const __m128i ms0 = _mm_set_epi32(u0[3], u0[2], u0[1], u0[0]);
-                const __m128i ms1 = _mm_set_epi32(u1[3], u1[2], u1[1], u1[0]);
-                const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(ms0, dupmask));
-                const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(ms1, dupmask));
-                const __m256i mins = _mm256_cvtepu8_epi16(
-                    _mm_unpacklo_epi8(_mm_shuffle_epi32(ms0, 78), _mm_shuffle_epi32(ms1, 78)));
-                __m512i lo[4], hi[4];
-                for (int k = 0; k < 4; k++) {
-                    const __m512i w = _mm512_loadu_si512((const void *) (b_ptr[b].qs + sb * 256 + 64 * k));
-                    lo[k] = _mm512_and_si512(w, m4b);
-                    hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4b);
-                }
-                for (int r = 0; r < R; r++) {
-                    const int8_t * q = a_ptr[r][b].qs + sb * 64;
-                    __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-                    for (int k = 0; k < 4; k++) {
-                        int64_t l0, l1;
-                        memcpy(&l0, q + 8 * k, 8);
-                        memcpy(&l1, q + 32 + 8 * k, 8);
-                        d0 = _mm512_dpbusd_epi32(d0, lo[k], _mm512_set1_epi64(l0));
-                        d1 = _mm512_dpbusd_epi32(d1, hi[k], _mm512_set1_epi64(l1));
-                    }
-                    iacc[r] = _mm512_add_epi32(iacc[r],
-                                               _mm512_add_epi32(_mm512_madd_epi16(d0, sc0), _mm512_madd_epi16(d1, sc1)));
-                    iacc_min[r] = _mm256_add_epi32(iacc_min[r], _mm256_madd_epi16(_mm256_set1_epi32(pairs[r][sb]), mins));
-                }
-            }
-            for (int r = 0; r < R; r++) {
-                const __m256 row_scale = _mm256_set1_ps(a_ptr[r][b].d);
-                const __m256i ib = _mm256_add_epi32(_mm512_castsi512_si256(_mm512_permutexvar_epi32(evens, iacc[r])),
-                                                    _mm512_castsi512_si256(_mm512_permutexvar_epi32(odds, iacc[r])));
-                acc_row[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(col_scale, row_scale), acc_row[r]);
-                acc_min[r] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min[r]), _mm256_mul_ps(col_dmin, row_scale), acc_min[r]);
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            _mm256_storeu_ps(s[r] + x * 8, _mm256_sub_ps(acc_row[r], acc_min[r]));
-        }
-    }
-}
-
-void pairs_any(int n, float * const * s, const void * vx, const BlockQ8K * const * a, int nr, int nc, const char * next,
-               int pf) {
-    for (int i = 0; i < nr; i += 4) {
         switch (std::min(4, nr - i)) {
-            case 1: pairs_kernel<1>(n, s + i, vx, a + i, nc, next, pf); break;
-            case 2: pairs_kernel<2>(n, s + i, vx, a + i, nc, next, pf); break;
-            case 3: pairs_kernel<3>(n, s + i, vx, a + i, nc, next, pf); break;
-            default: pairs_kernel<4>(n, s + i, vx, a + i, nc, next, pf); break;
+            case 1: rows_kernel<1, PREFETCH, PAIRS>(n, s + i, vx, a + i, nc, next, pf); break;
+            case 2: rows_kernel<2, PREFETCH, PAIRS>(n, s + i, vx, a + i, nc, next, pf); break;
+            case 3: rows_kernel<3, PREFETCH, PAIRS>(n, s + i, vx, a + i, nc, next, pf); break;
+            default: rows_kernel<4, PREFETCH, PAIRS>(n, s + i, vx, a + i, nc, next, pf); break;
         }
     }
 }
@@ -367,11 +305,11 @@ int main(int argc, char ** argv) {
                     if (mode == 0) {
                         for (int r = 0; r < R; r++) gemv(K, s[r], 0, w, a[r], 1, (int) (c1 - c0));
                     } else if (mode == 1) {
-                        rows_any<false>(K, s, w, a, R, (int) (c1 - c0), next, pf);
+                        rows_any<false, false>(K, s, w, a, R, (int) (c1 - c0), next, pf);
                     } else if (mode == 2) {
-                        rows_any<true>(K, s, w, a, R, (int) (c1 - c0), next, pf);
+                        rows_any<true, false>(K, s, w, a, R, (int) (c1 - c0), next, pf);
                     } else {
-                        pairs_any(K, s, w, a, R, (int) (c1 - c0), next, pf);
+                        rows_any<true, true>(K, s, w, a, R, (int) (c1 - c0), next, pf);
                     }
                 }
                 us[t] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
