@@ -263,6 +263,7 @@ mod tests {
                 1000,
             )],
             hybrid: None,
+            resident_by_cost: false,
         }
     }
 

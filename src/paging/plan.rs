@@ -55,11 +55,23 @@ pub struct PlanInput {
 /// noise (the plan's simulation at equal rates has spread 2.4% slower).
 /// The Qwen3-30B-A3B shape at 8G: pp2048 7551 to 9221 t/s spread, decode
 /// 46.9 and 46.6 (runs 25-27).
+///
+/// `Cost` is `Spread`, or, where the host CPU computes streamed groups and
+/// its groups differ in cost, the FFN groups it computes slowest kept
+/// resident when the plan predicts that faster (`costly_residents`). The
+/// plan predicted 64 skewed sequences on the Qwen3-30B-A3B shape at 8G
+/// faster so (138.90-157.92 ms a step against spread's 150.47-162.96),
+/// but four loads on an H200 measured no gain (runs 200-201: 417.19,
+/// 312.49, 352.07 and 399.02 t/s against spread's 395.85, 390.57, 371.67,
+/// 413.14 and 411.41; the host CPU at 1.05-1.89x its probe's time per
+/// byte in those loads, 0.93-1.20x in spread's), so it is not the
+/// default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ResidentOrder {
     #[default]
     Spread,
     First,
+    Cost,
 }
 
 /// `k` of `m` positions spaced evenly, the first at 0.
@@ -147,6 +159,9 @@ pub struct Plan {
     pub groups: Vec<GroupInfo>,
     /// Streamed groups the CPU computes at small steps, if that pays.
     pub hybrid: Option<super::hybrid::HybridPlan>,
+    /// Whether the resident FFN groups are those the host CPU computes
+    /// slowest (see `costly_residents`) instead of spread evenly.
+    pub resident_by_cost: bool,
 }
 
 impl Plan {
@@ -234,8 +249,8 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
         + slots as u64 * max_bytes(&inp.groups, GroupKind::Ffn);
     let budget = inp.budget.unwrap_or(u64::MAX);
     let mut resident = vec![true; inp.groups.len()];
-    let mut resident_bytes = total;
     let mut slot_bytes = 0;
+    let mut by_cost = None;
     if inp.stream_all || inp.fixed_bytes.saturating_add(total) > budget {
         let minimum = inp.fixed_bytes + ring;
         if budget < minimum {
@@ -256,12 +271,36 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
                 room -= g.bytes;
             }
         }
-        if !inp.stream_all && inp.resident == ResidentOrder::Spread {
-            resident = spread_residents(&inp.groups, &resident, room);
+        if !inp.stream_all && inp.resident != ResidentOrder::First {
+            let prefix = resident;
+            resident = spread_residents(&inp.groups, &prefix, room);
+            let cost = inp.resident == ResidentOrder::Cost;
+            if cost && hybrid && inp.cpu.as_ref().is_some_and(|c| c.tiers) {
+                by_cost = costly_residents(&inp.groups, &prefix, room);
+            }
         }
-        resident_bytes = bytes_of(&inp.groups, &resident);
         slot_bytes = ring;
     }
+    let spread = finish(inp, resident, slot_bytes, attn_slots, hybrid, false);
+    // the host CPU's costliest groups resident instead, where the plan
+    // predicts that faster
+    match by_cost.map(|r| finish(inp, r, slot_bytes, attn_slots, hybrid, true)) {
+        Some(q) if costly_pays(&spread, &q) => Ok(q),
+        _ => Ok(spread),
+    }
+}
+
+/// The plan that keeps `resident` on the device.
+fn finish(
+    inp: &PlanInput,
+    resident: Vec<bool>,
+    slot_bytes: u64,
+    attn_slots: usize,
+    hybrid: bool,
+    by_cost: bool,
+) -> Plan {
+    let slots = inp.slots.max(2);
+    let resident_bytes = bytes_of(&inp.groups, &resident);
     let streamed: u64 = inp
         .groups
         .iter()
@@ -293,7 +332,7 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
         );
         Some(h)
     });
-    Ok(Plan {
+    Plan {
         hybrid,
         slots: (
             if kind_streams(GroupKind::Attn) {
@@ -311,7 +350,97 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
         predicted_copy_s: streamed as f64 / inp.copy_bw.max(1.0),
         compute: inp.compute,
         groups: inp.groups.clone(),
-    })
+        resident_by_cost: by_cost,
+    }
+}
+
+/// The resident set `prefix` (a prefix of the layers, with `room` bytes
+/// left beside it) with its FFN groups' bytes spent on the groups the host
+/// CPU computes slowest per byte, and the attention groups spread as
+/// [`spread_residents`] spreads them; None where the FFN groups all cost
+/// the CPU alike.
+///
+/// The CPU takes its groups of a step from the cheapest streamed ones
+/// (`hybrid::tiers`). In llama.cpp's Q4_K_M mix half the layers'
+/// `ffn_down` is Q6_K, which the host reads at 21-25 GB/s at 64 tokens
+/// against 40-47 for Q4_K (x86 has no repacked Q6_K product), and spreading the
+/// resident groups through the layers left the CPU 12 cheap streamed
+/// groups of 31 on the Qwen3-30B-A3B shape at 8G (run 199): more host
+/// groups at 64 sequences then came from the dear tier and ran at 30 GB/s
+/// against 43. Here the dearest tier's groups stay resident first, each
+/// tier's spread evenly through its layers, so the cheap ones stream
+/// for the CPU; what room is left is filled in layer order.
+fn costly_residents(groups: &[GroupInfo], prefix: &[bool], room: u64) -> Option<Vec<bool>> {
+    let ffn: Vec<usize> = (0..groups.len())
+        .filter(|&i| groups[i].kind == GroupKind::Ffn)
+        .collect();
+    let tier = super::hybrid::tiers(groups, &ffn, true);
+    let top = ffn.iter().map(|&i| tier[i]).max()?;
+    if top == 0 {
+        return None;
+    }
+    let mut out = spread_residents(groups, prefix, room);
+    let mut left = room + bytes_of(groups, prefix) - bytes_of(groups, &out);
+    for &i in &ffn {
+        if out[i] {
+            out[i] = false;
+            left += groups[i].bytes;
+        }
+    }
+    for t in (0..=top).rev() {
+        let idx: Vec<usize> = ffn.iter().copied().filter(|&i| tier[i] == t).collect();
+        let cost = |k: usize| {
+            evenly(idx.len(), k)
+                .map(|p| groups[idx[p]].bytes)
+                .sum::<u64>()
+        };
+        let k = (0..=idx.len())
+            .rev()
+            .find(|&k| cost(k) <= left)
+            .unwrap_or(0);
+        for p in evenly(idx.len(), k) {
+            out[idx[p]] = true;
+        }
+        left -= cost(k);
+        if k < idx.len() {
+            break;
+        }
+    }
+    for (i, g) in groups.iter().enumerate() {
+        if !out[i] && g.bytes <= left {
+            out[i] = true;
+            left -= g.bytes;
+        }
+    }
+    Some(out)
+}
+
+/// Whether `q` (the CPU's costliest groups resident) beats `p` (resident
+/// groups spread): no step size the CPU takes part in predicted more than
+/// 1% slower, the power-of-two sizes' steps faster in sum, and the large
+/// step (where the CPU takes no part) no more than 0.5% slower at its
+/// floor: the two may stream a few bytes apart, the groups packing
+/// differently into the same room.
+fn costly_pays(p: &Plan, q: &Plan) -> bool {
+    let large = |x: &Plan| x.compute.map_or(x.predicted_copy_s, |c| x.floor_s(c.n));
+    let (Some(hp), Some(hq)) = (&p.hybrid, &q.hybrid) else {
+        return false;
+    };
+    let step = |h: &super::hybrid::HybridPlan, n: usize| h.per_size[n - 1].predicted.step_s();
+    let sizes: Vec<usize> = (1..=hp.per_size.len().min(hq.per_size.len()))
+        .filter(|&n| hp.per_size[n - 1].cpu_groups > 0 || hq.per_size[n - 1].cpu_groups > 0)
+        .collect();
+    let sum = |h| {
+        sizes
+            .iter()
+            .filter(|n| n.is_power_of_two())
+            .map(|&n| step(h, n))
+            .sum::<f64>()
+    };
+    !sizes.is_empty()
+        && sizes.iter().all(|&n| step(hq, n) <= step(hp, n) * 1.01)
+        && sum(hq) < sum(hp)
+        && large(q) <= large(p) * 1.005
 }
 
 impl std::fmt::Display for Plan {
@@ -332,6 +461,12 @@ impl std::fmt::Display for Plan {
             mib(self.streamed_bytes_per_step),
             self.predicted_copy_s * 1e3,
         )?;
+        if self.resident_by_cost {
+            write!(
+                f,
+                "; resident FFN groups: those the host CPU computes slowest, so the cheap ones stream for it"
+            )?;
+        }
         if let Some(c) = &self.compute {
             // the floor where decode and a large step are bound
             let sizes: &[u32] = if c.n > 1 { &[1, c.n] } else { &[1] };
@@ -614,6 +749,175 @@ mod tests {
                     prop_assert_eq!(r, p.resident_bytes);
                 }
                 Err(PlanError::BudgetTooSmall { minimum, .. }) => prop_assert!(budget < minimum),
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+    }
+
+    /// `n` layers of a mixture: attention of 10 MiB, FFN of `ffn` MiB
+    /// whose experts cost the CPU 1.0x per byte, every layer `dear` says
+    /// 15% larger and `dear_cost` times as slow at large steps (llama.cpp's
+    /// Q4_K_M mix: Q6_K `ffn_down`, which x86 does not repack).
+    fn mixture(n: usize, ffn: u64, dear: impl Fn(usize) -> bool, dear_cost: f64) -> Vec<GroupInfo> {
+        let mib = 1u64 << 20;
+        (0..n)
+            .flat_map(|l| {
+                let d = dear(l);
+                let bytes = if d { ffn * mib * 115 / 100 } else { ffn * mib };
+                [
+                    GroupInfo::dense(GroupKind::Attn, 10 * mib),
+                    GroupInfo {
+                        kind: GroupKind::Ffn,
+                        bytes,
+                        experts: Some(crate::paging::Experts {
+                            bytes: bytes - mib,
+                            n_expert: 128,
+                            n_used: 8,
+                            hot: 0.0,
+                            popularity: None,
+                            cpu_scale: if d { [1.1, dear_cost] } else { [1.0, 1.0] },
+                        }),
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    /// The Qwen3-30B-A3B shape in the Q4_K_M mix at 8G on an H200 (runs
+    /// 196-199): 48 layers, the bus at 55 GB/s, the host at 80 GB/s at one
+    /// token, 55 at 16 and 49 GB/s of picked experts at 64, a 2048-token
+    /// step bound by the device's compute (216 ms against 211 on the bus).
+    fn moe_30b(resident: ResidentOrder) -> PlanInput {
+        let q6 = |l: usize| !(6..42).contains(&l) || (l - 6) % 3 == 2;
+        let groups = mixture(48, 325, q6, 1.3);
+        let g = &groups[1];
+        let s1 = 1.0 / 80e9;
+        let big = crate::paging::s_per_byte_at(g, 64, g.read_bytes(64) as f64 / 49e9, s1);
+        PlanInput {
+            groups,
+            fixed_bytes: 834 << 20,
+            budget: Some(8 << 30),
+            copy_bw: 55e9,
+            compute: Some(ComputeRate {
+                s_per_byte_1: 1.0 / 134e9,
+                s_per_byte_n: 5.7e-11,
+                n: 2048,
+            }),
+            slots: 3,
+            stream_all: false,
+            resident,
+            cpu: Some(crate::paging::CpuInput {
+                s_per_byte_1: s1,
+                s_per_byte_n: 1.0 / 55e9,
+                big: Some((64, big)),
+                hop_s: 30e-6,
+                gpu_s_per_byte: 1.0 / 350e9,
+                gpu_group_s: 26e-6,
+                cpu_group_s: 50e-6,
+                bus_bw_beside: Some(53.5e9),
+                carry: true,
+                ..probe(s1)
+            }),
+        }
+    }
+
+    #[test]
+    fn the_cpus_dear_groups_stay_resident_where_that_is_faster() {
+        let cost = plan(&moe_30b(ResidentOrder::Cost)).unwrap();
+        let spread = plan(&moe_30b(ResidentOrder::Spread)).unwrap();
+        assert!(cost.resident_by_cost && !spread.resident_by_cost);
+        assert!(cost
+            .to_string()
+            .contains("those the host CPU computes slowest"));
+        for p in [&cost, &spread] {
+            assert!(p.device_bytes() <= 8 << 30);
+        }
+        let (hc, hs) = (
+            cost.hybrid.as_ref().unwrap(),
+            spread.hybrid.as_ref().unwrap(),
+        );
+        let dear = |p: &Plan, i: usize| p.groups[i].cpu_scale()[1] > 1.0;
+        let ffn = |p: &Plan, r: bool| -> Vec<usize> {
+            (0..96)
+                .filter(|&i| p.groups[i].kind == GroupKind::Ffn && p.resident[i] == r)
+                .collect()
+        };
+        // spread: resident FFN groups of both kinds, so the CPU's cheap
+        // streamed groups are few
+        assert!(ffn(&spread, true).iter().any(|&i| !dear(&spread, i)));
+        // by cost: the dear ones resident, every cheap one streams for the CPU
+        assert!(ffn(&cost, true).iter().all(|&i| dear(&cost, i)));
+        let cheap_streamed = |p: &Plan| ffn(p, false).iter().filter(|&&i| !dear(p, i)).count();
+        assert_eq!(cheap_streamed(&cost), 24);
+        assert!(cheap_streamed(&spread) < 24);
+        // the same bytes, give or take a group's packing, and every step
+        // the CPU takes part in no slower; 64 tokens faster
+        let step =
+            |h: &super::super::hybrid::HybridPlan, n: usize| h.per_size[n - 1].predicted.step_s();
+        for n in 1..=64 {
+            assert!(
+                step(hc, n) <= step(hs, n) * 1.01,
+                "{n} tokens: {} against {}",
+                step(hc, n),
+                step(hs, n)
+            );
+        }
+        assert!(
+            step(hc, 64) < step(hs, 64) * 0.97,
+            "{} against {}",
+            step(hc, 64),
+            step(hs, 64)
+        );
+        assert!(cost.floor_s(2048) <= spread.floor_s(2048) * 1.005);
+        assert!(
+            (0.21..0.22).contains(&spread.compute_s(2048)),
+            "{}",
+            spread.compute_s(2048)
+        );
+        // groups of one cost: by cost is spread
+        let mut one = moe_30b(ResidentOrder::Cost);
+        one.groups = mixture(48, 325, |_| false, 1.0);
+        let a = plan(&one).unwrap();
+        let s = plan(&PlanInput {
+            resident: ResidentOrder::Spread,
+            ..one
+        })
+        .unwrap();
+        assert!(!a.resident_by_cost);
+        assert_eq!(a.resident, s.resident);
+    }
+
+    proptest! {
+        #[test]
+        fn resident_by_cost_fits_and_is_never_slower(n in 4usize..24, ffn in 50u64..400, every in 2usize..4, cost in 1.05f64..2.5, share in 0.2f64..0.9, spb in 0.3f64..3.0) {
+            let groups = mixture(n, ffn, |l| l % every == 0, cost);
+            // a budget that streams some of the model
+            let budget_mib = ((groups.iter().map(|g| g.bytes).sum::<u64>() >> 20) as f64 * share) as u64 + 834;
+            let mut inp = moe_30b(ResidentOrder::Cost);
+            inp.groups = groups;
+            inp.budget = Some(budget_mib << 20);
+            inp.cpu = inp.cpu.map(|c| c.scaled(spb));
+            let spread = plan(&PlanInput { resident: ResidentOrder::Spread, ..inp.clone() });
+            match plan(&inp) {
+                Ok(p) => {
+                    prop_assert!(p.device_bytes() <= budget_mib << 20);
+                    let r: u64 = inp.groups.iter().zip(&p.resident).filter(|(_, r)| **r).map(|(g, _)| g.bytes).sum();
+                    prop_assert_eq!(r, p.resident_bytes);
+                    prop_assert_eq!(r + p.streamed_bytes_per_step, inp.groups.iter().map(|g| g.bytes).sum::<u64>());
+                    let s = spread.expect("spread plans where auto does");
+                    if p.resident_by_cost {
+                        let (hp, hs) = (p.hybrid.as_ref().unwrap(), s.hybrid.as_ref().unwrap());
+                        for k in 1..=hp.per_size.len() {
+                            if hp.per_size[k - 1].cpu_groups > 0 || hs.per_size[k - 1].cpu_groups > 0 {
+                                prop_assert!(hp.per_size[k - 1].predicted.step_s() <= hs.per_size[k - 1].predicted.step_s() * 1.01);
+                            }
+                        }
+                        prop_assert!(p.floor_s(2048) <= s.floor_s(2048) * 1.005);
+                    } else {
+                        prop_assert_eq!(&p.resident, &s.resident);
+                    }
+                }
+                Err(PlanError::BudgetTooSmall { minimum, .. }) => prop_assert!(budget_mib << 20 < minimum),
                 Err(e) => prop_assert!(false, "{}", e),
             }
         }

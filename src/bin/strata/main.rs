@@ -191,8 +191,11 @@ pub struct ModelArgs {
     pub stream_all: bool,
     /// Which layer groups stay on the GPU when not all fit: as many of
     /// each kind spread evenly through the layers (spread: the bus then
-    /// streams while resident groups compute all through a large step), or
-    /// the first layers' (first).
+    /// streams while resident groups compute all through a large step),
+    /// the first layers' (first), or spread unless the host CPU computes
+    /// streamed groups of unequal cost, where the plan may keep those it
+    /// computes slowest and stream the cheap ones for it (cost; predicted
+    /// faster, not measured so: BENCHMARKS.md).
     #[arg(long, default_value = "spread", value_parser = parse_resident)]
     pub resident: strata::paging::ResidentOrder,
     /// Debug: fill each slot with NaN after use, so a read before its upload
@@ -416,7 +419,8 @@ fn parse_resident(s: &str) -> Result<strata::paging::ResidentOrder, String> {
     match s {
         "first" => Ok(strata::paging::ResidentOrder::First),
         "spread" => Ok(strata::paging::ResidentOrder::Spread),
-        _ => Err(format!("'{s}': use spread or first")),
+        "cost" => Ok(strata::paging::ResidentOrder::Cost),
+        _ => Err(format!("'{s}': use spread, first or cost")),
     }
 }
 
