@@ -50,7 +50,7 @@ fn out_of_range_flags_are_refused_naming_them() {
             "most",
             "use auto, off or a number of experts per layer",
         ),
-        ("--resident", "auto", "use spread or first"),
+        ("--resident", "auto", "use spread, first or cost"),
         ("--look-ahead", "257", "--look-ahead"),
         ("--look-ahead-layers", "0", "--look-ahead-layers"),
         ("--look-ahead-layers", "9", "--look-ahead-layers"),
