@@ -143,21 +143,21 @@ int main(int argc, char ** argv) {
                 const double gb = touched.size() * expert_bytes / 1e9;
                 printf("%-17s %3lld tokens, %3zu experts picked, %-10s median %8.1f us, %6.1f GB/s", c.name,
                        (long long) T, touched.size(), layout == 0 ? "plain" : "CPU_REPACK", 1e6 * med, gb / med);
+                // FNV-1a of the output's bytes: the same inputs (fixed seeds) give the
+                // same hash from two modules exactly when their outputs are bit for bit equal
+                uint64_t h = 1469598103934665603ull;
+                const unsigned char * p = (const unsigned char *) out.data();
+                for (size_t i = 0; i < out.size() * sizeof(float); ++i) {
+                    h = (h ^ p[i]) * 1099511628211ull;
+                }
                 if (layout == 0) {
                     ref = out;
-                    printf("\n");
+                    printf(", output hash %016llx\n", (unsigned long long) h);
                 } else {
                     double num = 0, den = 0;
                     for (size_t i = 0; i < out.size(); ++i) {
                         num += (out[i] - ref[i]) * (double) (out[i] - ref[i]);
                         den += ref[i] * (double) ref[i];
-                    }
-                    // FNV-1a of the output's bytes: the same inputs (fixed seeds) give the
-                    // same hash from two modules exactly when their outputs are bit for bit equal
-                    uint64_t h = 1469598103934665603ull;
-                    const unsigned char * p = (const unsigned char *) out.data();
-                    for (size_t i = 0; i < out.size() * sizeof(float); ++i) {
-                        h = (h ^ p[i]) * 1099511628211ull;
                     }
                     printf(", NMSE against plain %.3g, output hash %016llx\n", den > 0 ? num / den : 0.0,
                            (unsigned long long) h);
