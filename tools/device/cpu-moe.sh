@@ -10,8 +10,9 @@
 # hash of each repacked output to tell whether two modules agree bit for bit:
 # tools/device/cpu-moe-check.cpp with each module of each of VARIANTS
 # (default sapphirerapids), at each of THREADS (default 16), for uniform
-# and skewed routing (MOE_SKEW 0 and 1), Q4_K; and Q6_K once (x86
-# repacks no Q6_K: plain memory alone). Results in $OUT/cpu-moe.txt.
+# and skewed routing (MOE_SKEW 0 and 1), Q4_K; and Q6_K with each module at
+# the first thread count (x86 repacks no Q6_K: plain memory alone). Results
+# in $OUT/cpu-moe.txt.
 #   here: XZ_BIN=1 tools/device/pack.sh; optionally mkdir -p .carry/old-cpu;
 #         cp OLD/libggml-cpu-{sapphirerapids,...}.so .carry/old-cpu/
 #   device: bash tools/device/cpu-moe.sh
@@ -39,9 +40,17 @@ for variant in ${VARIANTS:-sapphirerapids}; do
       done
     done
   done
-  echo "== $variant, new module, Q6_K (plain only on x86)" | tee -a "$f"
-  MOE_TYPE=q6_K MOE_TOKENS="1 16 64" /root/cpu-moe-check $bin/libggml-cpu-$variant.so $t0 2>&1 \
-    | grep -v -e "^repack:" -e "^load_backend" | tee -a "$f"
+  # Q6_K with each module (vendor/patches/candidates/0010 changes its
+  # product), skewed routing too: hashes equal when the outputs are
+  for skew in 0 1; do
+    for v in old new; do
+      m=.carry/old-cpu/libggml-cpu-$variant.so; [ $v = new ] && m=$bin/libggml-cpu-$variant.so
+      [ -f $m ] || continue
+      echo "== $variant, $v module, Q6_K (plain only on x86), skew $skew" | tee -a "$f"
+      MOE_SKEW=$skew MOE_TYPE=q6_K MOE_TOKENS="${TOKENS:-1 4 16 64}" /root/cpu-moe-check $m $t0 2>&1 \
+        | grep -v -e "^repack:" -e "^load_backend" | tee -a "$f"
+    done
+  done
 done
 for g in machine.txt; do
   [ -f "$out/$g" ] && { echo "== $g"; cat "$out/$g"; rm -f "$out/$g"; } >> "$f"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Vendor patch 0009 (the repacked Q4_K expert product a few rows at a time,
-# prefetching) against the CPU module before it, one call:
+# A CPU module against the one before it (written for vendor patch 0009, the
+# repacked Q4_K expert product a few rows at a time, prefetching; it serves
+# vendor/patches/candidates/0010, Q6_K's, the same way), one call:
 # 1. tools/device/cpu-moe.sh: the expert product alone with both modules,
 #    NMSE against plain memory and an output hash each (equal hashes: the
 #    same bits), at 1, 4, 16 and 64 tokens (cpu-moe.txt);
