@@ -276,7 +276,9 @@ fn place(inp: &PlanInput, attn_slots: usize, hybrid: bool) -> Result<Plan, PlanE
             resident = spread_residents(&inp.groups, &prefix, room);
             let cost = inp.resident == ResidentOrder::Cost;
             if cost && hybrid && inp.cpu.as_ref().is_some_and(|c| c.tiers) {
-                by_cost = costly_residents(&inp.groups, &prefix, room);
+                // the same bytes as the prefix and its room
+                let left = room + bytes_of(&inp.groups, &prefix) - bytes_of(&inp.groups, &resident);
+                by_cost = costly_residents(&inp.groups, &resident, left);
             }
         }
         slot_bytes = ring;
@@ -354,23 +356,22 @@ fn finish(
     }
 }
 
-/// The resident set `prefix` (a prefix of the layers, with `room` bytes
-/// left beside it) with its FFN groups' bytes spent on the groups the host
-/// CPU computes slowest per byte, and the attention groups spread as
-/// [`spread_residents`] spreads them; None where the FFN groups all cost
-/// the CPU alike.
+/// The resident set `spread` ([`spread_residents`]'s, with `left` bytes
+/// of room beside it) with its FFN groups' bytes spent on the groups the host
+/// CPU computes slowest per byte, its attention groups as they are; None
+/// where the FFN groups all cost the CPU alike.
 ///
 /// The CPU takes its groups of a step from the cheapest streamed ones
 /// (`hybrid::tiers`). In llama.cpp's Q4_K_M mix half the layers'
 /// `ffn_down` is Q6_K, which the host reads at 21-25 GB/s at 64 tokens
-/// against 40-47 for Q4_K (x86 has no repacked Q6_K product), and spreading the
-/// resident groups through the layers left the CPU 12 cheap streamed
-/// groups of 31 on the Qwen3-30B-A3B shape at 8G (run 199): more host
-/// groups at 64 sequences then came from the dear tier and ran at 30 GB/s
-/// against 43. Here the dearest tier's groups stay resident first, each
-/// tier's spread evenly through its layers, so the cheap ones stream
+/// against 40-47 for Q4_K (x86 has no repacked Q6_K product), and
+/// spreading the resident groups through the layers left the CPU 12 cheap
+/// streamed groups of 31 on the Qwen3-30B-A3B shape at 8G (run 199): more
+/// host groups at 64 sequences then came from the dear tier and ran at 30
+/// GB/s against 43. Here the dearest tier's groups stay resident first,
+/// each tier's spread evenly through its layers, so the cheap ones stream
 /// for the CPU; what room is left is filled in layer order.
-fn costly_residents(groups: &[GroupInfo], prefix: &[bool], room: u64) -> Option<Vec<bool>> {
+fn costly_residents(groups: &[GroupInfo], spread: &[bool], left: u64) -> Option<Vec<bool>> {
     let ffn: Vec<usize> = (0..groups.len())
         .filter(|&i| groups[i].kind == GroupKind::Ffn)
         .collect();
@@ -379,8 +380,8 @@ fn costly_residents(groups: &[GroupInfo], prefix: &[bool], room: u64) -> Option<
     if top == 0 {
         return None;
     }
-    let mut out = spread_residents(groups, prefix, room);
-    let mut left = room + bytes_of(groups, prefix) - bytes_of(groups, &out);
+    let mut out = spread.to_vec();
+    let mut left = left;
     for &i in &ffn {
         if out[i] {
             out[i] = false;
@@ -904,7 +905,7 @@ mod tests {
                     let r: u64 = inp.groups.iter().zip(&p.resident).filter(|(_, r)| **r).map(|(g, _)| g.bytes).sum();
                     prop_assert_eq!(r, p.resident_bytes);
                     prop_assert_eq!(r + p.streamed_bytes_per_step, inp.groups.iter().map(|g| g.bytes).sum::<u64>());
-                    let s = spread.expect("spread plans where auto does");
+                    let s = spread.expect("spread plans where by cost does");
                     if p.resident_by_cost {
                         let (hp, hs) = (p.hybrid.as_ref().unwrap(), s.hybrid.as_ref().unwrap());
                         for k in 1..=hp.per_size.len() {
