@@ -87,8 +87,16 @@ pub(super) struct RoutedStep {
     /// prediction this is.
     hybrid_s: Option<f64>,
     /// The factor on the probe's CPU time that prediction took
-    /// (`CpuCalibration::seen`).
+    /// (`CpuCalibration::factor`).
     hybrid_factor: f64,
+}
+
+impl RoutedStep {
+    /// Whether the step runs routed in place of the hybrid plan's, its
+    /// host groups left out.
+    pub(super) fn replaces_hybrid(&self) -> bool {
+        self.hybrid_s.is_some()
+    }
 }
 
 impl Engine {
@@ -203,6 +211,11 @@ impl Engine {
             let (Some(cal), Some(plan)) = (cal, self.plan.placement.hybrid.as_ref()) else {
                 return RoutedStep::default();
             };
+            // the host measured again now and then, where its band's
+            // estimate has kept the steps off it (`RECHECK_STEPS`)
+            if cal.recheck_due(n) {
+                return RoutedStep::default();
+            }
             let choices = self.routed_choices(n, order, &vec![false; on_cpu.len()]);
             if choices.is_empty() {
                 return RoutedStep::default();
@@ -216,7 +229,7 @@ impl Engine {
                 choices,
                 predicted_s: Some(routed),
                 hybrid_s: Some(hybrid),
-                hybrid_factor: cal.seen,
+                hybrid_factor: cal.factor(n),
             };
         }
         let choices = self.routed_choices(n, order, on_cpu);

@@ -356,6 +356,11 @@ impl Engine {
         // routed uploads (on `auto`, in place of the host's groups where
         // that is predicted faster)
         let routed = self.choose_routed_step(n, &order, &mut on_cpu);
+        if routed.replaces_hybrid() {
+            if let Some(c) = self.cpu_cal.as_mut() {
+                c.skipped(n);
+            }
+        }
         if let Some(h) = self.host.as_mut() {
             h.stats = host::HostStats::default();
         }
@@ -537,13 +542,14 @@ impl Engine {
     }
 
     /// Hybrid decode: the factor on the probe's CPU time per byte that the
-    /// steps so far showed, and the step of `n` tokens predicted with the
-    /// CPU at that speed (the plan's own prediction uses the probe's).
+    /// steps of `n` tokens' band so far showed, and the step of `n` tokens
+    /// predicted with the CPU at that speed (the plan's own prediction
+    /// uses the probe's).
     pub fn cpu_calibration(&self, n: u32) -> Option<(f64, f64)> {
         let (c, plan) = (self.cpu_cal.as_ref()?, self.plan.placement.hybrid.as_ref()?);
         (1..=crate::paging::HYBRID_MAX_TOKENS)
             .contains(&n)
-            .then(|| (c.seen, c.predict(plan, n)))
+            .then(|| (c.factor(n), c.predict(plan, n)))
     }
 
     /// Hybrid decode: the step of `n` tokens predicted with the CPU at the
@@ -556,7 +562,7 @@ impl Engine {
             .contains(&n)
             .then(|| {
                 (
-                    c.predict_at(plan, n, c.seen, Some(bus_bw)),
+                    c.predict_at(plan, n, c.factor(n), Some(bus_bw)),
                     c.probe.bus_bw_beside,
                 )
             })

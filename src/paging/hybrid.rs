@@ -754,12 +754,23 @@ pub fn sizes(
 /// The host CPU's speed in real steps against the probe's reading, which
 /// can be 10-30% off (a probe runs 2 GiB of matrices; a step many GiB,
 /// beside the bus's reads of host memory). [`CpuCalibration::observe`]
-/// keeps a running estimate; [`CpuCalibration::predict`] simulates a step
-/// at that speed, which separates the probe's error from the model's. The
-/// splits are not chosen again from it: on the H100 machine re-planning as
-/// steps came in flip-flopped between splits (the per-byte speed moves with
-/// the split and from step to step) and every change re-warms the changed
-/// groups' graphs (docs/device/hybrid/run11: 3.11 t/s against 4.06).
+/// keeps a running estimate for each band of step sizes;
+/// [`CpuCalibration::predict`] simulates a step at that speed, which
+/// separates the probe's error from the model's. The splits are not chosen
+/// again from it: on the H100 machine re-planning as steps came in
+/// flip-flopped between splits (the per-byte speed moves with the split and
+/// from step to step) and every change re-warms the changed groups' graphs
+/// (docs/device/hybrid/run11: 3.11 t/s against 4.06).
+///
+/// One estimate for all sizes let a busy host's one-token steps (many small
+/// groups, each waiting on the host's threads) speak for 64-token ones
+/// (long reads of memory): on a shared H200 host one-token steps ran at
+/// 1.45-2.25x the probe's time where 64-token ones beside them ran at
+/// 1.18-1.19, and the engine took routed steps without host groups for 64
+/// tokens at 290-309 t/s where the hybrid ones ran 331-445
+/// (docs/device-runs.md, runs 204-207). So each band (sizes up to a power
+/// of two, [`band`]) keeps its own estimate, the probe's reading until a
+/// step of the band was counted.
 #[derive(Clone, Debug)]
 pub struct CpuCalibration {
     /// The probe's reading.
@@ -768,16 +779,43 @@ pub struct CpuCalibration {
     streamed: Vec<bool>,
     slots: (usize, usize),
     copy_bw: f64,
-    /// Running estimate, from steps, of the factor on the probe's seconds
-    /// per byte.
-    pub seen: f64,
-    /// Steps counted.
-    samples: u32,
+    /// By band of step sizes ([`band`]), the running estimate, from
+    /// steps, of the factor on the probe's seconds per byte.
+    bands: Vec<Band>,
     /// The step sizes a step has been observed at: the first step of each
     /// size builds its graphs and warms its groups' memory, so it is not
     /// counted.
     warmed: Vec<u32>,
 }
+
+/// What the steps of one band of sizes showed.
+#[derive(Clone, Copy, Debug)]
+struct Band {
+    /// The band's largest size ([`band`]).
+    top: u32,
+    /// The running estimate of the factor on the probe's seconds per byte.
+    factor: f64,
+    /// Steps counted.
+    samples: u32,
+    /// Steps of the band run without host groups since one with them
+    /// ([`CpuCalibration::skipped`]).
+    skipped: u32,
+}
+
+/// The band of step sizes a step of `n` tokens is calibrated in: sizes up
+/// to the next power of two (1, 2, 3-4, 5-8, ... 33-64), whose host groups
+/// read memory alike.
+pub fn band(n: u32) -> u32 {
+    n.max(1).next_power_of_two()
+}
+
+/// Where the steps of a band ran without host groups because the band's
+/// estimate made them slower ([`CpuCalibration::skipped`]), every this
+/// many such steps one runs hybrid again, so that an estimate taken while
+/// the host was busy is measured again: without it nothing corrects it
+/// (the choice keeps the band's steps off the CPU). It costs at most one
+/// step in this many the difference between the two.
+pub const RECHECK_STEPS: u32 = 16;
 
 impl CpuCalibration {
     pub fn new(
@@ -793,8 +831,7 @@ impl CpuCalibration {
             streamed,
             slots,
             copy_bw,
-            seen: 1.0,
-            samples: 0,
+            bands: Vec::new(),
             warmed: Vec::new(),
         }
     }
@@ -823,11 +860,55 @@ impl CpuCalibration {
             self.warmed.push(n);
             return;
         }
-        self.samples += 1;
-        self.seen = match self.samples {
+        let b = self.band_mut(n);
+        b.samples += 1;
+        b.skipped = 0;
+        b.factor = match b.samples {
             1 => f,
-            _ => 0.7 * self.seen + 0.3 * f,
+            _ => 0.7 * b.factor + 0.3 * f,
         };
+    }
+
+    /// The factor on the probe's CPU time per byte that steps of `n`
+    /// tokens' band showed; 1 (the probe's reading) before one was
+    /// counted.
+    pub fn factor(&self, n: u32) -> f64 {
+        self.bands
+            .iter()
+            .find(|b| b.top == band(n) && b.samples > 0)
+            .map_or(1.0, |b| b.factor)
+    }
+
+    /// A step of `n` tokens ran without its host groups because the
+    /// band's estimate made the hybrid step slower (routed uploads on
+    /// `auto`).
+    pub fn skipped(&mut self, n: u32) {
+        self.band_mut(n).skipped += 1;
+    }
+
+    /// Whether the next step of `n` tokens should run hybrid whatever the
+    /// estimate says, to measure the host again ([`RECHECK_STEPS`]).
+    pub fn recheck_due(&self, n: u32) -> bool {
+        self.bands
+            .iter()
+            .any(|b| b.top == band(n) && b.skipped >= RECHECK_STEPS)
+    }
+
+    fn band_mut(&mut self, n: u32) -> &mut Band {
+        let top = band(n);
+        let i = match self.bands.iter().position(|b| b.top == top) {
+            Some(i) => i,
+            None => {
+                self.bands.push(Band {
+                    top,
+                    factor: 1.0,
+                    samples: 0,
+                    skipped: 0,
+                });
+                self.bands.len() - 1
+            }
+        };
+        &mut self.bands[i]
     }
 
     /// The CPU seconds the probe gives its part of `plan`'s step of `n`
@@ -846,9 +927,9 @@ impl CpuCalibration {
     }
 
     /// The predicted step of `n` tokens with `plan`'s split, the CPU at the
-    /// speed the steps showed.
+    /// speed the steps of its band showed.
     pub fn predict(&self, plan: &HybridPlan, n: u32) -> f64 {
-        self.predict_at(plan, n, self.seen, None)
+        self.predict_at(plan, n, self.factor(n), None)
     }
 
     /// The same at given rates: the CPU at `cpu_factor` times the probe's
@@ -989,7 +1070,7 @@ mod tests {
         for _ in 0..6 {
             cal.observe(1, &p, bytes as f64);
         }
-        assert!((cal.seen - 1.0).abs() < 1e-9);
+        assert!((cal.factor(1) - 1.0).abs() < 1e-9);
         assert!((cal.predict(&p, 1) - before.predicted.step_s()).abs() < 1e-9);
         // steps 30% slower: the estimate follows, the first (warm-up) step
         // of a fresh calibration is not counted
@@ -998,20 +1079,90 @@ mod tests {
         for _ in 0..8 {
             cal.observe(1, &p, 1.3 * bytes as f64);
         }
-        assert!((cal.seen - 1.3).abs() < 1e-6, "{}", cal.seen);
+        assert!((cal.factor(1) - 1.3).abs() < 1e-6, "{}", cal.factor(1));
         // at that speed the same split takes longer
         assert!(cal.predict(&p, 1) > before.predicted.step_s() * 1.1);
         // a step where the CPU computed nothing says nothing
         cal.observe(MAX_TOKENS + 1, &p, 0.0);
-        assert!((cal.seen - 1.3).abs() < 1e-6);
-        // the first step of each new size is a warm-up too: a slow one
-        // moves nothing, the next of that size counts
+        assert!((cal.factor(1) - 1.3).abs() < 1e-6);
+        // another band keeps the probe's reading until its own steps are
+        // counted, the first of each size a warm-up: a slow one moves
+        // nothing, the next of that size counts
         let at2 = cal.probe_cpu_s(2, &p);
         assert!(at2 > 0.0);
+        assert!((cal.factor(2) - 1.0).abs() < 1e-9);
+        assert!((cal.predict(&p, 2) - cal.predict_at(&p, 2, 1.0, None)).abs() < 1e-12);
         cal.observe(2, &p, 3.0 * at2);
-        assert!((cal.seen - 1.3).abs() < 1e-6, "{}", cal.seen);
-        cal.observe(2, &p, at2);
-        assert!((cal.seen - (0.7 * 1.3 + 0.3)).abs() < 1e-6, "{}", cal.seen);
+        assert!((cal.factor(2) - 1.0).abs() < 1e-9, "{}", cal.factor(2));
+        cal.observe(2, &p, 1.1 * at2);
+        assert!((cal.factor(2) - 1.1).abs() < 1e-6, "{}", cal.factor(2));
+        cal.observe(2, &p, 1.5 * at2);
+        assert!((cal.factor(2) - (0.7 * 1.1 + 0.3 * 1.5)).abs() < 1e-6);
+        assert!((cal.factor(1) - 1.3).abs() < 1e-6, "{}", cal.factor(1));
+    }
+
+    #[test]
+    fn each_band_of_step_sizes_keeps_its_own_cpu_factor() {
+        assert_eq!(
+            [1, 2, 3, 4, 5, 8, 9, 33, 64].map(band),
+            [1, 2, 4, 4, 8, 8, 16, 64, 64]
+        );
+        let g = layers(60, 85, 396);
+        let streamed = vec![true; g.len()];
+        let c = cpu(1.0);
+        let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &c).expect("hybrid pays");
+        let mut cal = CpuCalibration::new(c, g, streamed, (8, 3), 1.0);
+        let at = |cal: &CpuCalibration, n| cal.probe_cpu_s(n, &p);
+        let (at1, at3) = (at(&cal, 1), at(&cal, 3));
+        assert!(at1 > 0.0 && at3 > 0.0);
+        // a busy host's one-token steps (run 204: 1.87x) say nothing of
+        // steps of 3 or 4 tokens
+        for _ in 0..10 {
+            cal.observe(1, &p, 1.87 * at1);
+        }
+        assert!((cal.factor(1) - 1.87).abs() < 1e-6);
+        assert!((cal.factor(4) - 1.0).abs() < 1e-9);
+        // 3 and 4 share a band: counted steps of 3 tokens (each size's
+        // first is its warm-up) set 4's
+        cal.observe(3, &p, 9.0 * at3);
+        cal.observe(3, &p, 1.19 * at3);
+        assert!((cal.factor(4) - 1.19).abs() < 1e-6, "{}", cal.factor(4));
+        assert!((cal.factor(3) - 1.19).abs() < 1e-6);
+        let at4 = at(&cal, 4);
+        cal.observe(4, &p, 2.0 * at4);
+        assert!((cal.factor(3) - 1.19).abs() < 1e-6, "4's warm-up counted");
+        cal.observe(4, &p, 1.19 * at4);
+        assert!((cal.factor(3) - 1.19).abs() < 1e-6);
+        assert!((cal.factor(1) - 1.87).abs() < 1e-6);
+        // and the prediction of a size takes its band's factor
+        assert!((cal.predict(&p, 4) - cal.predict_at(&p, 4, 1.19, None)).abs() < 1e-12);
+        assert!((cal.predict(&p, 1) - cal.predict_at(&p, 1, 1.87, None)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_band_kept_off_the_host_is_measured_again() {
+        let g = layers(60, 85, 396);
+        let streamed = vec![true; g.len()];
+        let c = cpu(1.0);
+        let p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &c).expect("hybrid pays");
+        let mut cal = CpuCalibration::new(c, g, streamed, (8, 3), 1.0);
+        let at = cal.probe_cpu_s(8, &p);
+        cal.observe(8, &p, at);
+        cal.observe(8, &p, 2.2 * at);
+        for _ in 1..RECHECK_STEPS {
+            cal.skipped(8);
+            assert!(!cal.recheck_due(8));
+        }
+        // skipped in a band of its own: 8's count stays
+        cal.skipped(16);
+        assert!(!cal.recheck_due(8));
+        cal.skipped(7);
+        assert!(cal.recheck_due(8) && cal.recheck_due(5));
+        assert!(!cal.recheck_due(16) && !cal.recheck_due(4));
+        // the hybrid step that follows counts and starts the count again
+        cal.observe(8, &p, 1.0 * at);
+        assert!(!cal.recheck_due(8));
+        assert!((cal.factor(8) - (0.7 * 2.2 + 0.3)).abs() < 1e-6);
     }
 
     #[test]
