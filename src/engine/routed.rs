@@ -89,13 +89,17 @@ pub(super) struct RoutedStep {
     /// The factor on the probe's CPU time that prediction took
     /// (`CpuCalibration::factor`).
     hybrid_factor: f64,
+    /// The step runs routed because of that factor: at the probe's speed
+    /// the hybrid step would have been predicted faster.
+    by_factor: bool,
 }
 
 impl RoutedStep {
-    /// Whether the step runs routed in place of the hybrid plan's, its
-    /// host groups left out.
-    pub(super) fn replaces_hybrid(&self) -> bool {
-        self.hybrid_s.is_some()
+    /// Whether the step runs routed in place of the hybrid plan's only
+    /// because the host's steps of its size band ran slower than probed
+    /// (`CpuCalibration::skipped` counts these).
+    pub(super) fn off_host_by_factor(&self) -> bool {
+        self.by_factor
     }
 }
 
@@ -225,11 +229,17 @@ impl Engine {
                 return RoutedStep::default();
             }
             on_cpu.fill(false);
+            // only a factor over the probe's can be wrong in this
+            // direction: the host's steps slower than probed made the
+            // hybrid step lose, and only a hybrid step can say whether
+            // they still are
+            let by_factor = cal.factor(n) > 1.0 && routed >= cal.predict_at(plan, n, 1.0, None);
             return RoutedStep {
                 choices,
                 predicted_s: Some(routed),
                 hybrid_s: Some(hybrid),
                 hybrid_factor: cal.factor(n),
+                by_factor,
             };
         }
         let choices = self.routed_choices(n, order, on_cpu);
@@ -241,6 +251,7 @@ impl Engine {
             predicted_s,
             hybrid_s: None,
             hybrid_factor: 0.0,
+            by_factor: false,
         }
     }
 

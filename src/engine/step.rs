@@ -356,7 +356,7 @@ impl Engine {
         // routed uploads (on `auto`, in place of the host's groups where
         // that is predicted faster)
         let routed = self.choose_routed_step(n, &order, &mut on_cpu);
-        if routed.replaces_hybrid() {
+        if routed.off_host_by_factor() {
             if let Some(c) = self.cpu_cal.as_mut() {
                 c.skipped(n);
             }

@@ -809,12 +809,13 @@ pub fn band(n: u32) -> u32 {
     n.max(1).next_power_of_two()
 }
 
-/// Where the steps of a band ran without host groups because the band's
-/// estimate made them slower ([`CpuCalibration::skipped`]), every this
-/// many such steps one runs hybrid again, so that an estimate taken while
-/// the host was busy is measured again: without it nothing corrects it
-/// (the choice keeps the band's steps off the CPU). It costs at most one
-/// step in this many the difference between the two.
+/// Where the steps of a band ran without host groups only because the
+/// band's estimate (over 1: the host slower than probed) made the hybrid
+/// step slower ([`CpuCalibration::skipped`]), every this many such steps
+/// one runs hybrid again, so that an estimate taken while the host was
+/// busy is measured again: without it nothing corrects it (the choice
+/// keeps the band's steps off the CPU). It costs at most one step in this
+/// many the difference between the two.
 pub const RECHECK_STEPS: u32 = 16;
 
 impl CpuCalibration {
@@ -879,9 +880,9 @@ impl CpuCalibration {
             .map_or(1.0, |b| b.factor)
     }
 
-    /// A step of `n` tokens ran without its host groups because the
+    /// A step of `n` tokens ran without its host groups only because the
     /// band's estimate made the hybrid step slower (routed uploads on
-    /// `auto`).
+    /// `auto`; at the probe's speed it would have run hybrid).
     pub fn skipped(&mut self, n: u32) {
         self.band_mut(n).skipped += 1;
     }
