@@ -764,11 +764,11 @@ pub fn sizes(
 ///
 /// One estimate for all sizes let a busy host's one-token steps (many small
 /// groups, each waiting on the host's threads) speak for 64-token ones
-/// (long reads of memory): on a shared H200 host one-token steps ran at
-/// 1.45-2.25x the probe's time where 64-token ones beside them ran at
-/// 1.18-1.19, and the engine took routed steps without host groups for 64
-/// tokens at 290-309 t/s where the hybrid ones ran 331-445
-/// (docs/device-runs.md, runs 204-207). So each band (sizes up to a power
+/// (long reads of memory): on a shared H200 host one-token steps put the
+/// factor at 1.57-2.25 where 64-token ones beside them ran at 1.18-1.19
+/// of their prediction, and the engine took routed steps without host
+/// groups for 64 tokens at 300-309 t/s where the hybrid ones ran 331-446
+/// (docs/device-runs.md, runs 204 and 207). So each band (sizes up to a power
 /// of two, [`band`]) keeps its own estimate, the probe's reading until a
 /// step of the band was counted.
 #[derive(Clone, Debug)]
@@ -815,8 +815,9 @@ pub fn band(n: u32) -> u32 {
 /// one runs hybrid again, so that an estimate taken while the host was
 /// busy is measured again: without it nothing corrects it (the choice
 /// keeps the band's steps off the CPU). It costs at most one step in this
-/// many the difference between the two.
-pub const RECHECK_STEPS: u32 = 16;
+/// many the difference between the two; 8 lets a 64-sequence bench
+/// repetition (8 steps) measure again what the one before it set.
+pub const RECHECK_STEPS: u32 = 8;
 
 impl CpuCalibration {
     pub fn new(
