@@ -875,9 +875,8 @@ impl CpuCalibration {
     /// tokens' band showed; 1 (the probe's reading) before one was
     /// counted.
     pub fn factor(&self, n: u32) -> f64 {
-        self.bands
-            .iter()
-            .find(|b| b.top == band(n) && b.samples > 0)
+        self.band_of(n)
+            .filter(|b| b.samples > 0)
             .map_or(1.0, |b| b.factor)
     }
 
@@ -891,26 +890,27 @@ impl CpuCalibration {
     /// Whether the next step of `n` tokens should run hybrid whatever the
     /// estimate says, to measure the host again ([`RECHECK_STEPS`]).
     pub fn recheck_due(&self, n: u32) -> bool {
-        self.bands
-            .iter()
-            .any(|b| b.top == band(n) && b.skipped >= RECHECK_STEPS)
+        self.band_of(n).is_some_and(|b| b.skipped >= RECHECK_STEPS)
+    }
+
+    fn band_of(&self, n: u32) -> Option<&Band> {
+        self.bands.iter().find(|b| b.top == band(n))
     }
 
     fn band_mut(&mut self, n: u32) -> &mut Band {
         let top = band(n);
-        let i = match self.bands.iter().position(|b| b.top == top) {
-            Some(i) => i,
-            None => {
-                self.bands.push(Band {
-                    top,
-                    factor: 1.0,
-                    samples: 0,
-                    skipped: 0,
-                });
-                self.bands.len() - 1
-            }
-        };
-        &mut self.bands[i]
+        if !self.bands.iter().any(|b| b.top == top) {
+            self.bands.push(Band {
+                top,
+                factor: 1.0,
+                samples: 0,
+                skipped: 0,
+            });
+        }
+        self.bands
+            .iter_mut()
+            .find(|b| b.top == top)
+            .expect("pushed")
     }
 
     /// The CPU seconds the probe gives its part of `plan`'s step of `n`

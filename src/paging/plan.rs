@@ -371,7 +371,7 @@ fn finish(
 /// GB/s against 43. Here the dearest tier's groups stay resident first,
 /// each tier's spread evenly through its layers, so the cheap ones stream
 /// for the CPU; what room is left is filled in layer order.
-fn costly_residents(groups: &[GroupInfo], spread: &[bool], left: u64) -> Option<Vec<bool>> {
+fn costly_residents(groups: &[GroupInfo], spread: &[bool], mut left: u64) -> Option<Vec<bool>> {
     let ffn: Vec<usize> = (0..groups.len())
         .filter(|&i| groups[i].kind == GroupKind::Ffn)
         .collect();
@@ -381,7 +381,6 @@ fn costly_residents(groups: &[GroupInfo], spread: &[bool], left: u64) -> Option<
         return None;
     }
     let mut out = spread.to_vec();
-    let mut left = left;
     for &i in &ffn {
         if out[i] {
             out[i] = false;
