@@ -394,7 +394,9 @@ fn time_strata(
         hop_ms: host.hops.as_secs_f64() * 1e3 / steps as f64,
         predicted_ms: predicted * 1e3 / steps as f64,
         measured_cpu_predicted_ms: cal_predicted * 1e3 / steps as f64,
-        cpu_factor: e.cpu_calibration(1).map_or(1.0, |c| c.0),
+        cpu_factor: e
+            .cpu_calibration(usual_step(&run, e.n_batch()))
+            .map_or(1.0, |c| c.0),
         rates_predicted_ms: rates_predicted * 1e3 / steps as f64,
         bus_probe_gbs: bus_probe / 1e9,
         expert_picks: host.picks as f64 / steps as f64,
@@ -1122,6 +1124,20 @@ fn free_mib(gpu: Option<strata::ggml::Device>) -> Option<f64> {
     )
 }
 
+/// The step size most of `run`'s steps have (batches cut at `n_batch`
+/// rows; the larger on a tie): the calibration's factor is kept per band
+/// of step sizes, so a test's figure is its usual step's band's.
+fn usual_step(run: &[Vec<BatchToken>], n_batch: u32) -> u32 {
+    let mut count: std::collections::BTreeMap<usize, usize> = Default::default();
+    for c in run.iter().flat_map(|b| b.chunks(n_batch.max(1) as usize)) {
+        *count.entry(c.len()).or_default() += 1;
+    }
+    count
+        .into_iter()
+        .max_by_key(|&(n, k)| (k, n))
+        .map_or(1, |(n, _)| n as u32)
+}
+
 /// GPU memory taken since the device had `free0` MiB free.
 fn used_mib(gpu: Option<strata::ggml::Device>, free0: Option<f64>) -> Option<f64> {
     Some((free0? - free_mib(gpu)?).max(0.0))
@@ -1213,6 +1229,32 @@ mod tests {
             assert_eq!(v[i], median(&mut v.clone()), "{v:?}");
         }
         assert_eq!(median_index(&[]), 0);
+    }
+
+    /// A test's CPU factor is its usual step's band's: a batched test's
+    /// 64-token steps, not the one-token band (what every row printed
+    /// once the factor was kept per band).
+    #[test]
+    fn usual_step_is_the_most_common_chunk() {
+        let batch = |n: usize| {
+            (0..n)
+                .map(|i| BatchToken {
+                    token: 1,
+                    pos: i as i32,
+                    seq: 0,
+                    logits: false,
+                })
+                .collect::<Vec<_>>()
+        };
+        // a 1024-token prefill cut at 512 rows, then eight 64-token steps
+        let mut run = vec![batch(1024)];
+        run.extend((0..8).map(|_| batch(64)));
+        assert_eq!(usual_step(&run, 512), 64);
+        // decode: one token a step
+        assert_eq!(usual_step(&vec![batch(1); 16], 2048), 1);
+        // a tie takes the larger size
+        assert_eq!(usual_step(&[batch(4), batch(16)], 2048), 16);
+        assert_eq!(usual_step(&[], 2048), 1);
     }
 
     fn args(extra: &[&str]) -> BenchArgs {
