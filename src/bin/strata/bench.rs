@@ -395,7 +395,7 @@ fn time_strata(
         predicted_ms: predicted * 1e3 / steps as f64,
         measured_cpu_predicted_ms: cal_predicted * 1e3 / steps as f64,
         cpu_factor: e
-            .cpu_calibration(usual_step(&run, e.n_batch()))
+            .cpu_calibration(usual_step(run, e.n_batch()))
             .map_or(1.0, |c| c.0),
         rates_predicted_ms: rates_predicted * 1e3 / steps as f64,
         bus_probe_gbs: bus_probe / 1e9,
