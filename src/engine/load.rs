@@ -273,6 +273,11 @@ impl Engine {
             ..cfg.clone()
         };
         let mut backend = device.init_backend()?;
+        // the device's free memory before this engine allocates anything
+        // (its context made): what it holds later is measured from here
+        // (not over RPC, where each reading is a round trip)
+        let free_at_load =
+            (!device.is_cpu() && !device.is_remote()).then(|| device.memory().0 as u64);
         backend.set_n_threads(cfg.n_threads);
         backend.attach_cpu_threadpool(cfg.n_threads, cfg.poll)?;
         if cfg.batch_invariant && !backend.set_use_ref(true) {
@@ -810,6 +815,9 @@ impl Engine {
             last_step: StepStats::default(),
             rec,
             auto_budgets: budgets,
+            budget_watch: free_at_load
+                .zip(cfg.budgets.gpu)
+                .map(|(free, b)| crate::paging::BudgetWatch::new(free, b)),
             cpu_cal,
             count_device: dims.read_routing,
             routed,

@@ -109,6 +109,9 @@ pub struct Engine {
     pub(super) rec: timeline::Recorder,
     /// The budgets chosen because none was given, described.
     pub auto_budgets: Vec<String>,
+    /// The device memory held against the GPU budget (`step.rs` warns
+    /// once past it); None on the CPU or without a budget.
+    pub(super) budget_watch: Option<crate::paging::BudgetWatch>,
     /// The host CPU's speed in hybrid steps against its probe's.
     pub(super) cpu_cal: Option<crate::paging::CpuCalibration>,
     /// The CPU's thread count, step by step (`EngineConfig::tune_threads`).

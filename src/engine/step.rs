@@ -50,6 +50,7 @@ impl Engine {
                 return Err(e);
             }
             self.log_device_memory(chunk.len());
+            self.watch_budget();
         }
         Ok(out)
     }
@@ -81,12 +82,35 @@ impl Engine {
             .map_err(crate::kv::KvError::BadTree)?;
         let mut out = Vec::new();
         let cells = self.step(tokens, Some(tree), &mut out)?;
+        self.watch_budget();
         Ok((out, cells))
     }
 
     /// With debug logging: the device's memory in use after a step of `n`
     /// tokens, beside the plan's and the activation buffer's, to find
     /// what a workload takes beyond the plan (`-vv`).
+    /// Warns, once per part, when a part's device holds more than its GPU
+    /// budget since the part began loading (`paging::BudgetWatch`).
+    fn watch_budget(&mut self) {
+        let mut part = Some(self);
+        while let Some(e) = part {
+            if let Some(w) = e.budget_watch.as_mut() {
+                if let Some(used) = w.check(e.device.memory().0 as u64) {
+                    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+                    tracing::warn!(
+                        "the GPU holds {:.0} MiB since strata began loading, {:.0} MiB above the GPU budget of {:.0} MiB: \
+                         ggml allocates memory the plan does not count (its memory pool, CUDA graphs); \
+                         other processes on this GPU count too",
+                        mib(used),
+                        mib(used - w.budget()),
+                        mib(w.budget())
+                    );
+                }
+            }
+            part = e.next.as_deref_mut();
+        }
+    }
+
     fn log_device_memory(&self, n: usize) {
         if self.device.is_cpu() || !tracing::enabled!(tracing::Level::DEBUG) {
             return;

@@ -15,6 +15,48 @@ pub fn auto_dram_budget(available: u64) -> u64 {
     available.saturating_sub((2 << 30) + available / 10)
 }
 
+/// Watches the device memory a loaded engine holds against its GPU budget.
+/// The memory plan counts strata's buffers and its reserves, but ggml also
+/// allocates outside them (its memory pool's temporaries, CUDA graphs): on
+/// an H200, loads of the Qwen3-30B-A3B shape that reserved no GEMM scratch
+/// held 8238-8284 MiB on an 8 GiB budget (BENCHMARKS.md, runs 211-212).
+/// The device's free memory after steps, against its free memory when the
+/// engine began loading, says so once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetWatch {
+    free_at_load: u64,
+    budget: u64,
+    reported: bool,
+}
+
+impl BudgetWatch {
+    /// `free_at_load`: the device's free bytes before the engine allocated
+    /// anything; `budget`: the GPU budget in bytes.
+    pub fn new(free_at_load: u64, budget: u64) -> BudgetWatch {
+        BudgetWatch {
+            free_at_load,
+            budget,
+            reported: false,
+        }
+    }
+
+    /// Given the device's free bytes now: the bytes taken since the load
+    /// began, the first time they exceed the budget; None before that and
+    /// after it (a warning, not a stream of them).
+    pub fn check(&mut self, free_now: u64) -> Option<u64> {
+        let used = self.free_at_load.saturating_sub(free_now);
+        if self.reported || used <= self.budget {
+            return None;
+        }
+        self.reported = true;
+        Some(used)
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+}
+
 /// `MemAvailable` of /proc/meminfo, in bytes (None where it is missing).
 pub fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -35,6 +77,21 @@ fn parse_meminfo(text: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watch_reports_the_first_step_over_the_budget_once() {
+        const M: u64 = 1 << 20;
+        let mut w = BudgetWatch::new(100_000 * M, 8192 * M);
+        // under and at the budget: nothing
+        assert_eq!(w.check(100_000 * M - 7858 * M), None);
+        assert_eq!(w.check(100_000 * M - 8192 * M), None);
+        // more free than at load (another process let go): nothing
+        assert_eq!(w.check(101_000 * M), None);
+        // over it: once, with what is held
+        assert_eq!(w.check(100_000 * M - 8284 * M), Some(8284 * M));
+        assert_eq!(w.check(100_000 * M - 8300 * M), None);
+        assert_eq!(w.budget(), 8192 * M);
+    }
 
     #[test]
     fn margins_and_meminfo() {

@@ -20,7 +20,7 @@ mod split;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available};
+pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available, BudgetWatch};
 pub use devices::{split_layers, split_rows, DeviceSplitError, RowSplit};
 pub use experts::{plan_hot, refresh_hot, HotExperts, HotPlan};
 pub use gemm::{choose_mmq_max_rows, PathTiming, Widened};
