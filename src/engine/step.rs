@@ -86,9 +86,6 @@ impl Engine {
         Ok((out, cells))
     }
 
-    /// With debug logging: the device's memory in use after a step of `n`
-    /// tokens, beside the plan's and the activation buffer's, to find
-    /// what a workload takes beyond the plan (`-vv`).
     /// Warns, once per part, when a part's device holds more than its GPU
     /// budget since the part began loading (`paging::BudgetWatch`).
     fn watch_budget(&mut self) {
@@ -111,6 +108,9 @@ impl Engine {
         }
     }
 
+    /// With debug logging: the device's memory in use after a step of `n`
+    /// tokens, beside the plan's and the activation buffer's, to find
+    /// what a workload takes beyond the plan (`-vv`).
     fn log_device_memory(&self, n: usize) {
         if self.device.is_cpu() || !tracing::enabled!(tracing::Level::DEBUG) {
             return;
