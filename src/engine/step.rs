@@ -91,7 +91,8 @@ impl Engine {
     fn watch_budget(&mut self) {
         let mut part = Some(self);
         while let Some(e) = part {
-            if let Some(w) = e.budget_watch.as_mut() {
+            // once it warned, the device is not read again
+            if let Some(w) = e.budget_watch.as_mut().filter(|w| !w.reported()) {
                 if let Some(used) = w.check(e.device.memory().0 as u64) {
                     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
                     tracing::warn!(

@@ -55,6 +55,12 @@ impl BudgetWatch {
     pub fn budget(&self) -> u64 {
         self.budget
     }
+
+    /// Whether it has already warned (nothing is left to read the device
+    /// for).
+    pub fn reported(&self) -> bool {
+        self.reported
+    }
 }
 
 /// `MemAvailable` of /proc/meminfo, in bytes (None where it is missing).
