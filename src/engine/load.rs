@@ -24,6 +24,7 @@ use super::store;
 use super::store::WeightStore;
 use super::templates::TemplateCache;
 use super::timeline;
+use crate::dtype::GgmlType;
 use crate::ggml;
 use crate::ggml::GgmlError;
 use crate::gguf::GgufFile;
@@ -374,6 +375,36 @@ impl Engine {
             && super::exchange::Halves::min_tokens(device, cfg.paging.row_halves)
                 .is_some_and(|m| m <= n_batch)
             && cfg.paging.row_widen;
+        // what ggml and the driver take on a CUDA device outside strata's
+        // buffers (the pinned mapping of every weight that may stream,
+        // cuBLAS where float matrices are multiplied, ggml's pool, lazily
+        // loaded kernels)
+        let outside = if device.has_gemm_switch() && !device.is_remote() {
+            let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+            let float_matmuls = spec
+                .groups
+                .iter()
+                .flat_map(|g| g.weights.iter())
+                .chain(spec.has_head.then_some(&spec.output))
+                .any(|w| w.ne[1] > 1 && float.contains(&w.ty));
+            let weights: u64 = spec
+                .groups
+                .iter()
+                .flat_map(|g| g.weights.iter())
+                .map(|w| w.size)
+                .sum();
+            crate::paging::Outside::cuda(
+                &dims.hp,
+                Limits {
+                    ffn_rows: activations.ffn_rows,
+                    ..lim
+                },
+                weights,
+                float_matmuls,
+            )
+        } else {
+            crate::paging::Outside::default()
+        };
         let gemm = paths.map(|p| GemmPlan {
             mmq_max_rows: p.mmq_max_rows,
             scratch_bytes: gemm::scratch_bytes(&dims.hp, n_batch, p.elements),
@@ -417,6 +448,7 @@ impl Engine {
             },
             cpu: None,
             gemm,
+            outside,
             compute,
         };
         let measured_compute = input.compute;

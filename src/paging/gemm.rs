@@ -59,10 +59,6 @@ pub fn pays(with: &Plan, without: &Plan, n: u32) -> bool {
     with.floor_s(n) < without.floor_s(n) * MARGIN
 }
 
-/// Extra bytes cuBLAS takes beside the scratch: its workspace and handle
-/// (32 MiB of workspace on Hopper) with room to spare.
-const CUBLAS_BYTES: u64 = 64 << 20;
-
 /// Device memory the GEMM path takes outside strata's buffers, in ggml's
 /// memory pool: the largest weight matrix dequantized to 16 bits and a
 /// step's activations converted to 16 bits (at most `n_batch` rows of the
@@ -71,7 +67,8 @@ const CUBLAS_BYTES: u64 = 64 << 20;
 pub fn scratch_bytes(hp: &Hparams, n_batch: u32, largest_matrix: u64) -> u64 {
     let widest = hp.n_embd.max(hp.n_embd_q()).max(hp.n_ff) as u64;
     let half = 2;
-    (largest_matrix * half + n_batch as u64 * widest * half) * 21 / 20 + CUBLAS_BYTES
+    (largest_matrix * half + n_batch as u64 * widest * half) * 21 / 20
+        + super::outside::CUBLAS_BYTES
 }
 
 /// Where a group's weights go in the widened copy (see [`Widened`]):
@@ -286,7 +283,7 @@ mod tests {
         let s = scratch_bytes(&hp, 2048, m);
         let need = 2 * m + 2 * 2048 * 28672;
         assert!(s >= need + (32 << 20));
-        assert!(s < need * 11 / 10 + (64 << 20));
+        assert!(s < need * 11 / 10 + super::super::outside::CUBLAS_BYTES);
         // fewer rows, less scratch
         assert!(scratch_bytes(&hp, 512, m) < s);
     }

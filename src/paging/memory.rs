@@ -86,6 +86,9 @@ pub struct MemoryInput {
     /// Large steps multiply through 16-bit GEMM, which takes scratch on
     /// the device (see [`super::gemm`]); None: ggml's kernels at every size.
     pub gemm: Option<GemmPlan>,
+    /// What the run takes on the device outside strata's buffers (zero
+    /// off CUDA); the plan reserves it with or without the GEMM path.
+    pub outside: super::outside::Outside,
 }
 
 /// The GEMM path of large steps, as the memory plan reserves it.
@@ -150,6 +153,9 @@ pub struct MemoryPlan {
     pub ffn_rows: Option<u32>,
     /// The GEMM path of large steps and its scratch (in `fixed_bytes`).
     pub gemm: Option<GemmPlan>,
+    /// Device bytes reserved for what the run takes outside strata's
+    /// buffers (in `fixed_bytes`; see [`super::Outside`]).
+    pub outside_bytes: u64,
     kv_shape: KvShape,
 }
 
@@ -206,6 +212,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
     let whole = inp.groups.iter().map(|g| g.bytes).sum::<u64>()
         + inp.fixed_bytes
         + inp.gemm.map_or(0, |g| g.device_bytes())
+        + inp.outside.bytes(inp.gemm.is_some(), false)
         + act.whole
         + kv.layer_bytes * kv.n_layer as u64;
     let chunk = act.forced
@@ -216,7 +223,11 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
     } else {
         (act.whole, None)
     };
-    let fixed = inp.fixed_bytes + activation_bytes + inp.gemm.map_or(0, |g| g.device_bytes());
+    let outside_bytes = inp.outside.bytes(inp.gemm.is_some(), ffn_rows.is_some());
+    let fixed = inp.fixed_bytes
+        + activation_bytes
+        + inp.gemm.map_or(0, |g| g.device_bytes())
+        + outside_bytes;
     let resident_layers = kv_resident_layers(inp, fixed, windows);
     let mut pi = PlanInput {
         groups: inp.groups.clone(),
@@ -277,6 +288,7 @@ pub fn memory_plan(inp: &MemoryInput) -> Result<MemoryPlan, PlanError> {
         activation_bytes,
         ffn_rows,
         gemm: inp.gemm,
+        outside_bytes,
         kv_shape: *kv,
     })
 }
@@ -415,7 +427,15 @@ impl std::fmt::Display for MemoryPlan {
                                 .unwrap_or_default()
                         )
                     })
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                + &if self.outside_bytes > 0 {
+                    format!(
+                        "; {:.1} MiB outside strata's buffers",
+                        mib(self.outside_bytes)
+                    )
+                } else {
+                    String::new()
+                },
             mib(self.kv_device_bytes()),
             self.kv.resident_layers,
             n_layer,
@@ -482,6 +502,7 @@ mod tests {
             compute: None,
             cpu: None,
             gemm: None,
+            outside: crate::paging::outside::Outside::default(),
         }
     }
 
@@ -523,6 +544,47 @@ mod tests {
         assert_eq!((p.ffn_rows, p.activation_bytes), (Some(32), 10));
         assert!(p.device_bytes() < 5 + 50 + 32 + 160);
         assert_eq!(p.placement.fixed_bytes, 5 + 10 + 32);
+    }
+
+    #[test]
+    fn what_runs_outside_strata_is_reserved_by_path_and_chunking() {
+        // 4 layers of 10 + 30 bytes, 5 fixed, KV 4 x 8
+        let mut inp = input(4, Budgets::default());
+        inp.budgets.gpu = Some(5 + 32 + 160);
+        let bare = memory_plan(&inp).unwrap();
+        assert_eq!(bare.outside_bytes, 0);
+        inp.outside = crate::paging::outside::Outside {
+            always: 3,
+            without_gemm: 20,
+            pool_whole: 9,
+            pool_chunked: 4,
+        };
+        // no GEMM, whole steps: all of it, taken from the resident groups
+        let p = memory_plan(&inp).unwrap();
+        assert_eq!(p.outside_bytes, 3 + 20 + 9);
+        assert_eq!(p.placement.fixed_bytes, 5 + 32 + 32);
+        assert!(p.placement.resident_bytes < bare.placement.resident_bytes);
+        assert!(p.device_bytes() <= 5 + 32 + 160);
+        assert!(p.to_string().contains("outside strata's buffers"));
+        // FFN chunks: the chunks' pool
+        inp.activations = Activations {
+            whole: 40,
+            chunked: 10,
+            ffn_rows: 32,
+            forced: true,
+        };
+        let c = memory_plan(&inp).unwrap();
+        assert_eq!(c.outside_bytes, 3 + 20 + 4);
+        // GEMM kept: its scratch covers all but the pinned mapping
+        inp.gemm = Some(GemmPlan {
+            mmq_max_rows: 128,
+            scratch_bytes: 30,
+            widened: None,
+        });
+        let g = memory_plan(&inp).unwrap();
+        assert_eq!(g.outside_bytes, 3);
+        assert_eq!(g.placement.fixed_bytes, 5 + 10 + 30 + 3 + 32);
+        assert!(g.device_bytes() <= 5 + 32 + 160);
     }
 
     #[test]
@@ -688,7 +750,7 @@ mod tests {
         fn plans_keep_every_budget(
             n in 1usize..16, a in 1u64..100, f in 1u64..300, fixed in 0u64..200,
             layer in 1u64..40, blocks in 1usize..8, slots in 2usize..4, hybrid in any::<bool>(),
-            act in 0u64..200,
+            act in 0u64..200, outside in 0u64..60,
             (gpu_pct, dram_pct, kv_gpu_pct, kv_dram_pct) in (pct(), pct(), pct(), pct()),
         ) {
             let weights = n as u64 * (a + f);
@@ -705,6 +767,12 @@ mod tests {
             inp.slots = slots;
             inp.cpu = hybrid.then(|| cpu(1e-3));
             inp.activations = Activations { whole: act, chunked: act / 3, ffn_rows: 8, forced: false };
+            inp.outside = crate::paging::outside::Outside {
+                always: outside / 4,
+                without_gemm: outside / 2,
+                pool_whole: outside / 4,
+                pool_chunked: outside / 8,
+            };
             match memory_plan(&inp) {
                 Ok(p) => {
                     if let Some(g) = gpu { prop_assert!(p.device_bytes() <= g, "device {} > {}", p.device_bytes(), g); }
@@ -714,8 +782,10 @@ mod tests {
                         prop_assert!(p.kv.resident_layers == n || p.kv.resident_layers as u64 * layer <= k);
                     }
                     // FFN chunks exactly where the model does not fit whole
-                    let whole = weights + fixed + act + kv;
+                    let whole = weights + fixed + inp.outside.bytes(false, false) + act + kv;
                     prop_assert_eq!(p.ffn_rows.is_some(), gpu.is_some_and(|g| whole > g) && act / 3 < act);
+                    // what runs outside strata's buffers is reserved as the chunking says
+                    prop_assert_eq!(p.outside_bytes, inp.outside.bytes(false, p.ffn_rows.is_some()));
                     prop_assert_eq!(p.activation_bytes, if p.ffn_rows.is_some() { act / 3 } else { act });
                     // every group placed exactly once
                     let total: u64 = inp.groups.iter().map(|g| g.bytes).sum();

@@ -11,6 +11,7 @@ pub mod halves;
 mod hybrid;
 pub mod lookahead;
 mod memory;
+mod outside;
 mod plan;
 mod ring;
 pub mod routed;
@@ -32,6 +33,7 @@ pub use hybrid::{
 pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,
 };
+pub use outside::Outside;
 pub use plan::{auto_kv_layers, plan, ComputeRate, Plan, PlanError, PlanInput, ResidentOrder};
 pub use ring::{simulate, Op, Ring, SlotRing, SlotState, Violation};
 pub use routed::RoutedUploads;

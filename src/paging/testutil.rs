@@ -67,3 +67,26 @@ pub fn hparams_70b() -> Hparams {
         layer0: 0,
     }
 }
+
+/// The Qwen3-30B-A3B shape of the device runs (128 experts, 8 used).
+pub fn hparams_qwen3moe_30b() -> Hparams {
+    Hparams {
+        n_vocab: 151936,
+        n_ctx_train: 40960,
+        n_embd: 2048,
+        n_layer: 48,
+        n_ff: 6144,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_rot: 128,
+        rms_eps: 1e-6,
+        rope_freq_base: 1000000.0,
+        n_ctx_orig: 40960,
+        kq_scale: 1.0 / (128f32).sqrt(),
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 768,
+        ..hparams_70b()
+    }
+}

@@ -10,13 +10,15 @@
 # each row's "GPU N MiB" (the bench's measure: free memory before the load
 # less free memory after the test) and the first and last debug lines of
 # each step size.
-#   device: export OUT=$OUT; SKEW=1 bash tools/device/mem-outside.sh
+# GEMMS (default "off auto") picks the --gemm settings; where the module was
+# built in the call (none in .carry/cuda), it is kept into $OUT/cuda.
+#   device: export OUT=$OUT; SKEW=1 [GEMMS=off] bash tools/device/mem-outside.sh
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
 dev_machine > "$out/machine.txt"
 dev_module_start
 s=$(TYPE=q4_k_m dev_synth qwen3-30b-a3b)
 dev_module_wait > "$out/module.txt" 2>&1 || exit 1
-for gemm in off auto; do
+for gemm in ${GEMMS:-off auto}; do
   for graphs in on off; do
     echo "== --gemm $gemm, CUDA graphs $graphs"
     if [ $graphs = off ]; then export GGML_CUDA_DISABLE_GRAPHS=1; else unset GGML_CUDA_DISABLE_GRAPHS; fi
@@ -29,3 +31,4 @@ for gemm in off auto; do
       END {for (i=1; i<=k; i++) {print first[order[i]]; print last[order[i]]}}' | cut -c28-
   done
 done > "$out/mem.txt"
+dev_keep_module
