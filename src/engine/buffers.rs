@@ -4,7 +4,8 @@
 use super::error::EngineError;
 use crate::dtype::GgmlType;
 use crate::ggml::{
-    Binding, Buffer, BufferType, BufferUsage, Device, Tensor, TensorArena, TensorSpec,
+    Backend, Binding, Buffer, BufferType, BufferUsage, Device, Event, Tensor, TensorArena,
+    TensorSpec,
 };
 use crate::graph::{Dims, Externals, Limits};
 use crate::model::{GroupSpec, ModelSpec, Role};
@@ -145,6 +146,51 @@ pub struct SplitRows {
     /// kept beside the model), of which the device computes the first
     /// `k` (`paging::device_experts`); None: experts `0..k`.
     pub order: Vec<Option<Vec<u32>>>,
+    /// The router outputs' reads, made at the first split step that
+    /// needs them (None after: the device has no pinned memory or events).
+    pub reads: Option<RouterReads>,
+    pub reads_tried: bool,
+}
+
+/// Pinned host memory and an event: a split layer's router outputs read
+/// back on the device's stream ahead of its experts' graph, which reuses
+/// their activations, so the host need not drain the device before
+/// queuing that graph (`engine::split`). A GPU's only.
+pub struct RouterReads {
+    event: Event,
+    host: Buffer,
+}
+
+impl RouterReads {
+    /// Room for `bytes`, on `dev`'s pinned host memory and with its
+    /// events; None where it has neither (the CPU device, a remote one).
+    pub(super) fn new(dev: Device, bytes: usize) -> Option<RouterReads> {
+        if dev.is_cpu() || dev.is_remote() {
+            return None;
+        }
+        let host = Buffer::alloc(dev.host_buffer_type()?, bytes, BufferUsage::Any).ok()?;
+        let event = Event::new(dev).ok()?;
+        (host.is_host() && host.size() >= bytes).then_some(RouterReads { event, host })
+    }
+    pub(super) fn len(&self) -> usize {
+        self.host.size()
+    }
+    /// The host memory, for `Template::queue_reads` and then to read.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the buffer is host memory of `size()` bytes, owned by
+        // self and borrowed mutably through it; every bit pattern is a
+        // valid u8. Copies into it are ordered by the event, which the
+        // caller waits on before reading (`Template::queue_reads`).
+        unsafe { std::slice::from_raw_parts_mut(self.host.base(), self.host.size()) }
+    }
+    /// Records the event after what `backend` queued so far.
+    pub(super) fn record(&self, backend: &Backend) {
+        self.event.record(backend);
+    }
+    /// Blocks until the recorded point: the reads queued before it are in.
+    pub(super) fn wait(&self) {
+        self.event.synchronize();
+    }
 }
 
 impl SplitRows {
@@ -176,6 +222,8 @@ impl SplitRows {
             arena: TensorArena::new(buft, BufferUsage::Compute, &[spec])?,
             host: Vec::new(),
             order: Vec::new(),
+            reads: None,
+            reads_tried: false,
         })
     }
     pub(super) fn bytes(&self) -> u64 {

@@ -63,6 +63,10 @@ pub struct HostCompute {
     /// An expert split's inputs (rows, expert ids) and its rows out.
     split: Option<PickRows>,
     pub stats: HostStats,
+    /// The last expert split's host phases: its rows written, its
+    /// experts' graph computed, its output added per token (the trace's
+    /// sub-spans of the split's host part).
+    pub split_phases: [Duration; 3],
 }
 
 /// The inputs of a graph over (token, expert) picks, rows F32 [n_embd, 1,
@@ -190,6 +194,7 @@ impl HostCompute {
             x: Vec::new(),
             split: None,
             stats: HostStats::default(),
+            split_phases: [Duration::ZERO; 3],
         })
     }
 
@@ -374,16 +379,18 @@ impl HostCompute {
             )?);
         }
         let io = self.split.as_mut().expect("made above");
-        // padded (a few templates serve every step) to a power of two up
-        // to 32, then to a multiple of 32: each padding row is a product
-        // of the first pick's expert, so a one-token step pads little
-        let n = pad_picks(picks.len() as u32).min(io.most);
+        // padded so that a few templates serve every step
+        // (`pad_host_picks`): each padding row is a product of the first
+        // pick's expert
+        let n = pad_host_picks(picks.len() as u32).min(io.most);
         if picks.len() > n as usize {
             return Err(EngineError::Unsupported(
                 "an expert split of more picks than a host step holds",
             ));
         }
+        let t_in = Instant::now();
         io.write(picks, cur, e, n)?;
+        let written = t_in.elapsed();
         let key = TemplateKey::HostExperts {
             sig: sig.to_vec(),
             picks: n,
@@ -409,8 +416,10 @@ impl HostCompute {
         let t = self.templates.get(&key).expect("kept above");
         let t0 = Instant::now();
         self.backend.compute(&t.graph())?;
+        let computed = t0.elapsed();
         io.add_out(t, picks, e, n, out)?;
         self.stats.compute += t0.elapsed();
+        self.split_phases = [written, computed, t0.elapsed() - computed];
         self.stats.groups += 1;
         // the weights read: each expert picked once (the group's bytes
         // over its experts, the router's and norm's few included)
@@ -490,8 +499,22 @@ pub fn add_weighted(picks: &[Pick], out: &[f32], e: usize, sums: &mut [f32]) {
     }
 }
 
-/// The rows a graph over `n` (token, expert) picks computes: a power of
-/// two up to 32, then a multiple of 32.
+/// The rows the host's graph over `n` (token, expert) picks computes: a
+/// power of two up to 8, then a multiple of 8. Each padding row costs the
+/// host a row of products (at 64 tokens, an expert split's 65 picks
+/// padded to 96 took a tenth of its host part, computed from run 221's
+/// trace); a CPU graph is cheap to build, so more templates cost little.
+pub fn pad_host_picks(n: u32) -> u32 {
+    if n <= 8 {
+        n.max(1).next_power_of_two()
+    } else {
+        n.next_multiple_of(8)
+    }
+}
+
+/// The rows a device graph over `n` (token, expert) picks computes: a
+/// power of two up to 32, then a multiple of 32 (each size is a graph the
+/// device captures).
 pub fn pad_picks(n: u32) -> u32 {
     if n <= 32 {
         n.max(1).next_power_of_two()
@@ -511,4 +534,24 @@ pub fn cpu_weight_buft(
     let extras = cpu.extra_buffer_types();
     super::cpuweights::choose_buft(cpu, &extras, ty, &ne, layout)
         .map_or_else(|| cpu.buffer_type(), |i| extras[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_picks_pad_to_eights_and_device_picks_to_thirty_twos() {
+        assert_eq!(
+            [1, 3, 8, 9, 65, 96].map(pad_host_picks),
+            [1, 4, 8, 16, 72, 96]
+        );
+        assert_eq!([1, 3, 32, 33, 65].map(pad_picks), [1, 4, 32, 64, 96]);
+        // every count fits its padding, and the padding wastes under 8 rows
+        // past 8 picks
+        for n in 1..=512 {
+            let p = pad_host_picks(n);
+            assert!(p >= n && (n <= 8 || p - n < 8), "{n} -> {p}");
+        }
+    }
 }

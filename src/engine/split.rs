@@ -17,13 +17,14 @@
 //! 5. its rows go up and a small graph adds them to the residual, queued
 //!    after the device's FFN.
 
+use super::buffers::RouterReads;
 use super::error::EngineError;
 use super::host::picks_of;
 use super::pager::Partial;
 use super::state::Engine;
 use super::store::Location;
 use super::timeline;
-use crate::graph::{BindId, StepShape, TemplateKey, ROUTED, ROUTER_IN, WEIGHTS};
+use crate::graph::{BindId, NodeRead, StepShape, TemplateKey, ROUTED, ROUTER_IN, WEIGHTS};
 use crate::model::{GroupId, GroupKind};
 use std::time::Instant;
 
@@ -64,6 +65,14 @@ pub(super) fn split_ranges(
     p
 }
 
+/// A split layer's router outputs: read (the device drained), or queued
+/// into the split's pinned memory behind the router
+/// ([`Engine::queue_router_reads`]).
+enum RouterOut {
+    Read(Vec<f32>, Vec<i32>, Vec<f32>),
+    Queued(Vec<Option<NodeRead>>),
+}
+
 impl Engine {
     /// This step's split groups (`dev_experts` > 0 in their shapes) and
     /// the ranges their uploads carry, for the pager.
@@ -91,22 +100,25 @@ impl Engine {
         crate::paging::device_experts(order, self.spec.hp.n_expert, k)
     }
 
-    /// Runs mixture FFN group `gi`'s router graph over `n` rows on the
-    /// device (its weights bound as `b`) and drains the device; returns
-    /// the graph, whose picks are then readable. The expert split's and
-    /// routed uploads' first step.
-    pub(super) fn run_router(
+    /// The router graph of mixture FFN group `gi` at `n` rows.
+    fn router_key(&self, gi: GroupId, n: u32) -> TemplateKey {
+        TemplateKey::Router {
+            sig: self.spec.groups[gi.index()].signature(),
+            n_tokens: n,
+            instance: gi.index() as u32,
+        }
+    }
+
+    /// Queues mixture FFN group `gi`'s router graph over `n` rows on the
+    /// device (its weights bound as `b`).
+    fn queue_router(
         &mut self,
         gi: GroupId,
         n: u32,
         id: BindId,
         b: &[crate::ggml::Binding],
-    ) -> Result<&crate::graph::Template, EngineError> {
-        let rkey = TemplateKey::Router {
-            sig: self.spec.groups[gi.index()].signature(),
-            n_tokens: n,
-            instance: gi.index() as u32,
-        };
+    ) -> Result<(), EngineError> {
+        let rkey = self.router_key(gi, n);
         self.templates.get(&rkey)?.bind(id, b, None)?;
         let t = self.templates.allocated(&rkey, &self.backend)?;
         let rec = self.rec.scope(
@@ -117,8 +129,70 @@ impl Engine {
         );
         self.backend.compute_async(&t.graph())?;
         drop(rec);
+        Ok(())
+    }
+
+    /// Runs mixture FFN group `gi`'s router graph over `n` rows on the
+    /// device (its weights bound as `b`) and drains the device; returns
+    /// the graph, whose picks are then readable. Routed uploads' first
+    /// step (and the expert split's where the device cannot read ahead,
+    /// [`Engine::queue_router_reads`]).
+    pub(super) fn run_router(
+        &mut self,
+        gi: GroupId,
+        n: u32,
+        id: BindId,
+        b: &[crate::ggml::Binding],
+    ) -> Result<&crate::graph::Template, EngineError> {
+        self.queue_router(gi, n, id, b)?;
         self.backend.synchronize();
-        Ok(t)
+        let rkey = self.router_key(gi, n);
+        self.templates.allocated(&rkey, &self.backend)
+    }
+
+    /// Queues, right behind group `gi`'s router graph at `n` rows, copies
+    /// of its rows, picks and weights into the split's pinned host memory
+    /// and an event after them, so the host can queue the experts' graph
+    /// (which reuses those activations) before it waits. None where the
+    /// device has no pinned memory or events (then the caller drains it and
+    /// reads, as [`Engine::run_router`]).
+    fn queue_router_reads(
+        &mut self,
+        gi: GroupId,
+        n: u32,
+    ) -> Result<Option<Vec<Option<NodeRead>>>, EngineError> {
+        let e = self.spec.hp.n_embd as usize;
+        let k = self.spec.hp.n_expert_used as usize;
+        // rows, ids and weights of n tokens, each 64-byte aligned
+        let need = n as usize * (e + 2 * k) * 4 + 3 * 64;
+        let rkey = self.router_key(gi, n);
+        let Some(rows) = self.split.as_mut() else {
+            return Ok(None);
+        };
+        if rows.reads.as_ref().is_some_and(|r| r.len() < need) {
+            rows.reads = None;
+            rows.reads_tried = false;
+        }
+        if rows.reads.is_none() && !rows.reads_tried {
+            rows.reads_tried = true;
+            rows.reads = RouterReads::new(self.device, need.next_multiple_of(1 << 20));
+        }
+        let Some(reads) = rows.reads.as_mut() else {
+            return Ok(None);
+        };
+        let t = self.templates.allocated(&rkey, &self.backend)?;
+        // SAFETY: the pinned memory is read only after `wait`, past the
+        // event recorded right after these copies, and written by nothing
+        // else: the next reads are queued after that wait.
+        let at = unsafe {
+            t.queue_reads(
+                &self.backend,
+                &[ROUTER_IN, ROUTED, WEIGHTS],
+                reads.bytes_mut(),
+            )?
+        };
+        reads.record(&self.backend);
+        Ok(Some(at))
     }
 
     /// Streamed group `gi` bound in its slot once its upload is in (the
@@ -166,17 +240,30 @@ impl Engine {
         let on = self.split_experts(layer, dev);
         let sig = self.spec.groups[gi.index()].signature();
 
-        // 2. the router, and its picks on the host
-        let t = self.run_router(gi, n, id, &b)?;
-        let cur: Vec<f32> = t.read_node(ROUTER_IN)?;
-        let ids: Vec<i32> = t.read_node(ROUTED)?;
-        let wts: Vec<f32> = t.read_node(WEIGHTS)?;
-        let mut picks = picks_of(&ids, &wts, self.spec.hp.n_expert_used as usize, n as usize)?;
-        self.count_routed(layer, &ids)?;
-        // the host's side: the experts the slot holds zeros for
-        picks.retain(|p| !on.get(p.expert as usize).copied().unwrap_or(false));
-
-        // 3. the device's experts, queued
+        // 2. the router, then (3.) the device's experts, queued; the
+        // router's rows, picks and weights read back between the two on the
+        // device's stream where it can (a GPU), so the host waits only for
+        // the router, not for the experts' graph, whose launch is off the
+        // host's path; elsewhere the device drains and the host reads first
+        // (the experts' graph reuses those activations)
+        let t_router = Instant::now();
+        self.queue_router(gi, n, id, &b)?;
+        let router = match self.queue_router_reads(gi, n)? {
+            Some(at) => RouterOut::Queued(at),
+            None => {
+                self.backend.synchronize();
+                let t = self
+                    .templates
+                    .allocated(&self.router_key(gi, n), &self.backend)?;
+                RouterOut::Read(
+                    t.read_node(ROUTER_IN)?,
+                    t.read_node(ROUTED)?,
+                    t.read_node(WEIGHTS)?,
+                )
+            }
+        };
+        // (its activations growing drains the device first: the reads are
+        // in by then)
         let (_, key) = self.group_key(layer, GroupKind::Ffn, shape);
         self.templates.get(&key)?.bind(id, &b, None)?;
         let t = self.templates.allocated(&key, &self.backend)?;
@@ -190,6 +277,37 @@ impl Engine {
         drop(rec);
         self.pager
             .after_compute(gi, ring, &self.store, &self.backend, self.kv.tier_mut())?;
+        let (cur, ids, wts): (Vec<f32>, Vec<i32>, Vec<f32>) = match router {
+            RouterOut::Read(cur, ids, wts) => (cur, ids, wts),
+            RouterOut::Queued(at) => {
+                let reads = self.split.as_mut().and_then(|r| r.reads.as_mut()).ok_or(
+                    EngineError::Unsupported("router reads without their memory"),
+                )?;
+                reads.wait();
+                let host = reads.bytes_mut();
+                let node = |i: usize| {
+                    at.get(i)
+                        .copied()
+                        .flatten()
+                        .ok_or(EngineError::Unsupported("a router graph without its picks"))
+                };
+                (
+                    node(0)?.rows(host),
+                    node(1)?.rows(host),
+                    node(2)?.rows(host),
+                )
+            }
+        };
+        let mut picks = picks_of(&ids, &wts, self.spec.hp.n_expert_used as usize, n as usize)?;
+        self.count_routed(layer, &ids)?;
+        self.rec.host_span(
+            timeline::Stream::Host,
+            || format!("router {layer}: rows and picks read"),
+            t_router,
+            Instant::now(),
+        );
+        // the host's side: the experts the slot holds zeros for
+        picks.retain(|p| !on.get(p.expert as usize).copied().unwrap_or(false));
 
         if picks.is_empty() {
             // every pick on the device: nothing for the host to add
@@ -213,17 +331,33 @@ impl Engine {
         let host = self.host.as_mut().expect("a split plan has a host");
         let t0 = Instant::now();
         let r = host.split_experts(gi, &sig, &cur, &picks, &mut sums);
+        let t1 = Instant::now();
         self.rec.host_span(
             timeline::Stream::Cpu,
-            || format!("ffn {layer} (the other experts)"),
+            || format!("ffn {layer} (the other experts, {} picks)", picks.len()),
             t0,
-            Instant::now(),
+            t1,
         );
         r?;
+        // its phases on the host's own track, for the trace
+        let mut at = t0;
+        for (name, d) in ["rows in", "experts", "rows out"]
+            .iter()
+            .zip(host.split_phases)
+        {
+            self.rec.host_span(
+                timeline::Stream::Host,
+                || format!("ffn {layer}: {name}"),
+                at,
+                at + d,
+            );
+            at += d;
+        }
         self.finish_hot(gi, &hot, &mut sums)?;
 
         // 5. its rows up (nothing queued reads them: the last add ran
-        // before the router's drain), added after the device's experts
+        // before the router, which the host waited for), added after the
+        // device's experts
         let rows = self.split.as_mut().expect("checked above");
         rows.arena
             .tensor(0)

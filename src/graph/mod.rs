@@ -26,5 +26,5 @@ pub use blocks::{
 };
 pub use moe::{ROUTED, WEIGHTS};
 pub use shape::{Dims, StepShape, GRAPH_NODES};
-pub use template::{BindId, Binding, Template, TemplateKey};
+pub use template::{BindId, Binding, NodeRead, Template, TemplateKey};
 pub use widen::build_widen;

@@ -129,6 +129,33 @@ fn nn(t: Tensor<'_>) -> NonNull<crate::sys::ggml_tensor> {
     NonNull::new(t.raw()).expect("tensor handle is never null")
 }
 
+/// Where [`Template::queue_reads`] put one node's bytes in a host buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeRead {
+    offset: usize,
+    bytes: usize,
+    /// Values a row, rows, and the row stride in values.
+    k: usize,
+    rows: usize,
+    stride: usize,
+}
+
+impl NodeRead {
+    /// The node's values row by row (`ne[0]` of each, without the row
+    /// stride's gaps), from `src`, the buffer the read went into, once
+    /// the copy completed.
+    pub fn rows<T: bytemuck::Pod>(&self, src: &[u8]) -> Vec<T> {
+        let mut all = vec![T::zeroed(); self.bytes / 4];
+        bytemuck::cast_slice_mut::<T, u8>(&mut all)
+            .copy_from_slice(&src[self.offset..self.offset + self.bytes]);
+        let mut out = Vec::with_capacity(self.rows * self.k);
+        for row in 0..self.rows {
+            out.extend_from_slice(&all[row * self.stride..row * self.stride + self.k]);
+        }
+        out
+    }
+}
+
 impl Template {
     pub fn build(key: &TemplateKey, d: &Dims, lim: Limits) -> Result<Template> {
         let ctx = Context::new(super::shape::GRAPH_NODES + 64, super::shape::GRAPH_NODES)?;
@@ -241,6 +268,53 @@ impl Template {
         }
         Ok(out)
     }
+    /// Queues on `backend`'s stream a copy of the first node named each of
+    /// `names` (4-byte values, as [`Template::read_node`] reads them) into
+    /// `dst`, one after another at 64-byte aligned offsets, so that a graph
+    /// queued after them may reuse the activations they sit in. Returns
+    /// where each went (None: the graph has no such node); once the copies
+    /// completed, [`NodeRead::rows`] takes the values out.
+    ///
+    /// # Safety
+    /// `dst` must stay valid, and be neither read nor written, until the
+    /// backend passed an event recorded after this call (or was
+    /// synchronized); the copies are asynchronous only into pinned memory.
+    pub unsafe fn queue_reads(
+        &self,
+        backend: &crate::ggml::Backend,
+        names: &[&str],
+        dst: &mut [u8],
+    ) -> Result<Vec<Option<NodeRead>>> {
+        let mut at = 0;
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(&p) = self.graph().nodes_named(name).first() else {
+                out.push(None);
+                continue;
+            };
+            let t = self.tensor(p);
+            let [k, rows, r2, _] = t.ne();
+            let bytes = t.nbytes();
+            if at + bytes > dst.len() || !t.is_bound() {
+                return Err(crate::ggml::GgmlError::Tensor {
+                    name: t.name(),
+                    what: format!("cannot read {bytes} bytes into {} left", dst.len() - at),
+                });
+            }
+            // SAFETY: the range lies inside dst (checked) and the whole of
+            // the bound tensor; the caller keeps dst as the contract says.
+            unsafe { backend.tensor_get_async(t, &mut dst[at..at + bytes], 0) };
+            out.push(Some(NodeRead {
+                offset: at,
+                bytes,
+                k: k as usize,
+                rows: (rows * r2) as usize,
+                stride: t.nb()[1] / 4,
+            }));
+            at = (at + bytes).next_multiple_of(64);
+        }
+        Ok(out)
+    }
     /// Appends the rows of 4-byte node `p` to `out`, `ne[0]` values each,
     /// read with its row stride.
     fn read_rows<T: bytemuck::Pod + Default>(
@@ -348,5 +422,31 @@ fn mismatch(what: &str, got: usize, want: usize) -> crate::ggml::GgmlError {
     crate::ggml::GgmlError::Tensor {
         name: "template".into(),
         what: format!("bound to {got} {what}, its signature has {want}"),
+    }
+}
+
+#[cfg(test)]
+mod read_tests {
+    use super::NodeRead;
+
+    #[test]
+    fn a_read_node_gives_its_rows_without_the_stride_gaps() {
+        // two rows of 2 values, 3 apart, after 8 bytes of another node
+        let vals: [f32; 5] = [1.0, 2.0, 9.0, 3.0, 4.0];
+        let mut host = vec![0u8; 8];
+        host.extend_from_slice(bytemuck::cast_slice(&vals));
+        let r = NodeRead {
+            offset: 8,
+            bytes: 20,
+            k: 2,
+            rows: 2,
+            stride: 3,
+        };
+        assert_eq!(r.rows::<f32>(&host), vec![1.0, 2.0, 3.0, 4.0]);
+        // an unaligned offset reads the same values
+        let mut odd = vec![0u8; 3];
+        odd.extend_from_slice(bytemuck::cast_slice(&vals));
+        let r = NodeRead { offset: 3, ..r };
+        assert_eq!(r.rows::<f32>(&odd), vec![1.0, 2.0, 3.0, 4.0]);
     }
 }
