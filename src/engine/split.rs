@@ -175,7 +175,13 @@ impl Engine {
         }
         if rows.reads.is_none() && !rows.reads_tried {
             rows.reads_tried = true;
-            rows.reads = RouterReads::new(self.device, need.next_multiple_of(1 << 20));
+            // STRATA_SPLIT_READS=drain keeps the drain-then-read order on a
+            // GPU too: tools/device/split-host.sh checks that both give the
+            // same tokens
+            let drain = std::env::var_os("STRATA_SPLIT_READS").is_some_and(|v| v == "drain");
+            if !drain {
+                rows.reads = RouterReads::new(self.device, need.next_multiple_of(1 << 20));
+            }
         }
         let Some(reads) = rows.reads.as_mut() else {
             return Ok(None);
