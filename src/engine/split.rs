@@ -161,11 +161,12 @@ impl Engine {
         gi: GroupId,
         n: u32,
     ) -> Result<Option<Vec<Option<NodeRead>>>, EngineError> {
-        let e = self.spec.hp.n_embd as usize;
-        let k = self.spec.hp.n_expert_used as usize;
-        // rows, ids and weights of n tokens, each 64-byte aligned
-        let need = n as usize * (e + 2 * k) * 4 + 3 * 64;
+        const NODES: [&str; 3] = [ROUTER_IN, ROUTED, WEIGHTS];
         let rkey = self.router_key(gi, n);
+        let need = self
+            .templates
+            .allocated(&rkey, &self.backend)?
+            .read_bytes(&NODES);
         let Some(rows) = self.split.as_mut() else {
             return Ok(None);
         };
@@ -190,13 +191,7 @@ impl Engine {
         // SAFETY: the pinned memory is read only after `wait`, past the
         // event recorded right after these copies, and written by nothing
         // else: the next reads are queued after that wait.
-        let at = unsafe {
-            t.queue_reads(
-                &self.backend,
-                &[ROUTER_IN, ROUTED, WEIGHTS],
-                reads.bytes_mut(),
-            )?
-        };
+        let at = unsafe { t.queue_reads(&self.backend, &NODES, reads.bytes_mut())? };
         reads.record(&self.backend);
         Ok(Some(at))
     }

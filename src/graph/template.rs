@@ -268,6 +268,15 @@ impl Template {
         }
         Ok(out)
     }
+    /// The host bytes [`Template::queue_reads`] needs for the nodes named
+    /// `names` (each whole, with its row stride's gaps, 64-byte aligned).
+    pub fn read_bytes(&self, names: &[&str]) -> usize {
+        names
+            .iter()
+            .filter_map(|n| self.graph().nodes_named(n).first().copied())
+            .map(|p| self.tensor(p).nbytes().next_multiple_of(64))
+            .sum()
+    }
     /// Queues on `backend`'s stream a copy of the first node named each of
     /// `names` (4-byte values, as [`Template::read_node`] reads them) into
     /// `dst`, one after another at 64-byte aligned offsets, so that a graph
