@@ -141,6 +141,18 @@ pub struct NodeRead {
 }
 
 impl NodeRead {
+    /// The layout of 4-byte node `t` placed at byte `offset` of a host
+    /// buffer.
+    fn of(t: &Tensor<'_>, offset: usize) -> NodeRead {
+        let [k, rows, r2, _] = t.ne();
+        NodeRead {
+            offset,
+            bytes: t.nbytes(),
+            k: k as usize,
+            rows: (rows * r2) as usize,
+            stride: t.nb()[1] / 4,
+        }
+    }
     /// The node's values row by row (`ne[0]` of each, without the row
     /// stride's gaps), from `src`, the buffer the read went into, once
     /// the copy completed.
@@ -302,24 +314,21 @@ impl Template {
                 continue;
             };
             let t = self.tensor(p);
-            let [k, rows, r2, _] = t.ne();
-            let bytes = t.nbytes();
+            let r = NodeRead::of(&t, at);
+            let bytes = r.bytes;
             if at + bytes > dst.len() || !t.is_bound() {
                 return Err(crate::ggml::GgmlError::Tensor {
                     name: t.name(),
-                    what: format!("cannot read {bytes} bytes into {} left", dst.len() - at),
+                    what: format!(
+                        "cannot read {bytes} bytes into {} left",
+                        dst.len().saturating_sub(at)
+                    ),
                 });
             }
             // SAFETY: the range lies inside dst (checked) and the whole of
             // the bound tensor; the caller keeps dst as the contract says.
             unsafe { backend.tensor_get_async(t, &mut dst[at..at + bytes], 0) };
-            out.push(Some(NodeRead {
-                offset: at,
-                bytes,
-                k: k as usize,
-                rows: (rows * r2) as usize,
-                stride: t.nb()[1] / 4,
-            }));
+            out.push(Some(r));
             at = (at + bytes).next_multiple_of(64);
         }
         Ok(out)
@@ -331,14 +340,11 @@ impl Template {
         p: NonNull<crate::sys::ggml_tensor>,
         out: &mut Vec<T>,
     ) -> Result<()> {
-        let r = self.tensor(p);
-        let [k, rows, r2, _] = r.ne();
-        let stride = r.nb()[1] / 4;
-        let mut buf = vec![T::default(); r.nbytes().div_ceil(4)];
-        r.get_bytes(bytemuck::cast_slice_mut(&mut buf), 0)?;
-        for row in 0..(rows * r2) as usize {
-            out.extend_from_slice(&buf[row * stride..row * stride + k as usize]);
-        }
+        let t = self.tensor(p);
+        let r = NodeRead::of(&t, 0);
+        let mut buf = vec![0u8; r.bytes];
+        t.get_bytes(&mut buf, 0)?;
+        out.extend(r.rows::<T>(&buf));
         Ok(())
     }
     pub fn weights(&self) -> Vec<Tensor<'_>> {
