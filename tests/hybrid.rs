@@ -501,6 +501,7 @@ fn moe_expert_split_equals_resident() {
             cfg.paging.split = strata::paging::SplitInput {
                 mode: strata::paging::ExpertSplit::Force(dev),
                 min_tokens: 2,
+                whole: None,
             };
             cfg.faults.poison_slots = true;
             let mut split = Engine::load(&path, &cfg).expect("split engine");
@@ -525,6 +526,74 @@ fn moe_expert_split_equals_resident() {
             let carried = split_upload_bytes(&split, dev);
             assert_eq!(st.pager.bytes, carried, "{preset} dev={dev}: bytes up");
         }
+    }
+}
+
+/// A split step that keeps some host groups whole (`--split-whole`): at
+/// the prompt step half the mixture layers run whole on the CPU and the
+/// others split, in one layer chain; the bus carries the attention groups
+/// and the split layers' first experts, nothing of the whole ones. Logits
+/// within rounding of the resident engine's, tokens equal, with slots
+/// poisoned after use.
+#[test]
+fn moe_expert_split_beside_whole_cpu_groups_equals_resident() {
+    let Some(vocab) = model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = synth_tiny(dir.path(), &vocab, "qwen3moe-tiny", 9);
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let plain = EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    };
+    let mut resident = Engine::load(&path, &plain).expect("resident engine");
+    let hp = resident.spec.hp.clone();
+    let n_layer = hp.n_layer as usize;
+    let dev = hp.n_expert / 2;
+    for whole in [1, n_layer / 2, n_layer] {
+        let mut cfg = hybrid_cfg(n_layer, false);
+        cfg.paging.split = strata::paging::SplitInput {
+            mode: strata::paging::ExpertSplit::Force(dev),
+            min_tokens: 2,
+            whole: Some(whole as u32),
+        };
+        cfg.faults.poison_slots = true;
+        let mut split = Engine::load(&path, &cfg).expect("split engine");
+        let h = split.plan.placement.hybrid.clone().expect("a hybrid plan");
+        assert_eq!(h.split_at(2), Some(dev));
+        let cpu = h.cpu_groups(2);
+        assert_eq!(cpu.iter().filter(|c| **c).count(), whole);
+        let what = format!("whole={whole}");
+        let st = split_matches_resident(&mut split, &mut resident, &lm, &what, |_| {});
+        // the whole groups and the split layers' host parts (each layer
+        // leaves the host some picks at a prompt step)
+        assert_eq!(st.host.groups, n_layer as u64, "{what}");
+        let split_layers = (n_layer - whole) as u64;
+        assert_eq!(st.pager.uploads, n_layer as u64 + split_layers, "{what}");
+        // the bytes of every group but the whole ones, the split layers'
+        // experts cut to `dev`
+        let whole_bytes: u64 = split
+            .spec
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| cpu[*i])
+            .map(|(_, g)| {
+                let experts: u64 = g
+                    .weights
+                    .iter()
+                    .filter(|w| w.role.is_some_and(|r| r.is_expert()))
+                    .map(|w| w.size)
+                    .sum();
+                g.bytes() - experts + experts * dev as u64 / hp.n_expert as u64
+            })
+            .sum();
+        assert_eq!(
+            st.pager.bytes,
+            split_upload_bytes(&split, dev) - whole_bytes,
+            "{what}: bytes up"
+        );
     }
 }
 
@@ -568,6 +637,7 @@ fn moe_expert_split_takes_the_most_picked_experts() {
     cfg.paging.split = strata::paging::SplitInput {
         mode: strata::paging::ExpertSplit::Force(dev),
         min_tokens: 2,
+        whole: None,
     };
     cfg.expert_counts = Some(counts_path);
     cfg.faults.poison_slots = true;
@@ -653,6 +723,7 @@ fn moe_hot_experts_equal_resident() {
         cfg.paging.split = strata::paging::SplitInput {
             mode: strata::paging::ExpertSplit::Force(1),
             min_tokens: 2,
+            whole: None,
         };
         cfg.paging.hot = strata::paging::HotExperts::Force(3);
         cfg.faults.poison_slots = true;

@@ -211,7 +211,10 @@ impl Engine {
             }
             cal.predict_routed(n, &expected).step_s()
         };
-        if r.mode == RoutedUploads::Auto && on_cpu.iter().any(|&c| c) {
+        // a split step (whole CPU groups beside split layers) is the plan's
+        // choice over routing, as it is over whole CPU groups
+        let split = order.iter().any(|(_, _, s)| s.dev_experts > 0);
+        if r.mode == RoutedUploads::Auto && on_cpu.iter().any(|&c| c) && !split {
             let (Some(cal), Some(plan)) = (cal, self.plan.placement.hybrid.as_ref()) else {
                 return RoutedStep::default();
             };

@@ -314,9 +314,18 @@ impl Engine {
         let split_k = split_plan
             .and_then(|s| s.at(n))
             .filter(|_| self.host.is_some() && self.split.is_some() && n <= self.lim.ffn_rows);
-        let dev_experts = |l: u32| match (split_k, split_plan) {
-            (Some(k), Some(s)) if s.groups[GroupId::new(l, GroupKind::Ffn).index()] => k,
-            _ => 0,
+        // hybrid decode: the groups the CPU computes whole at this step
+        // size (a split step's beside its split layers)
+        let mut on_cpu = match (&self.host, &self.plan.placement.hybrid) {
+            (Some(_), Some(h)) => h.cpu_groups(n),
+            _ => vec![false; self.spec.groups.len()],
+        };
+        let dev_experts = |l: u32| {
+            let gi = GroupId::new(l, GroupKind::Ffn).index();
+            match (split_k, split_plan) {
+                (Some(k), Some(s)) if s.groups[gi] && !on_cpu[gi] => k,
+                _ => 0,
+            }
         };
         // the groups of this step, in order, with their shapes
         let n_layer = self.spec.hp.n_layer;
@@ -373,11 +382,6 @@ impl Engine {
                 },
             ));
         }
-        // hybrid decode: the groups the CPU computes at this step size
-        let mut on_cpu = match (&self.host, &self.plan.placement.hybrid) {
-            (Some(_), Some(h)) if split_k.is_none() => h.cpu_groups(n),
-            _ => vec![false; self.spec.groups.len()],
-        };
         // routed uploads (on `auto`, in place of the host's groups where
         // that is predicted faster)
         let routed = self.choose_routed_step(n, &order, &mut on_cpu);

@@ -169,7 +169,8 @@ pub struct HybridPlan {
     /// the host groups the CPU computes, and the predicted step.
     pub per_size: Vec<SizePlan>,
     /// A mixture's expert split, at the step sizes where it applies (its
-    /// steps compute no whole group on the CPU).
+    /// steps compute `SplitSize::cpu_groups` whole groups on the CPU, the
+    /// split layers' cold experts beside them).
     pub split: Option<SplitPlan>,
 }
 
@@ -209,6 +210,11 @@ pub struct SplitInput {
     /// The fewest tokens a split step has: below it a step reads few
     /// experts and whole CPU groups read only those.
     pub min_tokens: u32,
+    /// Whole CPU groups a split step keeps beside its split layers (host
+    /// groups spread over the layers as a hybrid step's are; the layers
+    /// left split). None: the plan's choice under `Auto`, none under
+    /// `Force`.
+    pub whole: Option<u32>,
 }
 
 /// Off by default: on the H200 no split beat whole CPU groups by more than
@@ -218,6 +224,7 @@ impl Default for SplitInput {
         SplitInput {
             mode: ExpertSplit::Off,
             min_tokens: 32,
+            whole: None,
         }
     }
 }
@@ -237,30 +244,38 @@ pub struct SplitPlan {
 pub struct SplitSize {
     /// Experts of each split group on the device; 0: no split at this size.
     pub dev_experts: u32,
+    /// Host groups the CPU computes whole beside the split ones
+    /// ([`HybridPlan::whole_groups`]); the others of `SplitPlan::groups`
+    /// split.
+    pub cpu_groups: u32,
     pub predicted: Prediction,
 }
 
 impl SplitPlan {
     /// The device's experts at a step of `n` tokens, if it splits.
     pub fn at(&self, n: u32) -> Option<u32> {
+        self.size(n).map(|s| s.dev_experts)
+    }
+
+    /// The split at a step of `n` tokens, if it splits.
+    pub fn size(&self, n: u32) -> Option<SplitSize> {
         let i = (n as usize).checked_sub(1)?;
-        self.per_size
-            .get(i)
-            .map(|s| s.dev_experts)
-            .filter(|&k| k > 0)
+        self.per_size.get(i).copied().filter(|s| s.dev_experts > 0)
     }
 }
 
 /// Where each group runs when the groups in `split` keep `k` experts on
-/// the device.
-pub fn split_placement(streamed: &[bool], split: &[bool], k: u32) -> Vec<Where> {
+/// the device, but those in `cpu`, which the CPU computes whole.
+pub fn split_placement(streamed: &[bool], split: &[bool], cpu: &[bool], k: u32) -> Vec<Where> {
     streamed
         .iter()
         .zip(split)
-        .map(|(&s, &x)| match (s, x) {
-            (_, true) => Where::Split(k),
-            (true, false) => Where::Bus,
-            (false, false) => Where::Resident,
+        .zip(cpu)
+        .map(|((&s, &x), &c)| match (s, x, c) {
+            (_, _, true) => Where::Cpu,
+            (_, true, false) => Where::Split(k),
+            (true, false, false) => Where::Bus,
+            (false, false, false) => Where::Resident,
         })
         .collect()
 }
@@ -994,27 +1009,54 @@ impl HybridPlan {
     /// Where each group runs at a step of `n` tokens (`streamed`: the
     /// groups not resident).
     pub fn placement(&self, n: u32, streamed: &[bool]) -> Vec<Where> {
+        let cpu = self.cpu_groups(n);
         match (self.split_at(n), &self.split) {
-            (Some(k), Some(s)) => split_placement(streamed, &s.groups, k),
-            _ => placement(streamed, &self.cpu_groups(n)),
+            (Some(k), Some(s)) => split_placement(streamed, &s.groups, &cpu, k),
+            _ => placement(streamed, &cpu),
         }
     }
 
-    /// The groups the CPU computes in a step of `n` tokens (none above
-    /// MAX_TOKENS): `per_size[n - 1].cpu_groups` of the host groups of its
-    /// tier and cheaper, spread evenly over the layers so the bus always
-    /// has uploads queued.
+    /// The groups the CPU computes whole in a step of `n` tokens (none
+    /// above MAX_TOKENS): `per_size[n - 1].cpu_groups` of the host groups
+    /// of its tier and cheaper, or where the step splits its split size's
+    /// `cpu_groups` ([`HybridPlan::whole_groups`]).
     pub fn cpu_groups(&self, n: u32) -> Vec<bool> {
-        let mut out = vec![false; self.host.len()];
-        if n == 0 || n > MAX_TOKENS || self.split_at(n).is_some() {
-            return out;
+        if n == 0 || n > MAX_TOKENS {
+            return vec![false; self.host.len()];
+        }
+        if let Some(s) = self.split.as_ref().and_then(|s| s.size(n)) {
+            return self.whole_groups(n, s.cpu_groups as usize);
         }
         let s = self.per_size[n as usize - 1];
+        self.spread_hosts(s.tier, s.cpu_groups)
+    }
+
+    /// `count` host groups for a step of `n` tokens, spread evenly over
+    /// the layers so the bus always has uploads queued: from the tier a
+    /// hybrid step of that size takes its groups from and cheaper, or from
+    /// the next costlier tiers where those hold fewer.
+    pub fn whole_groups(&self, n: u32, count: usize) -> Vec<bool> {
+        let from = n
+            .checked_sub(1)
+            .and_then(|i| self.per_size.get(i as usize))
+            .map_or(0, |s| s.tier);
+        let top = self.tier.iter().copied().max().unwrap_or(0).max(from);
+        let tier = (from..=top)
+            .find(|&t| {
+                let pool = (0..self.host.len()).filter(|&i| self.host[i] && self.tier[i] <= t);
+                pool.count() >= count
+            })
+            .unwrap_or(top);
+        self.spread_hosts(tier, count)
+    }
+
+    /// `count` of the host groups of `tier` and cheaper, spread evenly.
+    fn spread_hosts(&self, tier: u8, count: usize) -> Vec<bool> {
+        let mut out = vec![false; self.host.len()];
         let hosts: Vec<usize> = (0..self.host.len())
-            .filter(|&i| self.host[i] && self.tier[i] <= s.tier)
+            .filter(|&i| self.host[i] && self.tier[i] <= tier)
             .collect();
-        let k = s.cpu_groups;
-        for j in spread(hosts.len(), k) {
+        for j in spread(hosts.len(), count) {
             out[hosts[j]] = true;
         }
         out

@@ -322,16 +322,8 @@ fn finish(
         let slots = (attn_slots, slots);
         let mut h = super::hybrid::plan_hybrid(&inp.groups, &streams, slots, inp.copy_bw, c)?;
         // a mixture's expert split, where it beats whole CPU groups
-        h.split = super::split::plan_split(
-            &inp.groups,
-            &streams,
-            &h.host,
-            slots,
-            inp.copy_bw,
-            c,
-            c.split,
-            |n| h.per_size[n as usize - 1].predicted.step_s(),
-        );
+        h.split =
+            super::split::plan_split(&inp.groups, &streams, &h, slots, inp.copy_bw, c, c.split);
         Some(h)
     });
     Plan {
@@ -539,8 +531,14 @@ impl std::fmt::Display for Plan {
                     if z.dev_experts > 0 && (first || n.is_power_of_two()) {
                         write!(
                             f,
-                            "\nexpert split at {n} tokens: {n_split} streamed layers keep {} experts on the GPU (the most picked where router counts say, else the first), the CPU computes the others' picks; predicted bus {:.2} ms, chain {:.2} ms + stalls {:.2} ms = step {:.2} ms (whole CPU groups: {:.2} ms)",
+                            "\nexpert split at {n} tokens: {} streamed layers keep {} experts on the GPU (the most picked where router counts say, else the first), the CPU computes the others' picks{}; predicted bus {:.2} ms, chain {:.2} ms + stalls {:.2} ms = step {:.2} ms (whole CPU groups: {:.2} ms)",
+                            n_split.saturating_sub(z.cpu_groups as usize),
                             z.dev_experts,
+                            if z.cpu_groups > 0 {
+                                format!(" and {} host groups whole", z.cpu_groups)
+                            } else {
+                                String::new()
+                            },
                             z.predicted.bus_s * 1e3,
                             (z.predicted.cpu_s + z.predicted.gpu_s) * 1e3,
                             z.predicted.stall_s * 1e3,

@@ -17,25 +17,27 @@
 //! must agree on every pick.
 
 use super::groups::GroupInfo;
-use super::hybrid::{simulate, split_placement, CpuInput, Prediction, MAX_TOKENS};
+use super::hybrid::{simulate, split_placement, CpuInput, HybridPlan, Prediction, MAX_TOKENS};
 pub use super::hybrid::{ExpertSplit, SplitInput, SplitPlan, SplitSize};
 
-/// Plans the split: `host` marks the groups the host keeps a copy of,
-/// `whole` is the step the hybrid plan predicts at each size with whole
-/// CPU groups (the split must beat it under `ExpertSplit::Auto`).
-#[allow(clippy::too_many_arguments)]
+/// Plans the split beside hybrid plan `h` (its host groups are the ones
+/// that may split, its step at each size with whole CPU groups the one
+/// the split must beat under `ExpertSplit::Auto`). A split step may keep
+/// some host groups whole on the CPU (`SplitInput::whole`; `Auto` tries
+/// a few counts up to the hybrid step's own): the bus then carries only
+/// the other layers' device experts, and each whole group takes the
+/// CPU's work of a split layer off the layer chain.
 pub fn plan_split(
     groups: &[GroupInfo],
     streamed: &[bool],
-    host: &[bool],
+    h: &HybridPlan,
     slots: (usize, usize),
     copy_bw: f64,
     c: &CpuInput,
     s: SplitInput,
-    whole: impl Fn(u32) -> f64,
 ) -> Option<SplitPlan> {
     let split: Vec<bool> = (0..groups.len())
-        .map(|i| host[i] && streamed[i] && groups[i].experts.is_some())
+        .map(|i| h.host[i] && streamed[i] && groups[i].experts.is_some())
         .collect();
     let n_expert = groups
         .iter()
@@ -47,14 +49,17 @@ pub fn plan_split(
     if s.mode == ExpertSplit::Off || n_expert < 2 {
         return None;
     }
-    let eval = |n: u32, k: u32| {
-        let at = split_placement(streamed, &split, k);
+    let eval = |n: u32, k: u32, w: u32| {
+        let cpu = h.whole_groups(n, w as usize);
+        let at = split_placement(streamed, &split, &cpu, k);
         simulate(groups, &at, slots, copy_bw, c, n)
     };
+    let whole = |n: u32| h.per_size[n as usize - 1].predicted.step_s();
     let per_size = (1..=MAX_TOKENS)
         .map(|n| {
             let none = SplitSize {
                 dev_experts: 0,
+                cpu_groups: 0,
                 predicted: Prediction::default(),
             };
             if n < s.min_tokens.max(2) {
@@ -63,19 +68,35 @@ pub fn plan_split(
             match s.mode {
                 ExpertSplit::Force(k) => {
                     let k = k.clamp(1, n_expert - 1);
+                    let w = s.whole.unwrap_or(0);
                     SplitSize {
                         dev_experts: k,
-                        predicted: eval(n, k),
+                        cpu_groups: w,
+                        predicted: eval(n, k, w),
                     }
                 }
                 _ => {
-                    let (k, p) = (1..n_expert)
-                        .map(|k| (k, eval(n, k)))
-                        .min_by(|a, b| a.1.step_s().total_cmp(&b.1.step_s()))
+                    // whole CPU groups: the count asked for, or a few up to
+                    // the hybrid step's
+                    let most = h.per_size[n as usize - 1].cpu_groups as u32;
+                    let counts: Vec<u32> = match s.whole {
+                        Some(w) => vec![w],
+                        None => {
+                            let mut c: Vec<u32> = (0..=4).map(|q| most * q / 4).collect();
+                            c.dedup();
+                            c
+                        }
+                    };
+                    let (k, w, p) = counts
+                        .iter()
+                        .flat_map(|&w| (1..n_expert).map(move |k| (k, w)))
+                        .map(|(k, w)| (k, w, eval(n, k, w)))
+                        .min_by(|a, b| a.2.step_s().total_cmp(&b.2.step_s()))
                         .expect("n_expert >= 2");
                     if p.step_s() < whole(n) {
                         SplitSize {
                             dev_experts: k,
+                            cpu_groups: w,
                             predicted: p,
                         }
                     } else {
@@ -113,6 +134,7 @@ pub fn device_experts(order: Option<&[u32]>, n_expert: u32, k: u32) -> Vec<bool>
 const AUTO: SplitInput = SplitInput {
     mode: ExpertSplit::Auto,
     min_tokens: 32,
+    whole: None,
 };
 
 #[cfg(test)]
@@ -148,6 +170,28 @@ mod tests {
             .collect()
     }
 
+    /// A hybrid plan keeping host copies of `host`, all of tier 0, whose
+    /// steps with whole CPU groups take `cpu_groups` of them and `whole_s`.
+    fn hybrid(host: &[bool], cpu_groups: usize, whole_s: f64) -> HybridPlan {
+        let size = super::super::hybrid::SizePlan {
+            cpu_groups,
+            tier: 0,
+            cpu_bytes: 0,
+            predicted: Prediction {
+                cpu_s: whole_s,
+                ..Prediction::default()
+            },
+            carry: false,
+        };
+        HybridPlan {
+            host: host.to_vec(),
+            tier: vec![0; host.len()],
+            host_bytes: 0,
+            per_size: vec![size; MAX_TOKENS as usize],
+            split: None,
+        }
+    }
+
     fn cpu_at(gb_s: f64) -> CpuInput {
         // the same speed at every step size, per byte read
         CpuInput {
@@ -161,10 +205,8 @@ mod tests {
         let g = mixture(8);
         let streamed = vec![true; g.len()];
         let c = cpu_at(25.0);
-        let p = plan_split(&g, &streamed, &streamed, (3, 3), 50e9, &c, AUTO, |_| {
-            f64::INFINITY
-        })
-        .expect("a plan");
+        let h = hybrid(&streamed, 0, f64::INFINITY);
+        let p = plan_split(&g, &streamed, &h, (3, 3), 50e9, &c, AUTO).expect("a plan");
         assert_eq!(p.at(31), None, "below the fewest tokens");
         let k = p.at(64).expect("64 tokens split");
         // balance: (128 - k) / 25 = k / 50 -> k = 85
@@ -196,17 +238,8 @@ mod tests {
     fn auto_keeps_whole_groups_where_they_are_faster() {
         let g = mixture(4);
         let streamed = vec![true; g.len()];
-        let p = plan_split(
-            &g,
-            &streamed,
-            &streamed,
-            (3, 3),
-            50e9,
-            &cpu_at(25.0),
-            AUTO,
-            |_| 0.0,
-        )
-        .expect("a plan");
+        let h = hybrid(&streamed, 0, 0.0);
+        let p = plan_split(&g, &streamed, &h, (3, 3), 50e9, &cpu_at(25.0), AUTO).expect("a plan");
         assert!((1..=MAX_TOKENS).all(|n| p.at(n).is_none()));
     }
 
@@ -217,14 +250,15 @@ mod tests {
         let off = SplitInput::default();
         assert_eq!(off.mode, ExpertSplit::Off);
         let c = cpu_at(25.0);
-        assert!(plan_split(&g, &streamed, &streamed, (3, 3), 50e9, &c, off, |_| 1.0).is_none());
+        let h = hybrid(&streamed, 0, 1.0);
+        assert!(plan_split(&g, &streamed, &h, (3, 3), 50e9, &c, off).is_none());
         // no host copies
-        let none = vec![false; g.len()];
+        let none = hybrid(&vec![false; g.len()], 0, 1.0);
         let s = AUTO;
-        assert!(plan_split(&g, &streamed, &none, (3, 3), 50e9, &c, s, |_| 1.0).is_none());
+        assert!(plan_split(&g, &streamed, &none, (3, 3), 50e9, &c, s).is_none());
         // dense groups do not split
         let d = super::super::testutil::layers(4, 10, 100);
-        assert!(plan_split(&d, &streamed, &streamed, (3, 3), 50e9, &c, s, |_| 1.0).is_none());
+        assert!(plan_split(&d, &streamed, &h, (3, 3), 50e9, &c, s).is_none());
     }
 
     proptest! {
@@ -237,28 +271,58 @@ mod tests {
             layers in 1usize..12,
             k in 0u32..300,
             min_tokens in 0u32..80,
+            whole in proptest::option::of(0u32..30),
             streamed_mask in proptest::collection::vec(any::<bool>(), 24),
             host_mask in proptest::collection::vec(any::<bool>(), 24),
         ) {
             let g = mixture(layers);
             let streamed: Vec<bool> = (0..g.len()).map(|i| streamed_mask[i % 24]).collect();
-            let host: Vec<bool> = (0..g.len()).map(|i| host_mask[i % 24]).collect();
-            let s = SplitInput { mode: ExpertSplit::Force(k), min_tokens };
+            // the host keeps copies of streamed groups only
+            let host: Vec<bool> = (0..g.len()).map(|i| host_mask[i % 24] && streamed[i]).collect();
+            let s = SplitInput { mode: ExpertSplit::Force(k), min_tokens, whole };
             let c = cpu_at(25.0);
-            let p = plan_split(&g, &streamed, &host, (3, 3), 50e9, &c, s, |_| 0.0);
+            let mut h = hybrid(&host, 0, 0.0);
+            let p = plan_split(&g, &streamed, &h, (3, 3), 50e9, &c, s);
             let any = (0..g.len()).any(|i| streamed[i] && host[i] && g[i].experts.is_some());
             prop_assert_eq!(p.is_some(), any);
             if let Some(p) = p {
                 for i in 0..g.len() {
                     prop_assert_eq!(p.groups[i], streamed[i] && host[i] && g[i].experts.is_some());
                 }
+                h.split = Some(p.clone());
+                let n_host = host.iter().filter(|h| **h).count();
                 for n in 1..=MAX_TOKENS {
                     match p.at(n) {
                         Some(d) => {
                             prop_assert!(n >= min_tokens.max(2));
                             prop_assert!((1..128).contains(&d));
+                            // the whole groups asked for (as many as the
+                            // host holds), host groups all; the split's
+                            // other groups split
+                            let cpu = h.cpu_groups(n);
+                            let want = (whole.unwrap_or(0) as usize).min(n_host);
+                            prop_assert_eq!(cpu.iter().filter(|c| **c).count(), want);
+                            let at = h.placement(n, &streamed);
+                            for i in 0..g.len() {
+                                prop_assert!(!cpu[i] || host[i]);
+                                let expect = if cpu[i] {
+                                    Where::Cpu
+                                } else if p.groups[i] {
+                                    Where::Split(d)
+                                } else if streamed[i] {
+                                    Where::Bus
+                                } else {
+                                    Where::Resident
+                                };
+                                prop_assert_eq!(at[i], expect);
+                            }
                         }
-                        None => prop_assert!(n < min_tokens.max(2)),
+                        None => {
+                            prop_assert!(n < min_tokens.max(2));
+                            // below the split a step is the hybrid's (no
+                            // CPU groups in this one)
+                            prop_assert!(h.cpu_groups(n).iter().all(|c| !c));
+                        }
                     }
                 }
             }

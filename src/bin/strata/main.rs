@@ -289,6 +289,12 @@ pub struct ModelArgs {
     #[arg(long = "split-min-tokens", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(2..))]
     pub split_min_tokens: u32,
+    /// Host groups a split step computes whole on the CPU beside its split
+    /// layers (spread over the layers, the cheapest first); the other
+    /// streamed mixture layers split. Default: none under a number given
+    /// to --expert-split, the plan's choice under auto.
+    #[arg(long = "split-whole")]
+    pub split_whole: Option<u32>,
     /// Most rows an FFN group computes at once (e.g. 2048: whole steps).
     /// Default: the memory plan cuts steps of more than 1024 rows into
     /// chunks of at least 1024, only where the model does not fit the GPU
@@ -722,6 +728,7 @@ pub fn engine_config(m: &ModelArgs, progress: bool) -> EngineConfig {
             split: strata::paging::SplitInput {
                 mode: m.expert_split,
                 min_tokens: m.split_min_tokens,
+                whole: m.split_whole,
             },
             relay: m.relay,
             row_halves: m.row_halves,
