@@ -9,7 +9,8 @@
 #    do, up to the two sides' rounding (a split layer sums the GPU's and the
 #    host's experts apart); and each split set again with
 #    STRATA_SPLIT_READS=drain must give its text exactly (check.txt);
-#    Each run starts from the counts the counting pass left.
+#    Each run starts from the counts the counting pass left. CHECK=0 skips
+#    this stage.
 # 2. rounds: `strata bench -p 0 -n 0 -B 64 -r REPS` under each flag set of
 #    SPLITS (separated by commas; default whole host groups, then
 #    `--expert-split 64` and `--expert-split 80`), ROUNDS rounds interleaved
@@ -35,7 +36,7 @@ each one built for a different purpose, and every morning he wound them all befo
 # every run with a split adds its picks to the counts beside the model, which
 # order the split's GPU experts: each run starts from the same counts
 cp "$s.experts.json" "$out/counts.json"
-{
+[ "${CHECK:-1}" = 1 ] && {
   i=0
   for f in "${sets[@]}"; do
     cp "$out/counts.json" "$s.experts.json"
