@@ -370,7 +370,21 @@ impl Engine {
             .get(&akey)?
             .bind(BindId::head(), &[y], None)?;
         let t = self.templates.allocated(&akey, &self.backend)?;
+        let rec = self.rec.scope(
+            timeline::Stream::Compute,
+            &self.backend,
+            || format!("ffn {layer}: host rows added"),
+            0,
+        );
         self.backend.compute_async(&t.graph())?;
+        drop(rec);
+        // the host's side from its experts' end to the add queued
+        self.rec.host_span(
+            timeline::Stream::Host,
+            || format!("ffn {layer}: rows up queued"),
+            t1,
+            Instant::now(),
+        );
         Ok(())
     }
 }

@@ -908,7 +908,14 @@ impl Engine {
             Some(up) => {
                 let t0 = Instant::now();
                 let data = host.rows(row0, rows)?;
+                let rec = self.rec.scope(
+                    timeline::Stream::Compute,
+                    &self.backend,
+                    || format!("host rows up ({rows} rows)"),
+                    0,
+                );
                 up.queue(&self.backend, h, row0, data)?;
+                drop(rec);
                 host.stats.hops += t0.elapsed();
                 Ok(())
             }

@@ -3,9 +3,10 @@
 with `--expert-split K`, as tools/device/split-host.sh takes them): per split
 layer, medians over the last STEPS whole steps of the router round trip (the
 host queuing the router to its picks read), the host part and its phases
-(rows in, experts, rows out), the GPU's experts, and the waits between them:
-the GPU's router ending to the host part starting, the host part ending to
-the next GPU operation. Also each step's length and the copy stream's busy
+(rows in, experts, rows out, then the host's rows up queued), the GPU's
+experts and the add of the host's rows, and the waits between them: the
+GPU's router ending to the host part starting, the host part ending to the
+next GPU operation (the add), the add's end to the next. Also each step's length and the copy stream's busy
 time.
   tools/bench/split-phases.py TRACE.json[.xz] [STEPS]"""
 import json
@@ -49,8 +50,12 @@ def main():
                 router_end[int(m.group(1))] = e["ts"] + e["dur"]
             elif re.match(r"router \d+: ", n):
                 add("router round trip", e["dur"])
-            elif re.match(r"ffn \d+: (rows in|experts|rows out)$", n):
+            elif re.match(r"ffn \d+: (rows in|experts|rows out|rows up queued)$", n):
                 add(n.split(": ")[1], e["dur"])
+            elif n.startswith("host rows up") and on(e, "compute stream"):
+                add("whole group's rows up (GPU)", e["dur"])
+            elif re.match(r"ffn \d+: host rows added$", n) and on(e, "compute stream"):
+                add("host rows added (GPU)", e["dur"])
             elif re.match(r"ffn \d+ \(\d+ experts\)$", n) and on(e, "compute stream"):
                 add("GPU's experts", e["dur"])
             m = re.match(r"ffn (\d+) \(the other experts", n)
@@ -60,9 +65,12 @@ def main():
                 if layer in router_end:
                     add("router end to host part", e["ts"] - router_end[layer])
                 end = e["ts"] + e["dur"]
-                nxt = [c["ts"] for c in compute if c["ts"] >= end]
+                nxt = [c for c in compute if c["ts"] >= end]
                 if nxt:
-                    add("host part end to next GPU op", nxt[0] - end)
+                    add("host part end to next GPU op", nxt[0]["ts"] - end)
+                    if nxt[0]["name"].endswith("host rows added"):
+                        add("rows added end to next GPU op", nxt[1]["ts"] - nxt[0]["ts"] - nxt[0]["dur"]
+                            if len(nxt) > 1 else 0)
     for k, v in got.items():
         print(f"{k:30s} {len(v):4d} spans, median {st.median(v):.3f} ms, sum a step {sum(v) / n_steps:.1f} ms")
 
