@@ -541,13 +541,7 @@ fn moe_expert_split_beside_whole_cpu_groups_equals_resident() {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let path = synth_tiny(dir.path(), &vocab, "qwen3moe-tiny", 9);
-    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
-    let plain = EngineConfig {
-        repack: false,
-        ..cpu_cfg()
-    };
-    let mut resident = Engine::load(&path, &plain).expect("resident engine");
+    let (path, lm, mut resident) = tiny_moe(dir.path(), &vocab, 9);
     let hp = resident.spec.hp.clone();
     let n_layer = hp.n_layer as usize;
     let dev = hp.n_expert / 2;
@@ -580,12 +574,7 @@ fn moe_expert_split_beside_whole_cpu_groups_equals_resident() {
             .enumerate()
             .filter(|(i, _)| cpu[*i])
             .map(|(_, g)| {
-                let experts: u64 = g
-                    .weights
-                    .iter()
-                    .filter(|w| w.role.is_some_and(|r| r.is_expert()))
-                    .map(|w| w.size)
-                    .sum();
+                let experts = expert_bytes(g);
                 g.bytes() - experts + experts * dev as u64 / hp.n_expert as u64
             })
             .sum();
@@ -610,13 +599,7 @@ fn moe_expert_split_takes_the_most_picked_experts() {
         return;
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let path = synth_tiny(dir.path(), &vocab, "qwen3moe-tiny", 5);
-    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
-    let plain = EngineConfig {
-        repack: false,
-        ..cpu_cfg()
-    };
-    let mut resident = Engine::load(&path, &plain).expect("resident engine");
+    let (path, lm, mut resident) = tiny_moe(dir.path(), &vocab, 5);
     let hp = resident.spec.hp.clone();
     let (n_layer, n_expert) = (hp.n_layer as usize, hp.n_expert as usize);
     // counts: expert e picked e times if odd, never if even, in every layer
@@ -649,6 +632,28 @@ fn moe_expert_split_takes_the_most_picked_experts() {
     let st = split_matches_resident(&mut split, &mut resident, &lm, "by counts", |_| {});
     assert!(st.host.groups > 0, "no layer left picks to the host");
     assert_eq!(st.pager.bytes, split_upload_bytes(&split, dev), "bytes up");
+}
+
+/// A tiny Qwen3-MoE file synthesized in `dir` from `seed`, its tokenizer
+/// and the resident engine (plain host weights) it is checked against.
+fn tiny_moe(dir: &Path, vocab: &Path, seed: u64) -> (std::path::PathBuf, LlamaModel, Engine) {
+    let path = synth_tiny(dir, vocab, "qwen3moe-tiny", seed);
+    let lm = LlamaModel::load(&path, true, 0).expect("vocab");
+    let plain = EngineConfig {
+        repack: false,
+        ..cpu_cfg()
+    };
+    let resident = Engine::load(&path, &plain).expect("resident engine");
+    (path, lm, resident)
+}
+
+/// Bytes of group `g`'s expert tensors.
+fn expert_bytes(g: &strata::model::GroupSpec) -> u64 {
+    g.weights
+        .iter()
+        .filter(|w| w.role.is_some_and(|r| r.is_expert()))
+        .map(|w| w.size)
+        .sum()
 }
 
 /// `split` against `resident` (`what` names the case): 12 tokens after
@@ -686,15 +691,8 @@ fn split_matches_resident(
 /// but the expert tensors whole, and `dev` of each expert tensor's experts.
 fn split_upload_bytes(e: &Engine, dev: u32) -> u64 {
     let whole: u64 = e.spec.groups.iter().map(|g| g.bytes()).sum();
-    let expert_bytes: u64 = e
-        .spec
-        .groups
-        .iter()
-        .flat_map(|g| &g.weights)
-        .filter(|w| w.role.is_some_and(|r| r.is_expert()))
-        .map(|w| w.size)
-        .sum();
-    whole - expert_bytes + expert_bytes * dev as u64 / e.spec.hp.n_expert as u64
+    let experts: u64 = e.spec.groups.iter().map(expert_bytes).sum();
+    whole - experts + experts * dev as u64 / e.spec.hp.n_expert as u64
 }
 
 /// Hot experts (`--hot-experts`): each mixture layer's first three experts

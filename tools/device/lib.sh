@@ -187,3 +187,19 @@ dev_split_flags() {
 dev_sanitizer() {
   command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null
 }
+
+# The Qwen3-30B-A3B shape in the Q4_K_M mix (routing skew SKEW, default 1)
+# with the module loaded, and a counting pass at 64 sequences so the
+# expert split's GPU experts come from the router counts (stats.txt): sets
+# $s (the file) and $common (the bench flags at 8G). The machine and clock
+# are recorded.
+dev_moe30b_counted() {
+  dev_machine >/dev/null
+  dev_clock
+  dev_module_start
+  s=$(SKEW=${SKEW:-1} TYPE=q4_k_m dev_synth qwen3-30b-a3b)
+  echo "model: $s" > "$out/model.txt"
+  dev_module_wait > "$out/module.txt" 2>&1
+  common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+  timeout 120 $bin/strata bench $common -p 0 -n 0 -B 64 -r 1 --expert-stats 2>&1 | quiet > "$out/stats.txt"
+}

@@ -22,14 +22,7 @@
 #   export OUT=$OUT; bash tools/device/split-host.sh
 # Outputs: $OUT/split-host.tar (everything above, the machine and clock).
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
-dev_machine >/dev/null
-dev_clock
-dev_module_start
-s=$(SKEW=${SKEW:-1} TYPE=q4_k_m dev_synth qwen3-30b-a3b)
-echo "model: $s" > "$out/model.txt"
-dev_module_wait > "$out/module.txt" 2>&1
-common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
-timeout 120 $bin/strata bench $common -p 0 -n 0 -B 64 -r 1 --expert-stats 2>&1 | quiet > "$out/stats.txt"
+dev_moe30b_counted
 IFS=, read -ra sets <<< "${SPLITS:-,--expert-split 64,--expert-split 80}"
 prompt="In the quiet town by the river, the old clockmaker kept a workshop full of ticking machines, \
 each one built for a different purpose, and every morning he wound them all before the baker opened"

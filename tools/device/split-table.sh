@@ -14,15 +14,8 @@
 #   export OUT=$OUT; bash tools/device/split-table.sh
 # Outputs: $OUT/split-table.tar.
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
-dev_machine >/dev/null
-dev_clock
-dev_module_start
-s=$(SKEW=${SKEW:-1} TYPE=q4_k_m dev_synth qwen3-30b-a3b)
-echo "model: $s" > "$out/model.txt"
-dev_module_wait > "$out/module.txt" 2>&1
-common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+dev_moe30b_counted
 flags=${FLAGS:---expert-split 104 --split-whole 11}
-timeout 120 $bin/strata bench $common -p 0 -n 0 -B 64 -r 1 --expert-stats 2>&1 | quiet > "$out/stats.txt"
 cp "$s.experts.json" "$out/counts.json"
 dev_mark table
 # shellcheck disable=SC2086 # flags: split on spaces
