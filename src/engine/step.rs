@@ -655,30 +655,8 @@ impl Engine {
         else {
             return;
         };
-        if h.groups == 0 {
-            return;
-        }
-        cal.observe(n, plan, h.compute.as_secs_f64());
-        // STRATA_REPLAN=off keeps the load's plan, for an A/B
-        if std::env::var_os("STRATA_REPLAN").is_some_and(|v| v == "off") {
-            return;
-        }
-        let again = cal.replan(n, plan);
-        let factor = cal.factor(n);
-        let Some(plan) = self.plan.placement.hybrid.as_mut() else {
-            return;
-        };
-        for (m, size) in again {
-            let old = &mut plan.per_size[m as usize - 1];
-            if m.is_power_of_two() || m == n {
-                tracing::info!(
-                    "the host CPU ran at {factor:.2}x its probe's time per byte in {n}-token steps: {m}-token steps planned again, {} CPU groups instead of {} (predicted {:.2} ms)",
-                    size.cpu_groups,
-                    old.cpu_groups,
-                    size.predicted.step_s() * 1e3
-                );
-            }
-            *old = size;
+        if h.groups > 0 {
+            cal.observe(n, plan, h.compute.as_secs_f64());
         }
     }
 

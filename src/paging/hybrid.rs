@@ -771,11 +771,10 @@ pub fn sizes(
 /// beside the bus's reads of host memory). [`CpuCalibration::observe`]
 /// keeps a running estimate for each band of step sizes;
 /// [`CpuCalibration::predict`] simulates a step at that speed, which
-/// separates the probe's error from the model's. The splits are chosen
-/// again from it once per band at most ([`CpuCalibration::replan`]): on
-/// the H100 machine re-planning as steps came in flip-flopped between
-/// splits (the per-byte speed moves with the split and from step to step)
-/// and every change re-warms the changed groups' graphs
+/// separates the probe's error from the model's. The splits are not chosen
+/// again from it: on the H100 machine re-planning as steps came in
+/// flip-flopped between splits (the per-byte speed moves with the split and
+/// from step to step) and every change re-warms the changed groups' graphs
 /// (docs/device/hybrid/run11: 3.11 t/s against 4.06).
 ///
 /// One estimate for all sizes let a busy host's one-token steps (many small
@@ -816,9 +815,6 @@ struct Band {
     /// Steps of the band run without host groups since one with them
     /// ([`CpuCalibration::skipped`]).
     skipped: u32,
-    /// Whether the band's sizes were planned again from its estimate
-    /// ([`CpuCalibration::replan`]).
-    replanned: bool,
 }
 
 /// The band of step sizes a step of `n` tokens is calibrated in: sizes up
@@ -837,14 +833,6 @@ pub fn band(n: u32) -> u32 {
 /// many the difference between the two; 8 lets a 64-sequence bench
 /// repetition (8 steps) measure again what the one before it set.
 pub const RECHECK_STEPS: u32 = 8;
-
-/// Steps of a band counted before its sizes may be planned again from its
-/// estimate ([`CpuCalibration::replan`]).
-pub const REPLAN_AFTER: u32 = 3;
-
-/// How far (a factor either way) a band's estimate must stand from the
-/// probe's reading for its sizes to be planned again.
-pub const REPLAN_OFF_BY: f64 = 1.1;
 
 impl CpuCalibration {
     pub fn new(
@@ -914,49 +902,6 @@ impl CpuCalibration {
         self.band_mut(n).skipped += 1;
     }
 
-    /// The sizes of `n`'s band planned again at the host's speed its steps
-    /// showed, where `plan`'s differ: once per band and load, after
-    /// [`REPLAN_AFTER`] counted steps, where the estimate stands
-    /// [`REPLAN_OFF_BY`] or more from the probe's reading, and never where
-    /// the host groups were forced. The probe's reading sets each size's
-    /// host groups at load, and one probe can be 10% off the host a whole
-    /// load then sees: on the H200, 64 skewed sequences planned 9 or 10
-    /// host groups from probes where the steps ran the host at 0.89-0.91x
-    /// their time per byte, 398-417 t/s against 429 for 12 (docs/device-runs.md,
-    /// run 229). Once only: re-planned after every step the split flip-flops
-    /// (see above).
-    pub fn replan(&mut self, n: u32, plan: &HybridPlan) -> Vec<(u32, SizePlan)> {
-        let top = band(n);
-        let due = self.band_of(n).is_some_and(|b| {
-            !b.replanned
-                && b.samples >= REPLAN_AFTER
-                && (b.factor >= REPLAN_OFF_BY || b.factor * REPLAN_OFF_BY <= 1.0)
-        });
-        if !due || self.probe.force.is_some() {
-            return Vec::new();
-        }
-        let f = self.band_mut(n);
-        f.replanned = true;
-        let factor = f.factor;
-        let c = self.probe.scaled(factor);
-        let again = sizes(
-            &self.groups,
-            &self.streamed,
-            self.slots,
-            self.copy_bw,
-            &c,
-            &plan.host,
-        );
-        (top / 2 + 1..=top.min(MAX_TOKENS))
-            .filter_map(|m| {
-                let (old, new) = (plan.per_size.get(m as usize - 1)?, again[m as usize - 1]);
-                let moved =
-                    (old.cpu_groups, old.tier, old.carry) != (new.cpu_groups, new.tier, new.carry);
-                moved.then_some((m, new))
-            })
-            .collect()
-    }
-
     /// Whether the next step of `n` tokens should run hybrid whatever the
     /// estimate says, to measure the host again ([`RECHECK_STEPS`]).
     pub fn recheck_due(&self, n: u32) -> bool {
@@ -975,7 +920,6 @@ impl CpuCalibration {
                 factor: 1.0,
                 samples: 0,
                 skipped: 0,
-                replanned: false,
             });
         }
         self.bands
@@ -1237,64 +1181,6 @@ mod tests {
         // and the prediction of a size takes its band's factor
         assert!((cal.predict(&p, 4) - cal.predict_at(&p, 4, 1.19, None)).abs() < 1e-12);
         assert!((cal.predict(&p, 1) - cal.predict_at(&p, 1, 1.87, None)).abs() < 1e-12);
-    }
-
-    #[test]
-    fn a_band_whose_host_ran_off_its_probe_is_planned_again_once() {
-        let g = layers(60, 85, 396);
-        let streamed = vec![true; g.len()];
-        let c = cpu(1.0);
-        let mut p = plan_hybrid(&g, &streamed, (8, 3), 1.0, &c).expect("hybrid pays");
-        let mut cal = CpuCalibration::new(c.clone(), g.clone(), streamed.clone(), (8, 3), 1.0);
-        let at = |cal: &CpuCalibration, p: &HybridPlan, n| cal.probe_cpu_s(n, p);
-        // within REPLAN_OFF_BY of the probe: nothing moves
-        let a1 = at(&cal, &p, 1);
-        for _ in 0..=REPLAN_AFTER + 2 {
-            cal.observe(1, &p, 1.05 * a1);
-            assert!(cal.replan(1, &p).is_empty());
-        }
-        // a host twice as fast in steps of 5-8 tokens: after REPLAN_AFTER
-        // counted steps (and the warm-up) the band's sizes take more CPU
-        // groups, the other bands' stay
-        let a8 = at(&cal, &p, 8);
-        cal.observe(8, &p, a8);
-        for _ in 1..REPLAN_AFTER {
-            cal.observe(8, &p, 0.5 * a8);
-            assert!(cal.replan(8, &p).is_empty(), "too few steps");
-        }
-        cal.observe(8, &p, 0.5 * a8);
-        let again = cal.replan(8, &p);
-        assert!(!again.is_empty());
-        for (m, size) in &again {
-            assert!((5..=8).contains(m), "{m} outside the band");
-            assert!(size.cpu_groups >= p.per_size[*m as usize - 1].cpu_groups);
-        }
-        let (m, size) = again[again.len() - 1];
-        assert!(
-            size.cpu_groups > p.per_size[m as usize - 1].cpu_groups,
-            "{size:?}"
-        );
-        // the same as planning those sizes at that speed from the start
-        let fast = sizes(&g, &streamed, (8, 3), 1.0, &c.scaled(0.5), &p.host);
-        assert_eq!(size, fast[m as usize - 1]);
-        for (m, size) in again {
-            p.per_size[m as usize - 1] = size;
-        }
-        // once: later steps move nothing, however far off
-        for _ in 0..4 {
-            cal.observe(8, &p, 3.0 * at(&cal, &p, 8));
-            assert!(cal.replan(8, &p).is_empty());
-        }
-        // and never where the host groups were forced
-        let forced = CpuInput {
-            force: Some(5),
-            ..c
-        };
-        let mut cal = CpuCalibration::new(forced, g, streamed, (8, 3), 1.0);
-        for _ in 0..=REPLAN_AFTER {
-            cal.observe(8, &p, 0.3 * a8);
-        }
-        assert!(cal.replan(8, &p).is_empty());
     }
 
     #[test]
