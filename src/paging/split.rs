@@ -82,9 +82,9 @@ pub fn plan_split(
                     let counts: Vec<u32> = match s.whole {
                         Some(w) => vec![w],
                         None => {
-                            let mut c: Vec<u32> = (0..=4).map(|q| most * q / 4).collect();
-                            c.dedup();
-                            c
+                            let mut ws: Vec<u32> = (0..=4).map(|q| most * q / 4).collect();
+                            ws.dedup();
+                            ws
                         }
                     };
                     let (k, w, p) = counts
