@@ -179,8 +179,11 @@ pub struct HybridPlan {
 pub struct SizePlan {
     pub cpu_groups: usize,
     /// The costliest tier the step's CPU groups come from: they are
-    /// spread over the host groups of this tier and cheaper.
+    /// spread over the host groups of this tier and cheaper, or with
+    /// `fill` are all the cheaper ones and the rest spread over this
+    /// tier's ([`pick`]).
     pub tier: u8,
+    pub fill: bool,
     pub cpu_bytes: u64,
     pub predicted: Prediction,
     /// Whether a step of this size ends by uploading the next one's first
@@ -610,11 +613,7 @@ pub fn plan_hybrid(
     if best.k == 0 {
         return None;
     }
-    let pool = in_tier(&cand, &cand_tier, best.tier);
-    let hosts: Vec<usize> = spread(pool.len(), best.k)
-        .iter()
-        .map(|&j| pool[j])
-        .collect();
+    let hosts = pick(&cand, &cand_tier, best.tier, best.k, best.fill);
     let mut host = vec![false; groups.len()];
     for &i in &hosts {
         host[i] = true;
@@ -659,11 +658,35 @@ fn in_tier(idx: &[usize], tier: &[u8], t: u8) -> Vec<usize> {
     idx.iter().copied().filter(|&i| tier[i] <= t).collect()
 }
 
+/// `k` of the groups `idx` (group indices in layer order), in layer
+/// order: spread evenly over those of tier `t` and cheaper, or with `fill`
+/// every group cheaper than `t` and the rest spread over tier `t`'s own
+/// (where `k` exceeds the cheaper ones). Spread, a step of 13 host groups
+/// where 12 are Q4_K takes six or seven Q6_K ones (the Qwen3-30B-A3B shape
+/// in Q4_K_M); filled, it takes one.
+pub fn pick(idx: &[usize], tier: &[u8], t: u8, k: usize, fill: bool) -> Vec<usize> {
+    let pool = in_tier(idx, tier, t);
+    let lower: Vec<usize> = pool.iter().copied().filter(|&i| tier[i] < t).collect();
+    if !fill || k <= lower.len() {
+        return spread(pool.len(), k).iter().map(|&j| pool[j]).collect();
+    }
+    let own: Vec<usize> = pool.iter().copied().filter(|&i| tier[i] == t).collect();
+    let mut out: Vec<usize> = spread(own.len(), k - lower.len())
+        .iter()
+        .map(|&j| own[j])
+        .chain(lower)
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// [`best_split`]'s choice.
 struct Best {
-    /// Groups the CPU computes, spread over those of `tier` and cheaper.
+    /// Groups the CPU computes, [`pick`]ed from those of `tier` and
+    /// cheaper (`fill`: the cheaper ones first).
     k: usize,
     tier: u8,
+    fill: bool,
     bytes: u64,
     predicted: Prediction,
 }
@@ -684,35 +707,45 @@ fn best_split(
     most: usize,
 ) -> Best {
     let top = pool.iter().map(|&i| tier[i]).max().unwrap_or(0);
-    // by tier: the groups of that tier and cheaper
-    let pools: Vec<Vec<usize>> = (0..=top).map(|t| in_tier(pool, tier, t)).collect();
-    let eval = |t: u8, k: usize| {
-        let p = &pools[t as usize];
-        let picked = spread(p.len(), k);
+    // by tier: how many groups of that tier and cheaper, and cheaper only
+    let upto: Vec<usize> = (0..=top).map(|t| in_tier(pool, tier, t).len()).collect();
+    let below = |t: u8| t.checked_sub(1).map_or(0, |u| upto[u as usize]);
+    let eval = |t: u8, k: usize, fill: bool| {
+        let picked = pick(pool, tier, t, k, fill);
         let mut cpu = vec![false; groups.len()];
-        for &j in &picked {
-            cpu[p[j]] = true;
+        for &i in &picked {
+            cpu[i] = true;
         }
         let at = placement(streamed, &cpu);
         Best {
             k: picked.len(),
             tier: t,
-            bytes: picked.iter().map(|&j| groups[p[j]].bytes).sum(),
+            fill,
+            bytes: picked.iter().map(|&i| groups[i].bytes).sum(),
             predicted: simulate(groups, &at, slots, copy_bw, c, n),
         }
     };
+    // each tier's counts spread over it and the cheaper ones, and those
+    // beyond the cheaper ones' count filled
+    let candidates = (0..=top).flat_map(|t| {
+        let spread = (0..=upto[t as usize].min(most)).map(move |k| (t, k, false));
+        let filled = (below(t) + 1..=upto[t as usize].min(most)).map(move |k| (t, k, true));
+        spread.chain(filled)
+    });
+    let fastest = |a: &Best, b: &Best| a.predicted.step_s().total_cmp(&b.predicted.step_s());
     if let Some(f) = c.force {
-        // the cheapest tiers that hold that many
+        // the cheapest tiers that hold that many, spread or filled
         let f = f.min(most);
-        let t = (0..=top)
-            .find(|&t| pools[t as usize].len() >= f)
-            .unwrap_or(top);
-        return eval(t, f);
+        let t = (0..=top).find(|&t| upto[t as usize] >= f).unwrap_or(top);
+        return candidates
+            .filter(|&(u, k, _)| u == t && k == f)
+            .map(|(t, k, fill)| eval(t, k, fill))
+            .min_by(fastest)
+            .unwrap_or_else(|| eval(t, f, false));
     }
-    (0..=top)
-        .flat_map(|t| (0..=pools[t as usize].len().min(most)).map(move |k| (t, k)))
-        .map(|(t, k)| eval(t, k))
-        .min_by(|a, b| a.predicted.step_s().total_cmp(&b.predicted.step_s()))
+    candidates
+        .map(|(t, k, fill)| eval(t, k, fill))
+        .min_by(fastest)
         .expect("k = 0 is always a candidate")
 }
 
@@ -758,6 +791,7 @@ pub fn sizes(
             SizePlan {
                 cpu_groups: b.k,
                 tier: b.tier,
+                fill: b.fill,
                 cpu_bytes: b.bytes,
                 predicted: b.predicted,
                 carry,
@@ -1028,7 +1062,7 @@ impl HybridPlan {
             return self.whole_groups(n, s.cpu_groups as usize);
         }
         let s = self.per_size[n as usize - 1];
-        self.spread_hosts(s.tier, s.cpu_groups)
+        self.pick_hosts(s.tier, s.cpu_groups, s.fill)
     }
 
     /// `count` host groups for a step of `n` tokens, spread evenly over
@@ -1047,17 +1081,15 @@ impl HybridPlan {
                 pool.count() >= count
             })
             .unwrap_or(top);
-        self.spread_hosts(tier, count)
+        self.pick_hosts(tier, count, false)
     }
 
-    /// `count` of the host groups of `tier` and cheaper, spread evenly.
-    fn spread_hosts(&self, tier: u8, count: usize) -> Vec<bool> {
+    /// `count` of the host groups of `tier` and cheaper ([`pick`]).
+    fn pick_hosts(&self, tier: u8, count: usize, fill: bool) -> Vec<bool> {
         let mut out = vec![false; self.host.len()];
-        let hosts: Vec<usize> = (0..self.host.len())
-            .filter(|&i| self.host[i] && self.tier[i] <= tier)
-            .collect();
-        for j in spread(hosts.len(), count) {
-            out[hosts[j]] = true;
+        let hosts: Vec<usize> = (0..self.host.len()).filter(|&i| self.host[i]).collect();
+        for i in pick(&hosts, &self.tier, tier, count, fill) {
+            out[i] = true;
         }
         out
     }
@@ -1681,6 +1713,84 @@ mod tests {
                 assert!(p.host[i] && p.tier[i] <= z.tier, "n = {n}, group {i}");
             }
         }
+    }
+
+    #[test]
+    fn pick_spreads_or_fills_from_the_cheapest() {
+        // groups 0..8 by index; tiers 0 1 0 1 1 1 1 0
+        let idx: Vec<usize> = (0..8).collect();
+        let tier = [0, 1, 0, 1, 1, 1, 1, 0];
+        // spread over tier 0 only
+        assert_eq!(pick(&idx, &tier, 0, 2, false), vec![2, 7]);
+        // four spread over all eight take one cheap group
+        assert_eq!(pick(&idx, &tier, 1, 4, false), vec![1, 3, 5, 7]);
+        // filled: the three cheap ones and one of the five dear, in order
+        assert_eq!(pick(&idx, &tier, 1, 4, true), vec![0, 2, 6, 7]);
+        // no more than the cheaper ones: filling is spreading over them
+        assert_eq!(
+            pick(&idx, &tier, 1, 3, true),
+            pick(&idx, &tier, 1, 3, false)
+        );
+        assert_eq!(pick(&idx, &tier, 1, 8, true), idx);
+        assert_eq!(pick(&idx, &tier, 1, 9, true), idx);
+    }
+
+    /// A step that wants more host groups than the cheapest tier holds
+    /// (the Qwen3-30B-A3B shape at 64 sequences: 12 Q4_K host groups of
+    /// 31) takes all the cheap ones and the fewest dear ones it needs, not
+    /// the count spread over both tiers (six or seven dear ones at 13), and
+    /// is predicted faster than every spread of the same tiers.
+    #[test]
+    fn a_step_beyond_the_cheap_tier_fills_it_first() {
+        let mut g = qwen3moe_30b(48, 0.0);
+        // among the streamed layers (20-47) every fourth one cheap
+        for (i, x) in g.iter_mut().enumerate() {
+            if let Some(e) = x.experts.as_mut().filter(|_| (i / 2) % 4 != 0) {
+                e.cpu_scale = [1.3, 1.6];
+            }
+        }
+        let streamed: Vec<bool> = (0..g.len()).map(|i| i >= 40).collect();
+        let c = CpuInput {
+            big: Some((64, 1.0 / 40e9)),
+            bus_bw_beside: Some(55e9),
+            gpu_group_s: GPU_GROUP_S,
+            cpu_group_s: 40e-6,
+            ..h100_cpu()
+        };
+        let p = plan_hybrid(&g, &streamed, (7, 3), 55e9, &c).expect("hybrid pays");
+        let s = p.per_size[63];
+        let cheap: Vec<usize> = (0..g.len())
+            .filter(|&i| p.host[i] && p.tier[i] == 0)
+            .collect();
+        assert!(
+            s.fill && s.cpu_groups > cheap.len(),
+            "{s:?}, {} cheap",
+            cheap.len()
+        );
+        let cpu = p.cpu_groups(64);
+        assert!(cheap.iter().all(|&i| cpu[i]), "{cpu:?}");
+        let hosts: Vec<usize> = (0..g.len()).filter(|&i| p.host[i]).collect();
+        for t in 0..=1 {
+            for k in 0..=hosts.len() {
+                let mut set = vec![false; g.len()];
+                for i in pick(&hosts, &p.tier, t, k, false) {
+                    set[i] = true;
+                }
+                let q = simulate(&g, &placement(&streamed, &set), (7, 3), 55e9, &c, 64);
+                assert!(
+                    s.predicted.step_s() <= q.step_s(),
+                    "tier {t}, {k} spread: {q:?} against {:?}",
+                    s.predicted
+                );
+            }
+        }
+        // forced to that count, the step fills the same way
+        let forced = CpuInput {
+            force: Some(s.cpu_groups),
+            ..c.clone()
+        };
+        let f = plan_hybrid(&g, &streamed, (7, 3), 55e9, &forced).expect("forced");
+        assert_eq!(f.cpu_groups(64), cpu);
     }
 
     /// A group's CPU cost: its scale, linear from one token to the

@@ -505,14 +505,24 @@ impl std::fmt::Display for Plan {
                 if n.is_power_of_two() {
                     // the tier, where the host groups' costs differ
                     let all = h.host.iter().filter(|x| **x).count();
-                    let pool = (h.host.iter().zip(&h.tier))
-                        .filter(|&(&x, &t)| x && t <= z.tier)
-                        .count();
+                    let count = |upto: u8| {
+                        (h.host.iter().zip(&h.tier))
+                            .filter(|&(&x, &t)| x && t <= upto)
+                            .count()
+                    };
+                    let pool = count(z.tier);
+                    let below = z.tier.checked_sub(1).map_or(0, count);
                     write!(
                         f,
                         " {n} tokens: {} CPU groups{}, {:.2} ms{};",
                         z.cpu_groups,
-                        if pool < all && z.cpu_groups > 0 {
+                        if z.fill && z.cpu_groups > below {
+                            format!(
+                                " (the {below} cheapest and {} of the next {})",
+                                z.cpu_groups - below,
+                                pool - below
+                            )
+                        } else if pool < all && z.cpu_groups > 0 {
                             format!(" of the {pool} cheapest")
                         } else {
                             String::new()

@@ -176,6 +176,7 @@ mod tests {
         let size = super::super::hybrid::SizePlan {
             cpu_groups,
             tier: 0,
+            fill: false,
             cpu_bytes: 0,
             predicted: Prediction {
                 cpu_s: whole_s,
