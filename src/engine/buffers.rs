@@ -38,6 +38,9 @@ impl Persistent {
     pub fn tensor(&self, i: usize) -> Tensor<'_> {
         self.arena.tensor(i)
     }
+    pub fn arena(&self) -> &TensorArena {
+        &self.arena
+    }
 }
 
 /// K and V per layer, F16 [n_embd_kv, n_ctx], in one device buffer.

@@ -5,12 +5,14 @@
 //!
 //! On a GPU the host's cores are idle while a step begins, and big steps
 //! cut the rows among scoped threads: at 2048 tokens of an 8192-wide
-//! model one thread took 17-25 ms on the 2-core development machine. The
-//! embedding rows and masks are written into pinned memory
-//! (`buffers::Staging`) and copied from there, after the step's first
-//! upload and before the rest: queued behind a window of uploads, the
-//! copies waited 16-30 ms for the copy engine (two H200s, run 103),
-//! against 2-3 ms on an idle bus. A split model's parts write theirs at
+//! model one thread took 17-25 ms on the 2-core development machine. On
+//! a GPU the inputs are written into pinned memory that a graph on the
+//! compute stream reads them from (`inputsup`): copies wait for the copy
+//! engine, behind the weights' uploads. Copied (a remote device, or
+//! `STRATA_INPUTS=copy`), they go from pinned staging (`buffers::Staging`)
+//! after the step's first upload and before the rest: queued behind a
+//! window of uploads, the copies waited 16-30 ms for the copy engine (two
+//! H200s, run 103), against 2-3 ms on an idle bus. A split model's parts write theirs at
 //! once, a thread each (in turn they took 58 ms before either GPU of the
 //! row split computed, run 102; 9-10 ms at once, run 104). On the CPU
 //! device the cores are ggml's pool's, whose threads still spin from the
@@ -77,9 +79,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes this part's inputs for the begun step: synchronous writes
-    /// of buffers no stream touches now (both were drained in
-    /// `begin_part`; the first upload fills a slot or KV frame). A later
+    /// Writes this part's inputs for the begun step: on a GPU into the
+    /// pinned memory a graph queued on the compute stream reads them from
+    /// (`inputsup`), otherwise by synchronous writes of buffers no stream
+    /// touches now (the compute stream was drained in `begin_part`; the
+    /// copy stream carries only weights into slots and KV frames). A later
     /// device's part of the layer split gets its residual from the part
     /// before. `cells`: where the tokens were placed.
     fn write_inputs(
@@ -101,12 +105,24 @@ impl Engine {
             copies += self.embed(&ids)?;
         }
         let pos: Vec<i32> = toks.iter().map(|t| t.pos).collect();
-        self.persistent.tensor(buffers::POS).set_i32(&pos)?;
-        copies += self.write_masks(sp, n_kv, tree.map(|t| (t, cells)))?;
         let idx: Vec<i64> = cells.iter().map(|&c| c as i64).collect();
-        self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
-        if !out_ids.is_empty() {
-            self.persistent.tensor(buffers::OUT_IDS).set_i32(out_ids)?;
+        copies += self.write_masks(sp, n_kv, tree.map(|t| (t, cells)))?;
+        if let Some(up) = self.inputs_up.as_mut() {
+            up.slot::<i32>(buffers::POS, pos.len())?
+                .copy_from_slice(&pos);
+            up.slot::<i64>(buffers::KV_IDX, idx.len())?
+                .copy_from_slice(&idx);
+            if !out_ids.is_empty() {
+                up.slot::<i32>(buffers::OUT_IDS, out_ids.len())?
+                    .copy_from_slice(out_ids);
+            }
+            up.queue(&self.backend)?;
+        } else {
+            self.persistent.tensor(buffers::POS).set_i32(&pos)?;
+            self.persistent.tensor(buffers::KV_IDX).set_i64(&idx)?;
+            if !out_ids.is_empty() {
+                self.persistent.tensor(buffers::OUT_IDS).set_i32(out_ids)?;
+            }
         }
         let t1 = Instant::now();
         let n = toks.len();
@@ -135,6 +151,12 @@ impl Engine {
         let w = &self.spec.tok_embd;
         let table = self.file.bytes(w);
         let scale = self.spec.hp.embd_scale;
+        if let Some(up) = self.inputs_up.as_mut() {
+            // written where the compute stream reads them from
+            let out = up.slot::<f32>(buffers::X, e * tokens.len())?;
+            embed_rows(w.ty, &table, tokens, scale, out, threads)?;
+            return Ok(Duration::ZERO);
+        }
         let out = self.staging.get::<f32>(self.device, e * tokens.len())?;
         embed_rows(w.ty, &table, tokens, scale, out, threads)?;
         let t = Instant::now();
@@ -163,7 +185,11 @@ impl Engine {
         let one = n_kv * sp.len();
         let threads = self.input_threads();
         let cells = self.kv.cells();
-        let masks = self.staging.get::<u16>(self.device, one * windows.len())?;
+        let pulled = self.inputs_up.is_some();
+        let masks = match self.inputs_up.as_mut() {
+            Some(up) => up.slot::<u16>(buffers::MASK, one * windows.len())?,
+            None => self.staging.get::<u16>(self.device, one * windows.len())?,
+        };
         for (&window, mask) in windows.iter().zip(masks.chunks_exact_mut(one.max(1))) {
             par_rows(mask, n_kv, threads, |rows, out| {
                 cells.fill_mask_rows(&sp[rows], n_kv, window, out);
@@ -172,6 +198,9 @@ impl Engine {
             if let Some((t, placed)) = tree {
                 t.hide(placed, n_kv, mask);
             }
+        }
+        if pulled {
+            return Ok(Duration::ZERO);
         }
         let t = Instant::now();
         self.persistent

@@ -694,6 +694,7 @@ impl Engine {
             }
         }
         let persistent = Persistent::alloc(&dims, lim, device)?;
+        let inputs_up = super::inputsup::InputsUp::pinned(device, &persistent, &dims, lim);
         let split = match plan
             .placement
             .hybrid
@@ -838,6 +839,7 @@ impl Engine {
             halves,
             cpu_halves,
             rows_up: None,
+            inputs_up,
             backend,
             store,
             persistent,

@@ -45,6 +45,7 @@ pub mod host;
 mod hot;
 mod hotpool;
 mod inputs;
+mod inputsup;
 mod kvcache;
 pub mod kvtier;
 mod load;

@@ -143,6 +143,9 @@ enum Streams {
         copy: Backend,
         loaded: [Vec<Event>; 3],
         free: [Vec<Event>; 3],
+        /// Recorded on the copy stream before a step's first carried
+        /// upload ([`Pager::carry_over`]).
+        before_carried: Event,
     },
     Sync {
         pending: VecDeque<(Ring, usize, GroupId)>,
@@ -183,6 +186,10 @@ pub struct Pager {
     /// Whether this step does (the plan's choice for its size,
     /// `HybridPlan::carry_at`).
     pub carry_step: bool,
+    /// Whether uploads for the next step were carried since the last
+    /// [`Pager::synchronize_for_step`] (`before_carried` marks what came
+    /// before them).
+    carried: bool,
 }
 
 impl Pager {
@@ -228,6 +235,7 @@ impl Pager {
                     events(plan.slots.1)?,
                     events(kv_slots)?,
                 ],
+                before_carried: Event::new(dev)?,
             }
         };
         Ok(Pager {
@@ -245,6 +253,7 @@ impl Pager {
             relay_step: false,
             carry: false,
             carry_step: true,
+            carried: false,
         })
     }
 
@@ -870,6 +879,17 @@ impl Pager {
             }
         }
         next.sort_unstable_by_key(|&(p, ring)| (p, ring as usize));
+        if !next.is_empty() && !self.carried {
+            if let Streams::Async {
+                copy,
+                before_carried,
+                ..
+            } = &self.streams
+            {
+                before_carried.record(copy);
+            }
+            self.carried = true;
+        }
         for (_, ring) in next {
             let ops = self.rings[ring as usize]
                 .as_mut()
@@ -885,6 +905,7 @@ impl Pager {
     /// Queued copies are dropped, and rows a KV window computed are not
     /// written back (the failed step's cells are given back too).
     pub fn abort_step(&mut self, kv: Option<&mut KvTier>) {
+        self.carried = false;
         for r in self.rings.iter_mut().flatten() {
             r.abort();
         }
@@ -896,6 +917,24 @@ impl Pager {
         }
         if let Some(kv) = kv {
             kv.forget_pending();
+        }
+    }
+
+    /// Before a step's host-side writes: waits for the copy stream, but
+    /// for the uploads carried into the step (weights into their slots,
+    /// which nothing the host writes touches; the step's graphs wait for
+    /// them on the device), where no KV tier shares the stream (its frames'
+    /// copies may follow them). Carried uploads are why: waiting for them,
+    /// a 64-sequence step began up to a group's upload late.
+    pub fn synchronize_for_step(&mut self) {
+        let carried = std::mem::take(&mut self.carried);
+        match &self.streams {
+            Streams::Async { before_carried, .. }
+                if carried && self.rings[Ring::Kv as usize].is_none() && self.relay.is_none() =>
+            {
+                before_carried.synchronize()
+            }
+            _ => self.synchronize(),
         }
     }
 

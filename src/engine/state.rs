@@ -90,6 +90,9 @@ pub struct Engine {
     /// The way the host's rows go back up after a host group, made at
     /// the first such hop on a GPU (`halfrows::RowsUp`).
     pub(super) rows_up: Option<super::halfrows::RowsUp>,
+    /// How a step's inputs go up on a GPU (`inputsup`); None: copied from
+    /// `staging`.
+    pub(super) inputs_up: Option<super::inputsup::InputsUp>,
     /// Hot experts on the device (`paging::experts`), where the plan keeps
     /// any.
     pub(super) hot: Option<super::hotpool::HotPool>,

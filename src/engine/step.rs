@@ -263,8 +263,10 @@ impl Engine {
     /// [`Engine::run_part`].
     fn begin_part(&mut self, toks: &[BatchToken]) -> Result<Vec<u32>, EngineError> {
         // inputs (once every part began) and the KV tier's host frames
-        // are written next: nothing may be in flight
-        self.pager_sync();
+        // are written next: nothing may be in flight but uploads carried
+        // into this step
+        self.backend.synchronize();
+        self.pager.synchronize_for_step();
         let before = self.kv.snapshot();
         let sp: Vec<(u32, i32)> = toks.iter().map(|t| (t.seq, t.pos)).collect();
         let cells = self.kv.place(&sp)?;
