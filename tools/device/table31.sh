@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 31's table on the Qwen3-30B-A3B shape in the Q4_K_M mix at 8G, as
+# a new user runs it (no router counts), routing skewed (SKEW, default 1;
+# SKEW=0 uniform), llama.cpp from the same source on the same file beside,
+# in one call:
+# 1. parity: `strata check --hybrid off` (every streamed group on the bus,
+#    carried uploads, the inputs pulled up by the compute stream) against
+#    llama.cpp all on the GPU (check.txt);
+# 2. table: `strata bench -p 2048 -n 16 -B 64 -r 2` with llama.cpp `-ngl 99
+#    --n-cpu-moe 30,31`, its defaults and `--no-mmap -ub 2048`
+#    (table.txt);
+# 3. the 64-sequence test again beside `--n-cpu-moe 30`, AGAIN times
+#    (default 1; b64_N.txt).
+#   export OUT=$OUT; bash tools/device/table31.sh
+# Outputs: $OUT/table31.tar (everything above, the machine and clock).
+cd "$(dirname "$0")/../.." && source tools/device/lib.sh
+dev_machine >/dev/null
+dev_clock
+dev_module_start
+s=$(SKEW=${SKEW:-1} TYPE=q4_k_m dev_synth qwen3-30b-a3b)
+echo "model: $s" > "$out/model.txt"
+dev_module_wait > "$out/module.txt" 2>&1
+rm -f "$s.experts.json"
+common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+dev_mark check
+{ echo "== strata check -m $s --device gpu --gpu-budget 8G -n 16 --hybrid off"
+  timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -n 16 --hybrid off 2>&1 | quiet; } \
+  > "$out/check.txt"
+rm -f "$s.experts.json"
+dev_mark table
+{ echo "== strata bench $common -p 2048 -n 16 -B 64 -r 2 --llama-ngl 99 --llama-best --llama-n-cpu-moe 30,31"
+  STRATA_LOG=strata=info timeout 330 $bin/strata bench $common -p 2048 -n 16 -B 64 -r 2 \
+    --llama-ngl 99 --llama-best --llama-n-cpu-moe 30,31 2>&1 | quiet; } > "$out/table.txt"
+for r in $(seq 1 "${AGAIN:-1}"); do
+  rm -f "$s.experts.json"
+  dev_mark "b64 $r"
+  { echo "== strata bench $common -p 0 -n 0 -B 64 -r 2 --llama-ngl 99 --llama-best --llama-n-cpu-moe 30"
+    STRATA_LOG=strata=info timeout 200 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 \
+      --llama-ngl 99 --llama-best --llama-n-cpu-moe 30 2>&1 | quiet; } > "$out/b64_$r.txt"
+done
+tar -cf "$out/table31.tar" -C "$out" $(cd "$out" && ls | grep -v '^table31.tar$') && \
+  (cd "$out" && ls | grep -v '^table31.tar$' | xargs rm -f)
+exit 0
