@@ -32,19 +32,8 @@ each one built for a different purpose, and every morning he wound them all befo
   cmp -s "$out/text_pull.txt" "$out/text_copy.txt" && echo "same text pulled and copied" \
     || echo "TEXT DIFFERS between pulled and copied inputs"
 } > "$out/check.txt" 2>&1
-for r in $(seq 1 "${ROUNDS:-2}"); do
-  i=0
-  for set in "${sets[@]}"; do
-    envs=${set%%|*}; flags=${set#*|}
-    cp "$out/counts.json" "$s.experts.json"
-    dev_mark "round $r, set $i: $set"
-    # shellcheck disable=SC2086 # envs and flags: split on spaces
-    { echo "== round $r: $envs strata bench $common -p 0 -n 0 -B 64 -r 2 $flags"
-      env STRATA_LOG=strata=info $envs timeout 150 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 $flags 2>&1 | quiet; } \
-      > "$out/ab_${r}_$i.txt"
-    i=$((i + 1))
-  done
-done
+dev_before() { cp "$out/counts.json" "$s.experts.json"; }
+dev_rounds ab "${ROUNDS:-2}" "-p 0 -n 0 -B 64 -r 2"
 if [ "${TRACE:-0}" = 1 ]; then
   set=${sets[0]}; envs=${set%%|*}; flags=${set#*|}
   cp "$out/counts.json" "$s.experts.json"

@@ -189,17 +189,44 @@ dev_sanitizer() {
 }
 
 # The Qwen3-30B-A3B shape in the Q4_K_M mix (routing skew SKEW, default 1)
-# with the module loaded, and a counting pass at 64 sequences so the
-# expert split's GPU experts come from the router counts (stats.txt): sets
-# $s (the file) and $common (the bench flags at 8G). The machine and clock
-# are recorded.
-dev_moe30b_counted() {
+# with the module loaded and no router counts beside it: sets $s (the
+# file) and $common (the bench flags at 8G). The machine and clock are
+# recorded.
+dev_moe30b() {
   dev_machine >/dev/null
   dev_clock
   dev_module_start
   s=$(SKEW=${SKEW:-1} TYPE=q4_k_m dev_synth qwen3-30b-a3b)
   echo "model: $s" > "$out/model.txt"
   dev_module_wait > "$out/module.txt" 2>&1
+  rm -f "$s.experts.json"
   common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+}
+
+# dev_moe30b, then a counting pass at 64 sequences so the expert split's
+# GPU experts come from the router counts (stats.txt).
+dev_moe30b_counted() {
+  dev_moe30b
   timeout 120 $bin/strata bench $common -p 0 -n 0 -B 64 -r 1 --expert-stats 2>&1 | quiet > "$out/stats.txt"
+}
+
+# dev_rounds NAME ROUNDS ARGS: `strata bench $common ARGS FLAGS` under each
+# set of the array `sets` ("ENV ...|FLAGS"), ROUNDS rounds interleaved, into
+# $out/NAME_R_N.txt; the function `dev_before`, where defined, runs before
+# each load (to reset the router counts beside the model).
+dev_rounds() {
+  local name=$1 rounds=$2 args=$3 r i set envs flags
+  for r in $(seq 1 "$rounds"); do
+    i=0
+    for set in "${sets[@]}"; do
+      envs=${set%%|*}; flags=${set#*|}
+      if declare -F dev_before >/dev/null; then dev_before; fi
+      dev_mark "round $r, set $i: $set"
+      # shellcheck disable=SC2086 # envs, args and flags: split on spaces
+      { echo "== round $r: $envs strata bench $common $args $flags"
+        env STRATA_LOG=strata=info $envs timeout 150 $bin/strata bench $common $args $flags 2>&1 | quiet; } \
+        > "$out/${name}_${r}_$i.txt"
+      i=$((i + 1))
+    done
+  done
 }

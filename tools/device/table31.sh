@@ -14,14 +14,7 @@
 #   export OUT=$OUT; bash tools/device/table31.sh
 # Outputs: $OUT/table31.tar (everything above, the machine and clock).
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
-dev_machine >/dev/null
-dev_clock
-dev_module_start
-s=$(SKEW=${SKEW:-1} TYPE=q4_k_m dev_synth qwen3-30b-a3b)
-echo "model: $s" > "$out/model.txt"
-dev_module_wait > "$out/module.txt" 2>&1
-rm -f "$s.experts.json"
-common="-m $s --device gpu --gpu-budget 8G -c 4096 -b 2048 -ub 2048"
+dev_moe30b
 dev_mark check
 { echo "== strata check -m $s --device gpu --gpu-budget 8G -n 16 --hybrid off"
   timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -n 16 --hybrid off 2>&1 | quiet; } \
