@@ -27,8 +27,12 @@ pub const OUT_IDS: usize = 4;
 
 impl Persistent {
     pub fn alloc(d: &Dims, lim: Limits, dev: Device) -> Result<Persistent, EngineError> {
+        Persistent::alloc_in(d, lim, dev.buffer_type())
+    }
+    /// [`Persistent::alloc`] in buffers of `buft`.
+    pub fn alloc_in(d: &Dims, lim: Limits, buft: BufferType) -> Result<Persistent, EngineError> {
         let specs = Externals::specs(d, lim);
-        let arena = TensorArena::new(dev.buffer_type(), BufferUsage::Compute, &specs)?;
+        let arena = TensorArena::new(buft, BufferUsage::Compute, &specs)?;
         Ok(Persistent {
             bindings: (0..arena.len()).map(|i| arena.binding(i)).collect(),
             bytes: arena.bytes() as u64,

@@ -57,6 +57,8 @@ pub struct HostCompute {
     /// Group index -> its set in `weights`.
     set_of: HashMap<usize, usize>,
     group_bytes: HashMap<usize, u64>,
+    /// Whether `persistent` is memory the device's kernels reach.
+    pinned: bool,
     dims: Dims,
     pub lim: Limits,
     x: Vec<f32>,
@@ -156,7 +158,10 @@ pub struct Pick {
 
 impl HostCompute {
     /// Loads the CPU copies of the groups marked in `host` (repacked
-    /// unless `repack` is false).
+    /// unless `repack` is false). The residual and the step's inputs live
+    /// in `pinned` where given and it is host memory: memory the device's
+    /// kernels read and write (a GPU's pinned host memory; the CPU
+    /// device's own), for the hops (`hops`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         spec: &ModelSpec,
@@ -167,6 +172,7 @@ impl HostCompute {
         n_threads: usize,
         poll: u32,
         layout: CpuLayout,
+        pinned: Option<BufferType>,
         bar: &ProgressBar,
     ) -> Result<HostCompute, EngineError> {
         let cpu = crate::ggml::cpu_device()?;
@@ -179,7 +185,15 @@ impl HostCompute {
             .map(|&i| spec.groups[i].weights.iter().collect())
             .collect();
         let weights = CpuWeights::load(cpu, &sets, file, layout, bar)?;
-        let persistent = Persistent::alloc(dims, lim, cpu)?;
+        // ggml falls back to its CPU buffers where pinning fails
+        let (persistent, pinned) = match pinned.map(|b| (b, Persistent::alloc_in(dims, lim, b))) {
+            Some((b, Ok(p)))
+                if p.arena().buffer().is_host() && p.arena().buffer().name() == b.name() =>
+            {
+                (p, true)
+            }
+            _ => (Persistent::alloc(dims, lim, cpu)?, false),
+        };
         Ok(HostCompute {
             templates: HashMap::new(),
             allocator: GraphAllocator::new(cpu.buffer_type())?,
@@ -189,6 +203,7 @@ impl HostCompute {
             set_of: gis.iter().enumerate().map(|(s, &g)| (g, s)).collect(),
             group_bytes: gis.iter().map(|&g| (g, spec.groups[g].bytes())).collect(),
             weights,
+            pinned,
             dims: dims.clone(),
             lim,
             x: Vec::new(),
@@ -218,6 +233,23 @@ impl HostCompute {
     /// Lets the pool threads sleep (between steps).
     pub fn park_threads(&self) {
         self.backend.park_threads();
+    }
+
+    /// The host's residual, where it is in memory the device's kernels
+    /// reach (the hops' kernels read and write it there).
+    pub fn pinned_x(&self) -> Option<Binding> {
+        self.pinned
+            .then(|| self.persistent.bindings[buffers::X].clone())
+    }
+
+    /// The rows the host's residual holds.
+    pub fn x_rows(&self) -> u32 {
+        self.lim.n_batch
+    }
+
+    /// Counts a hop's host time.
+    pub fn add_hop(&mut self, t: Duration) {
+        self.stats.hops += t;
     }
 
     /// Copies the first `rows` rows of the device residual `x` to the host.

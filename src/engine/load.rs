@@ -629,6 +629,8 @@ impl Engine {
                     pool_threads,
                     cfg.poll,
                     cfg.cpu_layout(),
+                    // the residual where the device's hop kernels reach it
+                    super::hops::buffer_type(device),
                     &bar,
                 )?;
                 bar.finish_and_clear();
@@ -695,6 +697,20 @@ impl Engine {
         }
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let inputs_up = super::inputsup::InputsUp::pinned(device, &persistent, &dims, lim);
+        let hops = match host
+            .as_ref()
+            .and_then(|h| Some((h.pinned_x()?, h.x_rows())))
+        {
+            Some((hx, rows)) => super::hops::Hops::new(
+                super::hops::buffer_type(device),
+                persistent.bindings[super::buffers::X].clone(),
+                lim.n_batch,
+                hx,
+                rows,
+                spec.hp.n_embd,
+            )?,
+            None => None,
+        };
         let split = match plan
             .placement
             .hybrid
@@ -839,6 +855,7 @@ impl Engine {
             halves,
             cpu_halves,
             rows_up: None,
+            hops,
             inputs_up,
             backend,
             store,

@@ -16,7 +16,8 @@
 //! - `pager`: the slot rings' operations on real streams and events;
 //! - `buffers`: the persistent device tensors (residual, step inputs, KV);
 //! - `kvcache`, `kvtier`: the KV cache's one owner and its host/SSD tier;
-//! - `host`: groups the host CPU computes (hybrid decode);
+//! - `host`: groups the host CPU computes (hybrid decode); `hops`: the
+//!   residual's way down to it and back up by kernels;
 //! - `rows`: the row split's step (every device a share of every group,
 //!   their outputs summed);
 //! - `split`: a mixture's layers whose experts the device and the host
@@ -41,6 +42,7 @@ mod error;
 mod exchange;
 mod halfrows;
 mod halves;
+mod hops;
 pub mod host;
 mod hot;
 mod hotpool;

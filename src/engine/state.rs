@@ -76,6 +76,9 @@ pub struct Engine {
     /// Group and head graphs, and the activation buffer they share.
     pub(super) templates: TemplateCache,
     pub(super) pager: Pager,
+    /// The residual's hops around whole host groups by kernels (`hops`),
+    /// where the host's residual is in the GPU's pinned host memory.
+    pub(super) hops: Option<super::hops::Hops>,
     pub(super) host: Option<host::HostCompute>,
     /// The host's rows of expert-split steps, where the plan splits.
     pub(super) split: Option<super::buffers::SplitRows>,

@@ -14,6 +14,7 @@ use super::batch::BatchToken;
 use super::batch::StepStats;
 use super::buffers;
 use super::error::EngineError;
+use super::hops::Way;
 use super::host;
 use super::state::Engine;
 use super::state::{Pending, StepInputs};
@@ -836,8 +837,25 @@ impl Engine {
         let host = self.host.as_mut().expect("hybrid plan has a host");
         if x_host.is_none() {
             // the device's groups so far wrote the residual
-            self.backend.synchronize();
-            host.download(self.persistent.tensor(buffers::X), shape.n_tokens)?;
+            let t0 = Instant::now();
+            match self.hops.as_mut() {
+                Some(hops) => {
+                    let rec = self.rec.scope(
+                        timeline::Stream::Compute,
+                        &self.backend,
+                        || format!("host rows down ({} rows)", shape.n_tokens),
+                        0,
+                    );
+                    hops.queue(&self.backend, Way::Down, shape.n_tokens)?;
+                    drop(rec);
+                    self.backend.synchronize();
+                    host.add_hop(t0.elapsed());
+                }
+                None => {
+                    self.backend.synchronize();
+                    host.download(self.persistent.tensor(buffers::X), shape.n_tokens)?;
+                }
+            }
         }
         *x_host = Some(shape.n_tokens);
         if kind == GroupKind::Ffn
@@ -876,9 +894,25 @@ impl Engine {
         &mut self,
         x_host: &mut Option<u32>,
     ) -> Result<(), EngineError> {
-        match x_host.take() {
-            Some(rows) if self.host.is_some() => self.rows_to_device(0, 0, rows),
-            _ => Ok(()),
+        let Some(rows) = x_host.take() else {
+            return Ok(());
+        };
+        match (self.host.as_mut(), self.hops.as_mut()) {
+            (Some(host), Some(hops)) => {
+                let t0 = Instant::now();
+                let rec = self.rec.scope(
+                    timeline::Stream::Compute,
+                    &self.backend,
+                    || format!("host rows up ({rows} rows)"),
+                    0,
+                );
+                hops.queue(&self.backend, Way::Up, rows)?;
+                drop(rec);
+                host.add_hop(t0.elapsed());
+                Ok(())
+            }
+            (Some(_), None) => self.rows_to_device(0, 0, rows),
+            (None, _) => Ok(()),
         }
     }
 

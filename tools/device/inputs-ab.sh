@@ -13,24 +13,33 @@
 #    default step before the inputs were pulled); pulled with 12 host
 #    groups;
 # 3. with TRACE=1, one more traced load of the first set (trace.json.xz).
+# With AB=STRATA_HOPS the check compares the residual's hops by kernels
+# (`engine::hops`, the default) against copies (`STRATA_HOPS=copy`), and
+# the default sets are: everything default; the hops copied.
 #   export OUT=$OUT; bash tools/device/inputs-ab.sh
 # Outputs: $OUT/inputs-ab.tar (everything above, the machine and clock).
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
 dev_moe30b_counted
-IFS=, read -ra sets <<< "${SETS:-|,STRATA_INPUTS=copy|,STRATA_INPUTS=copy|--no-carry --hybrid 12,|--hybrid 12}"
+ab=${AB:-STRATA_INPUTS}
+if [ "$ab" = STRATA_HOPS ]; then
+  default_sets="|,STRATA_HOPS=copy|"
+else
+  default_sets="|,STRATA_INPUTS=copy|,STRATA_INPUTS=copy|--no-carry --hybrid 12,|--hybrid 12"
+fi
+IFS=, read -ra sets <<< "${SETS:-$default_sets}"
 cp "$s.experts.json" "$out/counts.json"
 prompt="In the quiet town by the river, the old clockmaker kept a workshop full of ticking machines, \
 each one built for a different purpose, and every morning he wound them all before the baker opened"
 {
-  for v in pull copy; do
+  for v in kernels copy; do
     cp "$out/counts.json" "$s.experts.json"
-    echo "== STRATA_INPUTS=$v strata run -m $s --device gpu --gpu-budget 8G -c 4096 -ub 64 --temp 0 -n 24 -p PROMPT"
-    STRATA_INPUTS=$v timeout 100 $bin/strata run -m "$s" --device gpu --gpu-budget 8G -c 4096 -ub 64 --temp 0 -n 24 \
+    echo "== $ab=$v strata run -m $s --device gpu --gpu-budget 8G -c 4096 -ub 64 --temp 0 -n 24 -p PROMPT"
+    env "$ab=$v" timeout 100 $bin/strata run -m "$s" --device gpu --gpu-budget 8G -c 4096 -ub 64 --temp 0 -n 24 \
       -p "$prompt" 2> "$out/run_$v.log" > "$out/text_$v.txt"
     cat "$out/text_$v.txt"; echo
   done
-  cmp -s "$out/text_pull.txt" "$out/text_copy.txt" && echo "same text pulled and copied" \
-    || echo "TEXT DIFFERS between pulled and copied inputs"
+  cmp -s "$out/text_kernels.txt" "$out/text_copy.txt" && echo "same text with $ab by kernels and copied" \
+    || echo "TEXT DIFFERS between $ab by kernels and copied"
 } > "$out/check.txt" 2>&1
 dev_before() { cp "$out/counts.json" "$s.experts.json"; }
 dev_rounds ab "${ROUNDS:-2}" "-p 0 -n 0 -B 64 -r 2"
