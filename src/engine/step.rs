@@ -848,8 +848,10 @@ impl Engine {
                     );
                     hops.queue(&self.backend, Way::Down, shape.n_tokens)?;
                     drop(rec);
-                    self.backend.synchronize();
+                    // the host's time on the hop, not the device's groups
+                    // it then waits for (as the copies count theirs)
                     host.add_hop(t0.elapsed());
+                    self.backend.synchronize();
                 }
                 None => {
                     self.backend.synchronize();
