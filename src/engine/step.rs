@@ -658,8 +658,25 @@ impl Engine {
         else {
             return;
         };
-        if h.groups > 0 {
-            cal.observe(n, plan, h.compute.as_secs_f64());
+        if h.groups == 0 {
+            return;
+        }
+        cal.observe(n, plan, h.compute.as_secs_f64());
+        // the host's groups at this size planned again at that speed
+        if let Some(s) = cal.replan(plan, n) {
+            let old = plan.per_size[n as usize - 1];
+            tracing::info!(
+                "{n}-token steps planned again at the host's speed in them ({:.2}x the probe's time per byte): \
+                 {} CPU groups, was {} (at the probe's speed {:.2} ms, was {:.2})",
+                cal.factor(n),
+                s.cpu_groups,
+                old.cpu_groups,
+                s.predicted.step_s() * 1e3,
+                old.predicted.step_s() * 1e3,
+            );
+            if let Some(h) = self.plan.placement.hybrid.as_mut() {
+                h.per_size[n as usize - 1] = s;
+            }
         }
     }
 

@@ -766,42 +766,54 @@ pub fn sizes(
     let hosts: Vec<usize> = (0..groups.len()).filter(|&i| host[i]).collect();
     let tier = tiers(groups, &hosts, c.tiers);
     (1..=MAX_TOKENS)
-        .map(|n| {
-            // beyond the measured steps the CPU's speed is extrapolated,
-            // and the extrapolation was 1.6-2x too fast: on two H200s (70B
-            // Q4_0, 12G, run 57) 64-token steps ran 1.43x faster on one
-            // GPU and 2.0x on two without the CPU's groups; on a mixture
-            // whole CPU groups gave 64 sequences 2% at best (runs 33-34).
-            // So whole groups only up to the measured size, unless forced.
-            let most = if c.force.is_none() && n > c.measured_tokens() {
-                0
-            } else {
-                hosts.len()
-            };
-            let best = |c: &CpuInput| {
-                best_split(groups, streamed, slots, copy_bw, c, n, &hosts, &tier, most)
-            };
-            let warm = best(c);
-            // without carrying, where that is faster (carried uploads that
-            // outlast the step's tail hold the bus into the next)
-            let cold = || CpuInput {
-                carry: false,
-                ..c.clone()
-            };
-            let (b, carry) = match c.carry.then(|| best(&cold())) {
-                Some(b) if b.predicted.step_s() < warm.predicted.step_s() => (b, false),
-                _ => (warm, c.carry),
-            };
-            SizePlan {
-                cpu_groups: b.k,
-                tier: b.tier,
-                fill: b.fill,
-                cpu_bytes: b.bytes,
-                predicted: b.predicted,
-                carry,
-            }
-        })
+        .map(|n| size_plan(groups, streamed, slots, copy_bw, c, n, &hosts, &tier))
         .collect()
+}
+
+/// The split for a step of `n` tokens among the host groups `hosts` (of
+/// tiers `tier`, by group index), the CPU as `c` says.
+#[allow(clippy::too_many_arguments)]
+fn size_plan(
+    groups: &[GroupInfo],
+    streamed: &[bool],
+    slots: (usize, usize),
+    copy_bw: f64,
+    c: &CpuInput,
+    n: u32,
+    hosts: &[usize],
+    tier: &[u8],
+) -> SizePlan {
+    // beyond the measured steps the CPU's speed is extrapolated, and the
+    // extrapolation was 1.6-2x too fast: on two H200s (70B Q4_0, 12G, run
+    // 57) 64-token steps ran 1.43x faster on one GPU and 2.0x on two
+    // without the CPU's groups; on a mixture whole CPU groups gave 64
+    // sequences 2% at best (runs 33-34). So whole groups only up to the
+    // measured size, unless forced.
+    let most = if c.force.is_none() && n > c.measured_tokens() {
+        0
+    } else {
+        hosts.len()
+    };
+    let best = |c: &CpuInput| best_split(groups, streamed, slots, copy_bw, c, n, hosts, tier, most);
+    let warm = best(c);
+    // without carrying, where that is faster (carried uploads that outlast
+    // the step's tail hold the bus into the next)
+    let cold = || CpuInput {
+        carry: false,
+        ..c.clone()
+    };
+    let (b, carry) = match c.carry.then(|| best(&cold())) {
+        Some(b) if b.predicted.step_s() < warm.predicted.step_s() => (b, false),
+        _ => (warm, c.carry),
+    };
+    SizePlan {
+        cpu_groups: b.k,
+        tier: b.tier,
+        fill: b.fill,
+        cpu_bytes: b.bytes,
+        predicted: b.predicted,
+        carry,
+    }
 }
 
 /// The host CPU's speed in real steps against the probe's reading, which
@@ -839,6 +851,9 @@ pub struct CpuCalibration {
     /// size builds its graphs and warms its groups' memory, so it is not
     /// counted.
     warmed: Vec<u32>,
+    /// By step size: the band's factor when the size was last planned
+    /// again ([`CpuCalibration::replan`]; 1, the probe's, before).
+    planned_at: Vec<(u32, f64)>,
 }
 
 /// What the steps of one band of sizes showed.
@@ -872,6 +887,26 @@ pub fn band(n: u32) -> u32 {
 /// repetition (8 steps) measure again what the one before it set.
 pub const RECHECK_STEPS: u32 = 8;
 
+/// A size's steps are planned again at the speed their band showed
+/// ([`CpuCalibration::replan`]) once the band counted this many steps and
+/// its estimate moved [`REPLAN_MOVE`] from the speed the size was last
+/// planned at: the probe reads the host for a fraction of a second, and
+/// one load's reading was 0.72x the others' (30.5 GB/s of picked experts
+/// at 64 tokens against 42.2) while its steps then ran the host at 0.81x
+/// the probe's time per byte. Planned on that reading, its 64-token steps
+/// took 9 host groups where the others took 13, and ran 407 t/s against
+/// 430-465 (docs/device-runs.md, run 236).
+pub const REPLAN_SAMPLES: u32 = 4;
+
+/// How far a band's estimate moves from the speed a size was last planned
+/// at before it is planned again (planning a size takes about a
+/// millisecond: not every step).
+pub const REPLAN_MOVE: f64 = 0.05;
+
+/// The gain, at the speed a band's steps showed, that a new split must
+/// promise over the one it replaces (so noise does not flip it back).
+pub const REPLAN_GAIN: f64 = 0.02;
+
 impl CpuCalibration {
     pub fn new(
         probe: CpuInput,
@@ -888,6 +923,7 @@ impl CpuCalibration {
             copy_bw,
             bands: Vec::new(),
             warmed: Vec::new(),
+            planned_at: Vec::new(),
         }
     }
 
@@ -979,6 +1015,63 @@ impl CpuCalibration {
                 _ => 0.0,
             })
             .sum()
+    }
+
+    /// The split of steps of `n` tokens planned again at the speed their
+    /// band's steps showed, where it differs from `plan`'s and is predicted
+    /// [`REPLAN_GAIN`] faster at that speed; weighed once the band counted
+    /// [`REPLAN_SAMPLES`] steps and its speed moved [`REPLAN_MOVE`] from
+    /// the one the size was last planned at. Its `predicted` is
+    /// the probe's for the new split, so the plan's predictions stay the
+    /// probe's. None for a forced count, and at sizes that split experts
+    /// (planned beside the whole groups' sizes).
+    pub fn replan(&mut self, plan: &HybridPlan, n: u32) -> Option<SizePlan> {
+        if n == 0 || n > MAX_TOKENS || self.probe.force.is_some() {
+            return None;
+        }
+        if plan.split.as_ref().is_some_and(|s| s.size(n).is_some()) {
+            return None;
+        }
+        let b = *self.band_of(n)?;
+        let last = self
+            .planned_at
+            .iter()
+            .find(|p| p.0 == n)
+            .map_or(1.0, |p| p.1);
+        if b.samples < REPLAN_SAMPLES || (b.factor / last - 1.0).abs() < REPLAN_MOVE {
+            return None;
+        }
+        self.planned_at.retain(|p| p.0 != n);
+        self.planned_at.push((n, b.factor));
+        let hosts: Vec<usize> = (0..self.groups.len()).filter(|&i| plan.host[i]).collect();
+        let tier = tiers(&self.groups, &hosts, self.probe.tiers);
+        let at_speed = self.probe.scaled(b.factor);
+        let (streamed, slots, bw) = (&self.streamed, self.slots, self.copy_bw);
+        let new = size_plan(
+            &self.groups,
+            streamed,
+            slots,
+            bw,
+            &at_speed,
+            n,
+            &hosts,
+            &tier,
+        );
+        let cur = plan.per_size.get(n as usize - 1)?;
+        let same = |a: &SizePlan| (a.cpu_groups, a.tier, a.fill, a.carry);
+        if same(&new) == same(cur)
+            || new.predicted.step_s() > self.predict(plan, n) * (1.0 - REPLAN_GAIN)
+        {
+            return None;
+        }
+        let mut p = plan.clone();
+        p.per_size[n as usize - 1] = new;
+        let c = CpuInput {
+            carry: self.probe.carry && new.carry,
+            ..self.probe.clone()
+        };
+        let predicted = simulate(&self.groups, &p.placement(n, streamed), slots, bw, &c, n);
+        Some(SizePlan { predicted, ..new })
     }
 
     /// The predicted step of `n` tokens with `plan`'s split, the CPU at the
@@ -1640,6 +1733,72 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A probe that read the host slower than its steps then ran (run 236:
+    /// 0.72x the other loads' reading, the steps at 0.81x its time per
+    /// byte): after REPLAN_SAMPLES counted steps the size is planned again
+    /// at their speed, as a plan at that speed would have it, and its
+    /// prediction stays the probe's.
+    #[test]
+    fn steps_are_planned_again_at_the_speed_they_showed() {
+        let g = qwen3moe_30b(48, 0.0);
+        let streamed: Vec<bool> = (0..g.len()).map(|i| i >= 40).collect();
+        let fast = CpuInput {
+            big: Some((64, 4.0 / 24e9)),
+            bus_bw_beside: Some(54e9),
+            gpu_group_s: GPU_GROUP_S,
+            carry: true,
+            ..h100_cpu()
+        };
+        let slow = fast.scaled(1.4);
+        let slots = (7, 3);
+        let p = plan_hybrid(&g, &streamed, slots, 55e9, &slow).expect("hybrid pays");
+        let truth = plan_hybrid(&g, &streamed, slots, 55e9, &fast).expect("hybrid pays");
+        let n = 64;
+        let (was, want) = (p.per_size[63], truth.per_size[63]);
+        assert!(want.cpu_groups > was.cpu_groups, "{want:?} against {was:?}");
+        let mut cal = CpuCalibration::new(slow.clone(), g.clone(), streamed.clone(), slots, 55e9);
+        let at = cal.probe_cpu_s(n, &p);
+        // the warm-up step, then counted ones at the host's real speed
+        cal.observe(n, &p, 3.0 * at);
+        for i in 1..=REPLAN_SAMPLES {
+            assert!(cal.replan(&p, n).is_none(), "after {} counted steps", i - 1);
+            cal.observe(n, &p, at / 1.4);
+        }
+        let s = cal.replan(&p, n).expect("planned again");
+        assert_eq!(
+            (s.cpu_groups, s.tier, s.fill),
+            (want.cpu_groups, want.tier, want.fill)
+        );
+        let mut q = p.clone();
+        q.per_size[63] = s;
+        let probe = cal.predict_at(&q, n, 1.0, None);
+        assert!((s.predicted.step_s() - probe).abs() <= 1e-9 * probe);
+        // faster at the steps' speed than the split it replaces
+        assert!(cal.predict(&q, n) < cal.predict(&p, n) * (1.0 - REPLAN_GAIN));
+        // other sizes keep theirs; the new split stays at the next check
+        assert!(cal.replan(&p, 32).is_none());
+        for _ in 0..REPLAN_SAMPLES {
+            cal.observe(n, &q, cal.probe_cpu_s(n, &q) / 1.4);
+        }
+        assert!(cal.replan(&q, n).is_none());
+        // steps at the probe's speed change nothing
+        let mut cal = CpuCalibration::new(slow.clone(), g.clone(), streamed.clone(), slots, 55e9);
+        for _ in 0..=2 * REPLAN_SAMPLES {
+            cal.observe(n, &p, at);
+            assert!(cal.replan(&p, n).is_none());
+        }
+        // nor a forced count
+        let forced = CpuInput {
+            force: Some(was.cpu_groups),
+            ..slow
+        };
+        let mut cal = CpuCalibration::new(forced, g, streamed, slots, 55e9);
+        for _ in 0..=REPLAN_SAMPLES {
+            cal.observe(n, &p, at / 1.4);
+        }
+        assert!(cal.replan(&p, n).is_none());
     }
 
     /// The first `resident` groups resident, `k` of the streamed FFN groups
