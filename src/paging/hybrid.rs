@@ -895,13 +895,18 @@ pub const RECHECK_STEPS: u32 = 8;
 /// at 64 tokens against 42.2) while its steps then ran the host at 0.81x
 /// the probe's time per byte. Planned on that reading, its 64-token steps
 /// took 9 host groups where the others took 13, and ran 407 t/s against
-/// 430-465 (docs/device-runs.md, run 236).
-pub const REPLAN_SAMPLES: u32 = 4;
+/// 430-465 (docs/device-runs.md, run 236). After 4 steps a load's
+/// estimate still carried its first slow steps (1.42x, then 1.31x and
+/// 1.17x within a second), and the 64-token steps went from 13 host
+/// groups to 8, 9 and back to 13 (run 237): 8 steps, where the first
+/// counted weighs 6% of the estimate.
+pub const REPLAN_SAMPLES: u32 = 8;
 
 /// How far a band's estimate moves from the speed a size was last planned
 /// at before it is planned again (planning a size takes about a
-/// millisecond: not every step).
-pub const REPLAN_MOVE: f64 = 0.05;
+/// millisecond: not every step; and the host's speed wanders 5-10% from
+/// step to step).
+pub const REPLAN_MOVE: f64 = 0.10;
 
 /// The gain, at the speed a band's steps showed, that a new split must
 /// promise over the one it replaces (so noise does not flip it back).
