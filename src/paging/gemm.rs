@@ -55,8 +55,14 @@ pub fn choose_mmq_max_rows(table: &[PathTiming]) -> Option<u32> {
 /// rate) predicts a step at least `MARGIN` faster than the plan without it.
 /// Where a large step is bound by the bus either way (a tight budget, a
 /// step of a few hundred rows), the scratch only costs resident groups.
+/// A plan with GEMM that is no slower and streams no more a step pays too:
+/// without GEMM ggml's own memory for the quantized kernels can outweigh
+/// the scratch (a mixture's at 8G: 246 MiB outside strata's buffers
+/// against 34 and the 114 MiB scratch, so 128 MiB more streamed a step,
+/// and 64 sequences 389-422 t/s against 448-465 with GEMM: runs 236-238).
 pub fn pays(with: &Plan, without: &Plan, n: u32) -> bool {
-    with.floor_s(n) < without.floor_s(n) * MARGIN
+    let (a, b) = (with.floor_s(n), without.floor_s(n));
+    a < b * MARGIN || (a <= b && with.streamed_bytes_per_step <= without.streamed_bytes_per_step)
 }
 
 /// Device memory the GEMM path takes outside strata's buffers, in ggml's
@@ -273,6 +279,31 @@ mod tests {
         assert!(pays(&placed(0.556, 5.1e-4), &placed(0.543, 1.3e-3), 512));
         // all resident: no copies at all
         assert!(pays(&placed(0.0, 5.0e-4), &placed(0.0, 1.3e-3), 512));
+        // under the margin, but no slower and streaming less: the plan
+        // without GEMM holds more of ggml's memory (run 238: 214.4 ms
+        // against 218.4, 11262 MiB streamed a step against 11390)
+        let streams = |mut p: Plan, mib: u64| {
+            p.streamed_bytes_per_step = mib << 20;
+            p
+        };
+        let (with, without) = (placed(0.2144, 0.0), placed(0.2184, 0.0));
+        assert!(pays(
+            &streams(with.clone(), 11262),
+            &streams(without.clone(), 11390),
+            2048
+        ));
+        // streaming more, it must beat the margin
+        assert!(!pays(
+            &streams(with, 11390),
+            &streams(without.clone(), 11262),
+            2048
+        ));
+        // and never where it is slower
+        assert!(!pays(
+            &streams(placed(0.22, 0.0), 11000),
+            &streams(without, 11390),
+            2048
+        ));
     }
 
     #[test]
