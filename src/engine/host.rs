@@ -4,11 +4,14 @@
 //! copy stream keeps uploading the groups the GPU computes.
 //!
 //! The residual stream hops between the device and the host around each
-//! run of CPU groups: the engine drains the compute stream, downloads the
-//! rows, the CPU computes, the rows go back up (on a GPU by a kernel
-//! reading them from pinned memory, `halfrows::RowsUp`, not by a copy
-//! queued behind the weights). At decode that is a few tens of KB each
-//! way.
+//! run of CPU groups: the rows come down, the CPU computes, the rows go
+//! back up. Where the host's residual lives in memory the device's kernels
+//! reach (`hops`: a GPU's pinned host memory) kernels on the compute
+//! stream move them both ways; otherwise the engine drains the stream and
+//! downloads them, and they go up by a kernel reading a pinned staging
+//! (`halfrows::RowsUp`), not by a copy queued behind the weights. At
+//! decode that is a few tens of KB each way, at 64 sequences 512 KB on
+//! the 30B mixture.
 
 use super::buffers::{self, Persistent};
 use super::cpuweights::{CpuLayout, CpuWeights};
