@@ -10,7 +10,10 @@
 #    --n-cpu-moe 30,31`, its defaults and `--no-mmap -ub 2048`
 #    (table.txt);
 # 3. the 64-sequence test again beside `--n-cpu-moe 30`, AGAIN times
-#    (default 1; b64_N.txt).
+#    (default 1; b64_N.txt);
+# 4. summary.txt: every load's 64-sequence ratio against llama.cpp's best
+#    at no more GPU memory, sorted, and their median (a load where only
+#    llama.cpp's defaults fit under strata's memory counts against those).
 #   export OUT=$OUT; bash tools/device/table31.sh
 # Outputs: $OUT/table31.tar (everything above, the machine and clock).
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
@@ -31,6 +34,12 @@ for r in $(seq 1 "${AGAIN:-1}"); do
     STRATA_LOG=strata=info timeout 200 $bin/strata bench $common -p 0 -n 0 -B 64 -r 2 \
       --llama-ngl 99 --llama-best --llama-n-cpu-moe 30 2>&1 | quiet; } > "$out/b64_$r.txt"
 done
+# the 64-sequence ratio of every load of this call against llama.cpp's
+# best at no more memory, and their median (summary.txt)
+grep -h "^best  batched64x8" "$out/table.txt" "$out"/b64_*.txt | sed 's/.*: //' | tr -d x \
+  | sort -n | awk '{ v[NR] = $1 } END { if (NR) { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+      printf "64 sequences against llama.cpp'"'"'s best at no more GPU memory, %d loads:", NR;
+      for (i = 1; i <= NR; i++) printf " %.2fx", v[i]; printf "; median %.2fx\n", m } }' > "$out/summary.txt"
 tar -cf "$out/table31.tar" -C "$out" $(cd "$out" && ls | grep -v '^table31.tar$') && \
   (cd "$out" && ls | grep -v '^table31.tar$' | xargs rm -f)
 exit 0
