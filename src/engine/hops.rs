@@ -72,18 +72,15 @@ impl Hops {
     /// Hops between the device's residual `dev_x` (`device_rows` rows)
     /// and the host's `host_x` (`host_rows` rows, in memory the device's
     /// kernels reach), `n_embd` wide; their row indices in `buft`
-    /// ([`buffer_type`]'s), None without one.
+    /// ([`buffer_type`]'s), None where that is not host memory.
     pub(super) fn new(
-        buft: Option<BufferType>,
+        buft: BufferType,
         dev_x: Binding,
         device_rows: u32,
         host_x: Binding,
         host_rows: u32,
         n_embd: u32,
     ) -> Result<Option<Hops>, EngineError> {
-        let Some(buft) = buft else {
-            return Ok(None);
-        };
         let n = i64::from(device_rows.min(host_rows));
         let ids = TensorArena::new(
             buft,
@@ -185,10 +182,10 @@ mod tests {
         let d0: Vec<f32> = (0..24).map(|i| i as f32).collect();
         dev.tensor(0).set_f32(&d0).unwrap();
         host.tensor(0).set_f32(&[-1.0; 12]).unwrap();
-        let buft = buffer_type(cpu);
+        let buft = buffer_type(cpu).expect("the CPU device hops through its own memory");
         let mut hops = Hops::new(buft, dev.binding(0), 6, host.binding(0), 3, 4)
             .unwrap()
-            .expect("the CPU device hops through its own memory");
+            .expect("its own memory is host memory");
         hops.queue(&backend, Way::Down, 2).unwrap();
         backend.synchronize();
         let h = read(&host);

@@ -250,11 +250,6 @@ impl HostCompute {
         self.lim.n_batch
     }
 
-    /// Counts a hop's host time.
-    pub fn add_hop(&mut self, t: Duration) {
-        self.stats.hops += t;
-    }
-
     /// Copies the first `rows` rows of the device residual `x` to the host.
     /// The device's compute stream must be drained.
     pub fn download(&mut self, x: Tensor<'_>, rows: u32) -> Result<(), EngineError> {

@@ -603,6 +603,7 @@ impl Engine {
         )?;
         // the host's threads (a row split's device: its share of the cores)
         let pool_threads = shard_threads(&spec, host_threads(device, cfg.n_threads));
+        let hop_buft = super::hops::buffer_type(device);
         let host = match &plan.placement.hybrid {
             Some(h) => {
                 let bar = store::progress(h.host_bytes, cfg.progress);
@@ -630,7 +631,7 @@ impl Engine {
                     cfg.poll,
                     cfg.cpu_layout(),
                     // the residual where the device's hop kernels reach it
-                    super::hops::buffer_type(device),
+                    hop_buft,
                     &bar,
                 )?;
                 bar.finish_and_clear();
@@ -697,12 +698,12 @@ impl Engine {
         }
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let inputs_up = super::inputsup::InputsUp::pinned(device, &persistent, &dims, lim);
-        let hops = match host
-            .as_ref()
-            .and_then(|h| Some((h.pinned_x()?, h.x_rows())))
+        let hops = match hop_buft
+            .zip(host.as_ref())
+            .and_then(|(b, h)| Some((b, h.pinned_x()?, h.x_rows())))
         {
-            Some((hx, rows)) => super::hops::Hops::new(
-                super::hops::buffer_type(device),
+            Some((buft, hx, rows)) => super::hops::Hops::new(
+                buft,
                 persistent.bindings[super::buffers::X].clone(),
                 lim.n_batch,
                 hx,

@@ -867,7 +867,7 @@ impl Engine {
                     drop(rec);
                     // the host's time on the hop, not the device's groups
                     // it then waits for (as the copies count theirs)
-                    host.add_hop(t0.elapsed());
+                    host.stats.hops += t0.elapsed();
                     self.backend.synchronize();
                 }
                 None => {
@@ -927,7 +927,7 @@ impl Engine {
                 );
                 hops.queue(&self.backend, Way::Up, rows)?;
                 drop(rec);
-                host.add_hop(t0.elapsed());
+                host.stats.hops += t0.elapsed();
                 Ok(())
             }
             (Some(_), None) => self.rows_to_device(0, 0, rows),
