@@ -692,6 +692,8 @@ fn router_counts_are_saved_added_to_and_bad_files_refused() {
         "0",
         "-r",
         "1",
+        // the timed run's picks alone
+        "--no-warmup",
         "--expert-stats",
     ];
     let picks = |path: &std::path::Path| {

@@ -51,6 +51,12 @@ pub struct BenchArgs {
     /// Repetitions per test (the median is reported).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
+    /// No unmeasured run of each test before its timed repetitions
+    /// (llama-bench's --no-warmup). By default every engine runs each test
+    /// once untimed first, as llama-bench does: strata's calibration and
+    /// ggml's CUDA graphs then start the timed runs settled for both.
+    #[arg(long = "no-warmup")]
+    pub no_warmup: bool,
     /// Also time llama.cpp with these numbers of GPU layers (e.g. 24,99).
     #[arg(long = "llama-ngl", value_delimiter = ',')]
     pub llama_ngl: Vec<i32>,
@@ -538,6 +544,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             tracing::info!("bench: {name} starts");
             let mut all = Vec::new();
             let mut figs = Vec::new();
+            if !a.no_warmup {
+                time_strata(&mut e, pre, run, bw)?;
+            }
             for _ in 0..a.reps.max(1) {
                 let (tps, f, spans) = time_strata(&mut e, pre, run, bw)?;
                 all.push(tps);
@@ -868,6 +877,9 @@ fn llama_config_rows(
     .context("llama.cpp context")?;
     for (name, (pre, run)) in tests.iter() {
         let mut all = Vec::new();
+        if !a.no_warmup {
+            time_llama(&mut r, pre, run)?;
+        }
         for _ in 0..a.reps.max(1) {
             all.push(time_llama(&mut r, pre, run)?);
         }
