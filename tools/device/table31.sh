@@ -14,10 +14,13 @@
 # 4. summary.txt: every load's 64-sequence ratio against llama.cpp's best
 #    at no more GPU memory, sorted, and their median (a load where only
 #    llama.cpp's defaults fit under strata's memory counts against those).
+# Every engine runs each test once untimed first (bench's default);
+# NO_WARMUP=1 passes --no-warmup to every bench.
 #   export OUT=$OUT; bash tools/device/table31.sh
 # Outputs: $OUT/table31.tar (everything above, the machine and clock).
 cd "$(dirname "$0")/../.." && source tools/device/lib.sh
 dev_moe30b
+[ "${NO_WARMUP:-0}" = 1 ] && common="$common --no-warmup"
 dev_mark check
 { echo "== strata check -m $s --device gpu --gpu-budget 8G -n 16 --hybrid off"
   timeout 200 $bin/strata check -m "$s" --device gpu --gpu-budget 8G -n 16 --hybrid off 2>&1 | quiet; } \
