@@ -13,6 +13,7 @@
 #    default step before the inputs were pulled); pulled with 12 host
 #    groups;
 # 3. with TRACE=1, one more traced load of the first set (trace.json.xz).
+# CHECK=0 skips the check (sets whose outputs are the same by design).
 # With AB=STRATA_HOPS the check compares the residual's hops by kernels
 # (`engine::hops`, the default) against copies (`STRATA_HOPS=copy`), and
 # the default sets are: everything default; the hops copied.
@@ -30,7 +31,7 @@ IFS=, read -ra sets <<< "${SETS:-$default_sets}"
 cp "$s.experts.json" "$out/counts.json"
 prompt="In the quiet town by the river, the old clockmaker kept a workshop full of ticking machines, \
 each one built for a different purpose, and every morning he wound them all before the baker opened"
-{
+[ "${CHECK:-1}" = 0 ] || {
   for v in kernels copy; do
     cp "$out/counts.json" "$s.experts.json"
     echo "== $ab=$v strata run -m $s --device gpu --gpu-budget 8G -c 4096 -ub 64 --temp 0 -n 24 -p PROMPT"

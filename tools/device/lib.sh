@@ -30,6 +30,8 @@ dev_machine() {
     lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|Flags" | cut -c1-200
     df -h /root | tail -1
     free -g | head -2
+    echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)," \
+      "defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)"
   } > "$out/machine.txt" 2>&1
   head -2 "$out/machine.txt"
 }
