@@ -33,9 +33,6 @@ pub struct CpuWeights {
     /// Bytes in extra (repacked) buffer types, and in plain memory.
     pub repacked_bytes: u64,
     pub plain_bytes: u64,
-    /// Bytes advised for transparent huge pages
-    /// (`storage::advise_huge_pages`).
-    pub huge_advised: u64,
     _ctx: Context,
     // after _ctx: the tensors point into these buffers (which the
     // bindings share)
@@ -169,7 +166,6 @@ impl CpuWeights {
             placed.push((t, k, off, w));
         }
         let mut bufs: Vec<Option<Arc<Buffer>>> = Vec::with_capacity(sizes.len());
-        let mut huge = 0u64;
         for (k, &size) in sizes.iter().enumerate() {
             if size == 0 {
                 bufs.push(None);
@@ -177,9 +173,6 @@ impl CpuWeights {
             }
             let buft = if k == 0 { plain } else { extras[k - 1] };
             let b = Buffer::alloc(buft, size, BufferUsage::Weights)?;
-            // huge pages before the first touch: the kernels read picked
-            // experts scattered over gigabytes, fewer TLB misses each
-            huge += crate::storage::advise_huge_pages(b.base(), b.size()) as u64;
             // padding quantized kernels may read past a row stays zero
             b.clear(0);
             bufs.push(Some(Arc::new(b)));
@@ -203,7 +196,6 @@ impl CpuWeights {
             sets: out,
             repacked_bytes: sizes[1..].iter().sum::<usize>() as u64,
             plain_bytes: sizes[0] as u64,
-            huge_advised: huge,
             _ctx: ctx,
             _bufs: bufs.into_iter().flatten().collect(),
         })

@@ -188,15 +188,6 @@ impl HostCompute {
             .map(|&i| spec.groups[i].weights.iter().collect())
             .collect();
         let weights = CpuWeights::load(cpu, &sets, file, layout, bar)?;
-        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-        tracing::info!(
-            "host groups' weights: {:.1} MiB advised for huge pages; the process holds {} in them",
-            mib(weights.huge_advised),
-            crate::storage::huge_pages_in_use().map_or(
-                "an unknown amount".to_string(),
-                |b| format!("{:.1} MiB", mib(b))
-            )
-        );
         // ggml falls back to its CPU buffers where pinning fails
         let (persistent, pinned) = match pinned.map(|b| (b, Persistent::alloc_in(dims, lim, b))) {
             Some((b, Ok(p)))

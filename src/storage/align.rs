@@ -206,43 +206,6 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Advises the kernel to back the whole 2 MiB pages inside `len` bytes at
-/// `base` with transparent huge pages where it first touches them (where
-/// the system's setting is `madvise`: with `always` they are anyway, with
-/// `never` not at all). Memory another allocator made (ggml's CPU
-/// buffers) takes the advice like our own mappings; the contents do not
-/// change. Returns the bytes advised: 0 where the range holds no whole
-/// huge page, `STRATA_THP=off` is set, or the kernel refused.
-pub fn advise_huge_pages(base: *mut u8, len: usize) -> usize {
-    if std::env::var_os("STRATA_THP").is_some_and(|v| v == "off") {
-        return 0;
-    }
-    let start = (base as usize).next_multiple_of(HUGE);
-    let end = (base as usize).saturating_add(len) / HUGE * HUGE;
-    if end <= start {
-        return 0;
-    }
-    // SAFETY: madvise with MADV_HUGEPAGE only changes how the kernel backs
-    // the range, never its contents or mapping; a range that is not
-    // mapped makes it fail with ENOMEM, nothing else.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-    if rc == 0 {
-        end - start
-    } else {
-        0
-    }
-}
-
-/// The process's anonymous memory in transparent huge pages, in bytes
-/// (`AnonHugePages` of /proc/self/smaps_rollup); None where that is not
-/// readable.
-pub fn huge_pages_in_use() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
-    let line = text.lines().find(|l| l.starts_with("AnonHugePages:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb << 10)
-}
-
 /// A zeroed anonymous mapping of at least `cap` bytes, 2 MiB aligned and
 /// advised for huge pages; its pointer and mapped length.
 fn map_huge(cap: usize) -> Option<(NonNull<u8>, usize)> {
@@ -293,28 +256,6 @@ impl std::fmt::Debug for AlignedBuf {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn huge_page_advice_covers_the_whole_huge_pages_inside_and_nothing_more() {
-        let mut v = vec![0u8; 7 * HUGE];
-        // an unaligned start: the advice begins at the next 2 MiB boundary
-        // SAFETY: 12345 is inside the vector's 14 MiB.
-        let base = unsafe { v.as_mut_ptr().add(12345) };
-        let len = 5 * HUGE + 77;
-        let advised = advise_huge_pages(base, len);
-        let start = (base as usize).next_multiple_of(HUGE);
-        let end = (base as usize + len) / HUGE * HUGE;
-        if std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
-            assert_eq!(advised, end - start);
-            assert!((4 * HUGE..=5 * HUGE).contains(&advised));
-        }
-        // an unaligned huge page's length holds no whole one
-        assert_eq!(advise_huge_pages(base, HUGE), 0);
-        assert_eq!(advise_huge_pages(base, HUGE / 2), 0);
-        // the contents stay
-        assert!(v.iter().all(|&b| b == 0));
-        assert!(huge_pages_in_use().is_some());
-    }
 
     proptest! {
         #[test]

@@ -52,7 +52,7 @@ mod shared;
 mod ticket;
 mod uring;
 
-pub use align::{advise_huge_pages, huge_pages_in_use, AlignedBuf, AlignedWindow, DIRECT_ALIGN};
+pub use align::{AlignedBuf, AlignedWindow, DIRECT_ALIGN};
 pub use bench::{sequential_read, BenchReport};
 pub use config::{IoBackend, ReadRequest, ReaderConfig, ReaderStats, RegisteredRegion};
 pub use error::StorageError;
