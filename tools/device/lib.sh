@@ -36,22 +36,32 @@ dev_machine() {
   head -2 "$out/machine.txt"
 }
 
-# dev_clock [SECONDS]: samples the host CPU's clock every SECONDS (default
-# 2) into $out/cpu_clock.txt until the run ends: the time, then the mean,
-# lowest and highest MHz over the cores (cpufreq where the machine has it,
-# else /proc/cpuinfo, which a VM may report as fixed). `dev_mark TEXT`
-# writes a line there, so a stage's clocks can be found. The H200 VM of
-# runs 188-192 reports a fixed 2100 MHz on every core (no cpufreq), so
-# there the samples cannot show a clock change.
+# dev_clock [SECONDS]: samples the host CPU every SECONDS (default 2) into
+# $out/cpu_clock.txt until the run ends: the time, the mean, lowest and
+# highest MHz over the cores (cpufreq where the machine has it, else
+# /proc/cpuinfo, which a VM may report as fixed: the H200 VM of runs
+# 188-192 reports 2100 MHz on every core), then, from /proc/stat over the
+# interval, the share of all cores' time busy (user, nice, system, irq)
+# and stolen by the hypervisor (steal). `dev_mark TEXT` writes a line
+# there, so a stage's samples can be found.
 dev_clock() {
   local every=${1:-2}
   (
+    local prev now
+    prev=$(head -1 /proc/stat)
     while sleep "$every"; do
       local f
       f=$(cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq 2>/dev/null | awk '{print $1 / 1000}')
       [ -n "$f" ] || f=$(awk -F: '/^cpu MHz/ {print $2}' /proc/cpuinfo)
-      echo "$f" | awk -v t="$(date +%T)" '{s += $1; n++; if (n == 1 || $1 < lo) lo = $1; if ($1 > hi) hi = $1}
-        END {if (n) printf "%s %.0f %.0f %.0f\n", t, s / n, lo, hi}'
+      now=$(head -1 /proc/stat)
+      echo "$f" | awk -v t="$(date +%T)" -v a="$prev" -v b="$now" '{s += $1; n++; if (n == 1 || $1 < lo) lo = $1; if ($1 > hi) hi = $1}
+        END {split(a, x, " "); split(b, y, " "); tot = 0
+          for (i = 2; i <= 9; i++) tot += y[i] - x[i]
+          busy = (y[2] - x[2]) + (y[3] - x[3]) + (y[4] - x[4]) + (y[7] - x[7]) + (y[8] - x[8])
+          steal = y[9] - x[9]
+          if (n) printf "%s %.0f %.0f %.0f busy %.0f%% steal %.1f%%\n", t, s / n, lo, hi,
+            tot ? 100 * busy / tot : 0, tot ? 100 * steal / tot : 0}'
+      prev=$now
     done
   ) >> "$out/cpu_clock.txt" 2>/dev/null &
 }
