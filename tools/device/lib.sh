@@ -227,16 +227,18 @@ dev_moe30b_counted() {
 # $out/NAME_R_N.txt; the function `dev_before`, where defined, runs before
 # each load (to reset the router counts beside the model).
 dev_rounds() {
-  local name=$1 rounds=$2 args=$3 r i set envs flags
+  local name=$1 rounds=$2 args=$3 r i set envs flags c
   for r in $(seq 1 "$rounds"); do
     i=0
     for set in "${sets[@]}"; do
       envs=${set%%|*}; flags=${set#*|}
+      # a set's own -ub replaces common's (the CLI takes a flag once)
+      c=$common; [[ " $flags " == *" -ub "* ]] && c=${common/ -ub 2048/}
       if declare -F dev_before >/dev/null; then dev_before; fi
       dev_mark "round $r, set $i: $set"
       # shellcheck disable=SC2086 # envs, args and flags: split on spaces
-      { echo "== round $r: $envs strata bench $common $args $flags"
-        env STRATA_LOG=strata=info $envs timeout 150 $bin/strata bench $common $args $flags 2>&1 | quiet; } \
+      { echo "== round $r: $envs strata bench $c $args $flags"
+        env STRATA_LOG=strata=info $envs timeout 150 $bin/strata bench $c $args $flags 2>&1 | quiet; } \
         > "$out/${name}_${r}_$i.txt"
       i=$((i + 1))
     done
