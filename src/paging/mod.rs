@@ -3,6 +3,7 @@
 //! compute. Plain Rust (no FFI); the engine executes what these decide.
 
 mod budget;
+mod calibration;
 pub mod devices;
 pub mod experts;
 pub mod gemm;
@@ -22,13 +23,14 @@ mod split;
 pub(crate) mod testutil;
 
 pub use budget::{auto_dram_budget, auto_gpu_budget, mem_available, BudgetWatch};
+pub use calibration::CpuCalibration;
 pub use devices::{split_layers, split_rows, DeviceSplitError, RowSplit};
 pub use experts::{plan_hot, refresh_hot, HotExperts, HotPlan};
 pub use gemm::{choose_mmq_max_rows, PathTiming, Widened};
 pub use groups::{set_cpu_scales, set_hot_shares, Experts, GroupInfo, Popularity, Where};
 pub use hybrid::{
-    plan_hybrid, s_per_byte_at, spread, CpuCalibration, CpuInput, ExpertSplit, HybridPlan,
-    Prediction, SizePlan, SplitInput, SplitPlan, SplitSize, MAX_TOKENS as HYBRID_MAX_TOKENS,
+    plan_hybrid, s_per_byte_at, spread, CpuInput, ExpertSplit, HybridPlan, Prediction, SizePlan,
+    SplitInput, SplitPlan, SplitSize, MAX_TOKENS as HYBRID_MAX_TOKENS,
 };
 pub use memory::{
     memory_plan, Budgets, DramWindowPlan, GemmPlan, KvPlan, KvShape, MemoryInput, MemoryPlan,

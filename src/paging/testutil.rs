@@ -39,6 +39,51 @@ pub fn cpu(s_per_byte: f64) -> CpuInput {
     }
 }
 
+/// Per-group GPU overhead on the H100 machine, from the run-4 trace (36
+/// resident groups in 6.9 ms for 3.3 ms of weight reads).
+pub const GPU_GROUP_S: f64 = 100e-6;
+
+/// `n` layers of Qwen3-30B-A3B's shape: 10.6 MiB of attention and an
+/// FFN group of 340 MiB of experts, 8 of 128 per token, `hot` of
+/// their picks on the device.
+pub fn qwen3moe_30b(n: usize, hot: f64) -> Vec<GroupInfo> {
+    let mib = |x: f64| (x * 1048576.0) as u64;
+    layers(n, mib(10.6), mib(340.5))
+        .into_iter()
+        .map(|g| GroupInfo {
+            experts: (g.kind == GroupKind::Ffn).then_some(super::groups::Experts {
+                bytes: mib(340.0),
+                n_expert: 128,
+                n_used: 8,
+                hot,
+                popularity: None,
+                cpu_scale: [1.0; 2],
+            }),
+            ..g
+        })
+        .collect()
+}
+
+/// The H100 machine's probe readings (docs/device/hybrid/run4).
+pub fn h100_cpu() -> CpuInput {
+    CpuInput {
+        s_per_byte_1: 1.0 / 93.2e9,
+        s_per_byte_n: 1.0 / 30.3e9,
+        probe_tokens: 16,
+        big: None,
+        host_room: u64::MAX,
+        hop_s: 45e-6,
+        gpu_s_per_byte: 1.0 / 2502e9,
+        gpu_group_s: GPU_GROUP_S,
+        cpu_group_s: 0.0,
+        bus_bw_beside: None,
+        force: None,
+        split: super::hybrid::SplitInput::default(),
+        carry: false,
+        tiers: true,
+    }
+}
+
 /// A Llama-3-70B-shaped model (the vocabulary smaller).
 pub fn hparams_70b() -> Hparams {
     Hparams {
