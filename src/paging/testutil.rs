@@ -67,20 +67,11 @@ pub fn qwen3moe_30b(n: usize, hot: f64) -> Vec<GroupInfo> {
 /// The H100 machine's probe readings (docs/device/hybrid/run4).
 pub fn h100_cpu() -> CpuInput {
     CpuInput {
-        s_per_byte_1: 1.0 / 93.2e9,
         s_per_byte_n: 1.0 / 30.3e9,
-        probe_tokens: 16,
-        big: None,
-        host_room: u64::MAX,
         hop_s: 45e-6,
         gpu_s_per_byte: 1.0 / 2502e9,
         gpu_group_s: GPU_GROUP_S,
-        cpu_group_s: 0.0,
-        bus_bw_beside: None,
-        force: None,
-        split: super::hybrid::SplitInput::default(),
-        carry: false,
-        tiers: true,
+        ..cpu(1.0 / 93.2e9)
     }
 }
 
