@@ -17,29 +17,23 @@ use super::kvtier::KvTier;
 use super::kvtier::KvTierConfig;
 use super::model_file::ModelFile;
 use super::pager::Pager;
-use super::probe;
+use super::planning;
+use super::planning::Planned;
 use super::state::Engine;
 use super::state::Probes;
 use super::store;
 use super::store::WeightStore;
 use super::templates::TemplateCache;
 use super::timeline;
-use crate::dtype::GgmlType;
 use crate::ggml;
 use crate::ggml::GgmlError;
 use crate::gguf::GgufFile;
 use crate::graph::Dims;
 use crate::kv::KvCells;
 use crate::model::ModelSpec;
-use crate::paging::gemm;
 use crate::paging::sizes;
 use crate::paging::Budgets;
-use crate::paging::ComputeRate;
-use crate::paging::GemmPlan;
-use crate::paging::GroupInfo;
-use crate::paging::KvShape;
 use crate::paging::Limits;
-use crate::paging::MemoryInput;
 use std::path::Path;
 
 /// How long reaching an RPC server may take.
@@ -228,7 +222,11 @@ impl Engine {
         Ok(chain(parts).expect("at least two devices"))
     }
 
-    /// Loads `spec` (a model, or a part of one) on `device`.
+    /// Loads `spec` (a model, or a part of one) on `device`: the budgets
+    /// not given filled in, the backend, the plan (`planning::plan`
+    /// measures the machine and asks it), then what it decided allocated
+    /// and loaded: the weights, the host CPU's groups, the KV cache and its
+    /// tier, the pager, and the buffers of the options that take part.
     fn load_part(
         path: &Path,
         cfg: &EngineConfig,
@@ -238,351 +236,22 @@ impl Engine {
         like: Option<Probes>,
     ) -> Result<Engine, EngineError> {
         let file = ModelFile::open(path)?;
-        // budgets not given: what the machine has free, less a margin
-        let mut budgets = Vec::new();
-        let auto_gpu = (cfg.budgets.gpu.is_none() && !device.is_cpu()).then(|| {
-            let (free, total) = device.memory();
-            let b = crate::paging::auto_gpu_budget(free as u64, total as u64);
-            budgets.push(format!(
-                "GPU budget {} (free {} less a margin)",
-                gib(b),
-                gib(free as u64)
-            ));
-            b
-        });
-        let auto_dram = match cfg.budgets.dram {
-            Some(_) => None,
-            None => crate::paging::mem_available().map(|avail| {
-                let b = crate::paging::auto_dram_budget(avail);
-                budgets.push(format!(
-                    "DRAM budget {} (available {} less a margin)",
-                    gib(b),
-                    gib(avail)
-                ));
-                b
-            }),
-        };
-        let cfg = &EngineConfig {
-            // batch invariance needs the plain layout: repacked kernels
-            // pick gemv or gemm by batch size
-            repack: cfg.repack && !cfg.batch_invariant,
-            budgets: Budgets {
-                gpu: cfg.budgets.gpu.or(auto_gpu),
-                dram: cfg.budgets.dram.or(auto_dram),
-                ..cfg.budgets
-            },
-            ..cfg.clone()
-        };
-        let mut backend = device.init_backend()?;
-        // the device's free memory before this engine allocates anything
-        // (its context made): what it holds later is measured from here
-        // (not over RPC, where each reading is a round trip)
-        let free_at_load =
-            (!device.is_cpu() && !device.is_remote()).then(|| device.memory().0 as u64);
-        backend.set_n_threads(cfg.n_threads);
-        backend.attach_cpu_threadpool(cfg.n_threads, cfg.poll)?;
-        if cfg.batch_invariant && !backend.set_use_ref(true) {
-            return Err(EngineError::Unsupported(
-                "batch-invariant numerics need the CPU device (GPU kernels depend on the batch size)",
-            ));
-        }
-        if !spec.hp.is_moe() && spec.shard.is_none_or(|s| s.index == 0) {
-            for flag in cfg.mixture_only_options() {
-                tracing::warn!(
-                    "{flag}: this model has no mixture-of-experts layers, so it does nothing"
-                );
-            }
-        }
-        // KV cells padded as llama.cpp pads them (see KvCells::n_kv)
-        let n_ctx = sizes::kv_cells(cfg.n_ctx).ok_or(EngineError::BadContext(cfg.n_ctx))?;
-        let dims = Dims {
-            arch: spec.arch,
-            hp: spec.hp.clone(),
-            has_rope_freqs: spec.rope_freqs.is_some(),
-            read_routing: cfg.expert_stats && spec.hp.is_moe(),
-            partial: spec.shard.is_some_and(|s| s.index > 0),
-        };
-        let n_batch = cfg.n_batch.clamp(1, n_ctx);
-        let mut lim = Limits {
-            n_batch,
-            n_ctx,
-            ffn_rows: n_batch,
-        };
-
-        let layouts = store::layouts(&spec, device)?;
-        let head_bytes = if spec.has_head {
-            spec.output.size + spec.output_norm.size
-        } else {
-            0
-        } + spec.rope_freqs.as_ref().map_or(0, |w| w.size);
-        // an expert split's host rows take device memory only where the
-        // device has no pinned host buffer type for them
-        // (`SplitRows::alloc_host_side`)
-        let split_on_device = cfg.paging.split.mode != crate::paging::ExpertSplit::Off
-            && spec.hp.is_moe()
-            && (device.is_cpu() || device.host_buffer_type().is_none());
-        // the row split's reduce buffers: two devices each hold two (they
-        // exchange outputs, alternating buffers group by group); with more,
-        // the first one per other device
-        let n_reduce = match spec.shard {
-            Some(s) if s.count == 2 => 2,
-            Some(s) if s.index == 0 => s.count as u64 - 1,
-            _ => 0,
-        };
-        let persistent_bytes = sizes::persistent_bytes(&dims.hp, lim)
-            + (n_reduce + u64::from(split_on_device)) * sizes::split_rows_bytes(&dims.hp, lim);
-        // the reserve for whole steps and for FFN chunks (the plan picks)
-        let activations = sizes::activations(&dims.hp, lim, cfg.paging.ffn_rows);
-        let n_layer = dims.hp.n_layer as usize;
-        let kv_block = cfg.kv_tier.block.clamp(1, n_ctx as usize);
-        // which kernels multiply large steps; before the compute probe,
-        // which then measures the chosen path
-        let free0 = device.has_gemm_switch().then(|| device.memory().0);
-        let paths = probe::matmul_paths(&spec, device, n_batch, cfg.paging.gemm)?;
-        // the compute rate, measured where anything may stream (the plan's
-        // floor then includes compute: prefill is compute-bound). On a GPU
-        // on a backend of its own: what the path takes from ggml's memory
-        // pool (GEMM's dequantized matrix) goes with it, so the engine's
-        // pool holds only what the plan reserves. On the engine's backend
-        // the probe's 448 MiB stayed there for good, also where the plan
-        // then dropped GEMM and reserved nothing for it: 64 sequences at
-        // 12G took 12868 MiB (docs/device-runs.md, run 99).
-        let compute = if let Some(p) = &like {
-            p.compute
-        } else if !device.is_cpu() || cfg.budgets.gpu.is_some() || cfg.paging.stream_all {
-            if device.is_cpu() {
-                probe::device_compute(&spec, device, &backend, n_batch)?
-            } else {
-                let own = device.init_backend()?;
-                probe::device_compute(&spec, device, &own, n_batch)?
-            }
-        } else {
-            None
-        };
-        // what the probes leave on the device once their backends are gone
-        // (the BLAS library's state and kernels, loaded for good): the
-        // budget holds it too
-        let probe_kept = free0.map_or(0, |f| f.saturating_sub(device.memory().0) as u64);
-        if probe_kept > 0 {
-            tracing::info!(
-                "the matmul probes left {:.1} MiB in use on the device (counted in the plan's fixed memory)",
-                probe_kept as f64 / (1u64 << 20) as f64
-            );
-        }
-        // where the row split cuts its steps in halves, each group may be
-        // dequantized once for both (below)
-        let halved = spec.shard.is_some_and(|s| s.count == 2)
-            && super::exchange::Halves::min_tokens(device, cfg.paging.row_halves)
-                .is_some_and(|m| m <= n_batch)
-            && cfg.paging.row_widen;
-        // what ggml and the driver take on a CUDA device outside strata's
-        // buffers (the pinned mapping of every weight that may stream,
-        // cuBLAS where float matrices are multiplied, ggml's pool, lazily
-        // loaded kernels)
-        let outside = if device.has_gemm_switch() && !device.is_remote() {
-            let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
-            let float_matmuls = spec
-                .groups
-                .iter()
-                .flat_map(|g| g.weights.iter())
-                .chain(spec.has_head.then_some(&spec.output))
-                .any(|w| w.ne[1] > 1 && float.contains(&w.ty));
-            let weights: u64 = spec
-                .groups
-                .iter()
-                .flat_map(|g| g.weights.iter())
-                .map(|w| w.size)
-                .sum();
-            crate::paging::Outside::cuda(
-                &dims.hp,
-                Limits {
-                    ffn_rows: activations.ffn_rows,
-                    ..lim
-                },
-                weights,
-                float_matmuls,
-            )
-        } else {
-            crate::paging::Outside::default()
-        };
-        let gemm = paths.map(|p| GemmPlan {
-            mmq_max_rows: p.mmq_max_rows,
-            scratch_bytes: gemm::scratch_bytes(&dims.hp, n_batch, p.elements),
-            widened: None,
-        });
-        let mut input = MemoryInput {
-            groups: spec
-                .groups
-                .iter()
-                .zip(&layouts)
-                .map(|(g, l)| group_info(g, l.bytes as u64, &spec.hp))
-                .collect(),
-            fixed_bytes: head_bytes + persistent_bytes + probe_kept,
-            activations,
-            kv: KvShape {
-                n_layer,
-                layer_bytes: sizes::kv_bytes(&dims.hp, n_ctx as u64),
-                n_blocks: (n_ctx as usize).div_ceil(kv_block),
-                block_bytes: sizes::kv_bytes(&dims.hp, kv_block as u64),
-                n_swa_layers: if spec.hp.n_swa > 0 && n_ctx >= 2 * spec.hp.n_swa {
-                    (0..n_layer as u32).filter(|&l| spec.hp.is_swa(l)).count()
-                } else {
-                    0
-                },
-            },
-            budgets: cfg.budgets,
-            host_available: crate::paging::mem_available().unwrap_or(0),
-            slots: cfg.paging.slots,
-            stream_all: cfg.paging.stream_all,
-            resident: cfg.paging.resident,
-            // measured: a quick pinned copy on a second stream (GPU)
-            copy_bw: if let Some(p) = &like {
-                p.copy_bw
-            } else if device.is_cpu() || cfg.budgets.gpu.is_none() && !cfg.paging.stream_all {
-                10e9
-            } else {
-                // this bus alone: another GPU's lent bus (`Pager::lend_link`)
-                // carries only steps of many tokens (`RELAY_MIN_TOKENS`),
-                // which the plan then predicts slower than they run
-                probe::measure_h2d(device, 64 << 20, 4)?
-            },
-            cpu: None,
-            gemm,
-            outside,
-            compute,
-        };
-        let measured_compute = input.compute;
-        let mut plan = crate::paging::memory_plan(&input)?;
-        // the scratch against the resident groups it displaces: GEMM only
-        // where its plan predicts the larger step faster
-        if let (Some(p), Some(ratio), Some(c)) =
-            (paths, paths.and_then(|p| p.mmq_over_gemm), input.compute)
-        {
-            let mmq = MemoryInput {
-                gemm: None,
-                compute: Some(ComputeRate {
-                    s_per_byte_n: c.s_per_byte_n * ratio,
-                    ..c
-                }),
-                ..input.clone()
-            };
-            let without = crate::paging::memory_plan(&mmq)?;
-            if !gemm::pays(&plan.placement, &without.placement, n_batch) {
-                tracing::info!(
-                    "GEMM for steps over {} rows does not pay here: a {n_batch}-token step {:.1} ms with it, {:.1} ms without",
-                    p.mmq_max_rows,
-                    plan.placement.floor_s(n_batch) * 1e3,
-                    without.placement.floor_s(n_batch) * 1e3
-                );
-                probe::drop_gemm(device, p.elements);
-                input = mmq;
-                plan = without;
-            }
-        }
-        // the widened copy where the plan keeps GEMM, and only where the
-        // resident groups it displaces leave the step as fast as the plan
-        // predicts it without: what it saves (a dequantizing pass a
-        // group) is compute the plan's rate does not itemize
-        if let Some(g) = input.gemm.filter(|_| halved) {
-            if let Some(w) = super::buffers::Widening::plan(&spec, g.mmq_max_rows, n_batch) {
-                let widened = MemoryInput {
-                    gemm: Some(GemmPlan {
-                        widened: Some(w),
-                        ..g
-                    }),
-                    ..input.clone()
-                };
-                match crate::paging::memory_plan(&widened) {
-                    Ok(p)
-                        if p.placement.floor_s(n_batch)
-                            <= plan.placement.floor_s(n_batch) * (1.0 + 1e-9) =>
-                    {
-                        input = widened;
-                        plan = p;
-                    }
-                    _ => tracing::info!(
-                        "the row split's halves dequantize each weight twice: a widened copy ({:.1} MiB) would displace resident groups the step needs",
-                        w.bytes as f64 / (1u64 << 20) as f64
-                    ),
-                }
-            }
-        }
-        let mut cpu_cal = None;
-        let mut hot: Option<crate::paging::HotPlan> = None;
-        let mut hot_counted = None;
-        // router counts kept beside the model, for hot experts and routed
-        // uploads
-        let saved_counts = saved_counts(&spec, cfg)?;
-        let cpu = match &like {
-            Some(p) => p.cpu.clone().map(|c| (c, p.cpu_scales.clone())),
-            None => probe::cpu_input(&spec, &plan.placement, input.copy_bw, device, &backend, cfg)?
-                .map(|(c, scales)| match spec.shard {
-                    // the row split: every device's host share runs on the
-                    // same cores, so each plan sees its share of the CPU
-                    Some(s) => (c.scaled(f64::from(s.count)), scales),
-                    None => (c, scales),
-                }),
-        };
-        let mut cpu_scales = Vec::new();
-        if let Some((c, scales)) = cpu {
-            input.cpu = Some(c.clone());
-            // each group's kinds of expert matrix: the plan prefers the
-            // cheaper groups for the CPU
-            crate::paging::set_cpu_scales(&mut input.groups, &scales);
-            cpu_scales = scales;
-            if cfg.paging.split.mode != crate::paging::ExpertSplit::Off {
-                // an expert split gives the device each layer's most picked
-                // experts: the plan costs it by how the picks spread
-                if let Some(counts) = saved_counts.as_ref() {
-                    set_popularity(&mut input.groups, &spec, counts);
-                }
-            }
-            if cfg.paging.look_ahead > 0 && spec.hp.is_moe() {
-                // the look-ahead's slots and rows out of the budget
-                input.fixed_bytes += super::aheadslots::device_bytes(
-                    &spec,
-                    device,
-                    cfg.paging.look_ahead,
-                    cfg.paging.look_ahead_layers,
-                    crate::paging::experts::HOT_MAX_TOKENS.min(n_batch),
-                )?;
-            }
-            plan = crate::paging::memory_plan(&input)?;
-            // hot experts: their pool out of the budget, so the plan again
-            hot_counted = saved_counts.clone();
-            let counts = hot_counted.as_ref();
-            if let Some(h) = hot_plan(&spec, &input.groups, &plan, cfg, n_batch, counts, None) {
-                // the CPU's share of those groups falls by the hot sets'
-                crate::paging::set_hot_shares(&mut input.groups, &h.hit);
-                input.fixed_bytes += h.bytes + hot_io_bytes(&spec, n_batch);
-                plan = crate::paging::memory_plan(&input)?;
-                // the plan moved groups (spread residency shifts them all):
-                // the sets again for the groups streamed now, in the bytes
-                // reserved
-                let h = hot_plan(
-                    &spec,
-                    &input.groups,
-                    &plan,
-                    cfg,
-                    n_batch,
-                    counts,
-                    Some(h.bytes),
-                )
-                .unwrap_or_default();
-                crate::paging::set_hot_shares(&mut input.groups, &h.hit);
-                hot = Some(h);
-            }
-            cpu_cal = plan.placement.hybrid.is_some().then(|| {
-                crate::paging::CpuCalibration::new(
-                    c,
-                    input.groups.clone(),
-                    plan.placement.resident.iter().map(|r| !r).collect(),
-                    plan.placement.slots,
-                    input.copy_bw,
-                )
-            });
-        }
-        lim.ffn_rows = plan.ffn_rows.unwrap_or(n_batch);
+        let (cfg, auto_budgets) = resolve_budgets(cfg, device);
+        let cfg = &cfg;
+        let (backend, free_at_load) = open_backend(cfg, &spec, device)?;
+        let Planned {
+            dims,
+            lim,
+            kv_block,
+            layouts,
+            n_reduce,
+            plan,
+            probes,
+            cpu_cal,
+            hot,
+            hot_counted,
+            saved_counts,
+        } = planning::plan(&spec, cfg, device, &backend, like.as_ref())?;
         if spec.shard.is_some() && plan.dram.iter().any(Option::is_some) {
             // a share's columns are strided slices of the file's rows,
             // which the DRAM window's one read per tensor cannot gather
@@ -604,98 +273,19 @@ impl Engine {
         // the host's threads (a row split's device: its share of the cores)
         let pool_threads = shard_threads(&spec, host_threads(device, cfg.n_threads));
         let hop_buft = super::hops::buffer_type(device);
-        let host = match &plan.placement.hybrid {
-            Some(h) => {
-                let bar = store::progress(h.host_bytes, cfg.progress);
-                let hb = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
-                let hl = Limits {
-                    n_batch: hb,
-                    n_ctx,
-                    ffn_rows: hb,
-                };
-                // the host's mixture layers keep their picks readable, so
-                // they are counted in every run (`count_routed`): on the
-                // CPU that costs nothing, and they are the layers hot
-                // experts serve
-                let host_dims = Dims {
-                    read_routing: spec.hp.is_moe(),
-                    ..dims.clone()
-                };
-                let hc = host::HostCompute::new(
-                    &spec,
-                    &host_dims,
-                    hl,
-                    &h.host,
-                    &file,
-                    pool_threads,
-                    cfg.poll,
-                    cfg.cpu_layout(),
-                    // the residual where the device's hop kernels reach it
-                    hop_buft,
-                    &bar,
-                )?;
-                bar.finish_and_clear();
-                Some(hc)
-            }
-            None => None,
-        };
-        // KV on the device: the first layers of the KV order (full-context
-        // layers before sliding-window ones); the rest windowed
-        let kv_order = spec.hp.kv_order();
-        let (kv_resident, kv_windowed) = kv_order.split_at(plan.kv.resident_layers);
-        let mut kv_windowed = kv_windowed.to_vec();
-        kv_windowed.sort_unstable();
-        let tier = if !kv_windowed.is_empty() {
-            Some(KvTier::new(
-                device,
-                kv_windowed,
-                n_layer,
-                &dims.hp,
-                n_ctx as usize,
-                plan.kv.windows,
-                kv_fingerprint(&spec),
-                &KvTierConfig {
-                    block: kv_block,
-                    frames: plan.kv.frames,
-                    spill_parent: cfg
-                        .kv_tier
-                        .spill_dir
-                        .clone()
-                        .unwrap_or_else(std::env::temp_dir),
-                    spill_max: cfg.kv_tier.spill_max,
-                },
-            )?)
-        } else {
-            None
-        };
+        let host = host_compute(&spec, &dims, lim, &plan, &file, pool_threads, cfg, hop_buft)?;
+        let (kv_resident, tier) = kv_placement(&spec, &dims, device, &plan, lim, kv_block, cfg)?;
         let rec = timeline::Recorder::default();
-        let pager = Pager::new(
+        let pager = pager(
             device,
-            &plan.placement,
-            cfg.faults.poison_slots,
-            cfg.faults.skip_load_wait,
+            &spec,
+            &plan,
+            cfg,
             tier.is_some(),
-            plan.kv.windows,
-            rec.clone(),
+            &rec,
+            relay,
+            &store,
         )?;
-        let mut pager = pager;
-        pager.group0 = 2 * spec.hp.layer0 as usize;
-        pager.carry = cfg.paging.carry;
-        if let Some(other) = relay.filter(|_| !store.has_dram_window()) {
-            let slot = store.slot_bytes(crate::paging::Ring::Ffn);
-            let layers = spec.hp.layer0..spec.hp.layer0 + spec.hp.n_layer;
-            if pager.lend_link(device, other, slot)? {
-                tracing::info!(
-                    "layers {layers:?}: every other streamed FFN group also goes up over {}'s bus",
-                    other.name()
-                );
-            } else if plan.placement.n_streamed() > 0 {
-                tracing::warn!(
-                    "layers {layers:?}: no FFN ring, so no relay over {}",
-                    other.name()
-                );
-            }
-        }
         let persistent = Persistent::alloc(&dims, lim, device)?;
         let inputs_up = super::inputsup::InputsUp::pinned(device, &persistent, &dims, lim);
         let hops = match hop_buft
@@ -712,32 +302,16 @@ impl Engine {
             )?,
             None => None,
         };
-        let split = match plan
-            .placement
-            .hybrid
-            .as_ref()
-            .and_then(|h| h.split.as_ref())
-        {
-            Some(_) if host.is_some() => {
-                let mut rows = super::buffers::SplitRows::alloc_host_side(&dims, lim, device)?;
-                // the device takes each layer's most picked experts where
-                // the counts kept beside the model order them
-                if let Some(c) = saved_counts.as_ref() {
-                    rows.order = (0..c.n_layer())
-                        .map(|l| (c.layer_picks(l) > 0).then(|| c.hot(l, c.n_expert())))
-                        .collect();
-                }
-                Some(rows)
-            }
-            _ => {
-                if cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe() {
-                    tracing::warn!(
-                        "--expert-split: no split, it needs streamed mixture layers the host CPU keeps a copy of (hybrid decode)"
-                    );
-                }
-                None
-            }
-        };
+        let split = expert_split(
+            &spec,
+            &dims,
+            lim,
+            &plan,
+            cfg,
+            device,
+            host.is_some(),
+            &saved_counts,
+        )?;
         let reduce = (0..n_reduce)
             .map(|_| super::buffers::SplitRows::alloc(&dims, lim, device))
             .collect::<Result<Vec<_>, _>>()?;
@@ -758,77 +332,29 @@ impl Engine {
             }
             _ => None,
         };
-        let hot = match hot.filter(|h| !h.is_empty()) {
-            Some(h) => {
-                let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
-                let mut pool = super::hotpool::HotPool::load(&spec, &file, device, h, most)?;
-                pool.counted = hot_counted;
-                tracing::info!(
-                    "hot experts: {} in {} layers on the device ({:.1} MiB){}",
-                    pool.plan.n_experts(),
-                    pool.plan.n_groups(),
-                    pool.bytes() as f64 / (1u64 << 20) as f64,
-                    pool.plan.expected_hit.map_or(String::new(), |x| format!(
-                        ", {:.1}% of the counted picks",
-                        100.0 * x
-                    ))
-                );
-                Some(pool)
-            }
-            None => {
-                if cfg.paging.hot != crate::paging::HotExperts::Off && spec.hp.is_moe() {
-                    tracing::warn!(
-                        "--hot-experts: none kept (they need streamed mixture layers the host CPU keeps a copy of, room in the GPU budget, and for auto router counts that show skew)"
-                    );
-                }
-                None
-            }
-        };
+        let hot = hot_pool(&spec, &file, device, hot, hot_counted, cfg, lim)?;
         // what every graph's externals are bound to
         let mut ext = persistent.bindings.clone();
         ext.extend(store.rope_freqs.clone());
         let ahead = match (&host, &plan.placement.hybrid) {
-            (Some(_), Some(h)) if cfg.paging.look_ahead > 0 => super::aheadslots::LookAhead::new(
-                &spec,
-                &dims,
-                lim,
-                ext.clone(),
-                &file,
-                &store,
-                &h.host,
-                device,
-                cfg.paging.look_ahead,
-                cfg.paging.look_ahead_layers,
-                crate::paging::experts::HOT_MAX_TOKENS.min(lim.n_batch),
-            )?,
+            (Some(_), Some(h)) => {
+                look_ahead(&spec, &dims, lim, &ext, &file, &store, &h.host, device, cfg)?
+            }
             _ => None,
         };
-        match &ahead {
-            Some(a) => tracing::info!(
-                "look-ahead: up to {} predicted experts of each of the next {} host layers uploaded ahead ({:.1} MiB on the device)",
-                a.most,
-                a.depth(),
-                a.bytes() as f64 / (1u64 << 20) as f64
-            ),
-            None if cfg.paging.look_ahead > 0 && spec.hp.is_moe() => tracing::warn!(
+        if ahead.is_none() && cfg.paging.look_ahead > 0 && spec.hp.is_moe() {
+            tracing::warn!(
                 "--look-ahead: none, it needs mixture layers the host CPU computes (hybrid decode) streamed from pinned memory"
-            ),
-            None => {}
+            );
         }
         let mut kv = KvCache::new(
-            KvCells::new(n_ctx as usize),
-            KvStore::alloc(&dims, lim, device, kv_resident, n_layer)?,
+            KvCells::new(lim.n_ctx as usize),
+            KvStore::alloc(&dims, lim, device, &kv_resident, dims.hp.n_layer as usize)?,
             tier,
         );
         // batch invariance: each sequence's cells in position order
         kv.set_ordered(cfg.batch_invariant);
         let templates = TemplateCache::new(dims.clone(), lim, ext, device);
-        let probes = Probes {
-            copy_bw: input.copy_bw,
-            compute: measured_compute,
-            cpu: input.cpu.clone(),
-            cpu_scales,
-        };
         // `auto` routes on a GPU only (engine/routed.rs)
         let routes = match cfg.paging.routed {
             crate::paging::RoutedUploads::Off => false,
@@ -866,7 +392,7 @@ impl Engine {
             staging: Default::default(),
             last_step: StepStats::default(),
             rec,
-            auto_budgets: budgets,
+            auto_budgets,
             budget_watch: free_at_load
                 .zip(cfg.budgets.gpu)
                 .map(|(free, b)| crate::paging::BudgetWatch::new(free, b)),
@@ -893,6 +419,319 @@ impl Engine {
             }),
         })
     }
+}
+
+/// `cfg` with the budgets it does not give filled in (what the machine
+/// has free, less a margin), and a line for each so filled.
+fn resolve_budgets(cfg: &EngineConfig, device: ggml::Device) -> (EngineConfig, Vec<String>) {
+    let mut lines = Vec::new();
+    let auto_gpu = (cfg.budgets.gpu.is_none() && !device.is_cpu()).then(|| {
+        let (free, total) = device.memory();
+        let b = crate::paging::auto_gpu_budget(free as u64, total as u64);
+        lines.push(format!(
+            "GPU budget {} (free {} less a margin)",
+            gib(b),
+            gib(free as u64)
+        ));
+        b
+    });
+    let auto_dram = match cfg.budgets.dram {
+        Some(_) => None,
+        None => crate::paging::mem_available().map(|avail| {
+            let b = crate::paging::auto_dram_budget(avail);
+            lines.push(format!(
+                "DRAM budget {} (available {} less a margin)",
+                gib(b),
+                gib(avail)
+            ));
+            b
+        }),
+    };
+    let cfg = EngineConfig {
+        // batch invariance needs the plain layout: repacked kernels
+        // pick gemv or gemm by batch size
+        repack: cfg.repack && !cfg.batch_invariant,
+        budgets: Budgets {
+            gpu: cfg.budgets.gpu.or(auto_gpu),
+            dram: cfg.budgets.dram.or(auto_dram),
+            ..cfg.budgets
+        },
+        ..cfg.clone()
+    };
+    (cfg, lines)
+}
+
+/// The engine's backend on `device` with its threads, and the device's
+/// free memory before the engine allocates anything (None on the CPU and
+/// over RPC, where each reading is a round trip): what it holds later is
+/// measured from there.
+fn open_backend(
+    cfg: &EngineConfig,
+    spec: &ModelSpec,
+    device: ggml::Device,
+) -> Result<(ggml::Backend, Option<u64>), EngineError> {
+    let mut backend = device.init_backend()?;
+    // after the backend's context is made
+    let free_at_load = (!device.is_cpu() && !device.is_remote()).then(|| device.memory().0 as u64);
+    backend.set_n_threads(cfg.n_threads);
+    backend.attach_cpu_threadpool(cfg.n_threads, cfg.poll)?;
+    if cfg.batch_invariant && !backend.set_use_ref(true) {
+        return Err(EngineError::Unsupported(
+            "batch-invariant numerics need the CPU device (GPU kernels depend on the batch size)",
+        ));
+    }
+    if !spec.hp.is_moe() && spec.shard.is_none_or(|s| s.index == 0) {
+        for flag in cfg.mixture_only_options() {
+            tracing::warn!(
+                "{flag}: this model has no mixture-of-experts layers, so it does nothing"
+            );
+        }
+    }
+    Ok((backend, free_at_load))
+}
+
+/// The groups the host CPU computes (hybrid decode), their copies loaded
+/// from `file` with a progress bar; None where the plan has none.
+#[allow(clippy::too_many_arguments)]
+fn host_compute(
+    spec: &ModelSpec,
+    dims: &Dims,
+    lim: Limits,
+    plan: &crate::paging::MemoryPlan,
+    file: &ModelFile,
+    pool_threads: usize,
+    cfg: &EngineConfig,
+    hop_buft: Option<ggml::BufferType>,
+) -> Result<Option<host::HostCompute>, EngineError> {
+    let Some(h) = &plan.placement.hybrid else {
+        return Ok(None);
+    };
+    let bar = store::progress(h.host_bytes, cfg.progress);
+    let hb = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
+    let hl = Limits {
+        n_batch: hb,
+        n_ctx: lim.n_ctx,
+        ffn_rows: hb,
+    };
+    // the host's mixture layers keep their picks readable, so they are
+    // counted in every run (`count_routed`): on the CPU that costs
+    // nothing, and they are the layers hot experts serve
+    let host_dims = Dims {
+        read_routing: spec.hp.is_moe(),
+        ..dims.clone()
+    };
+    let hc = host::HostCompute::new(
+        spec,
+        &host_dims,
+        hl,
+        &h.host,
+        file,
+        pool_threads,
+        cfg.poll,
+        cfg.cpu_layout(),
+        // the residual where the device's hop kernels reach it
+        hop_buft,
+        &bar,
+    )?;
+    bar.finish_and_clear();
+    Ok(Some(hc))
+}
+
+/// The KV cache's layers on the device (the first of the KV order:
+/// full-context layers before sliding-window ones) and the tier that
+/// windows the rest (None where every layer's KV stays on the device).
+fn kv_placement(
+    spec: &ModelSpec,
+    dims: &Dims,
+    device: ggml::Device,
+    plan: &crate::paging::MemoryPlan,
+    lim: Limits,
+    kv_block: usize,
+    cfg: &EngineConfig,
+) -> Result<(Vec<u32>, Option<KvTier>), EngineError> {
+    let mut resident = spec.hp.kv_order();
+    let mut windowed = resident.split_off(plan.kv.resident_layers);
+    if windowed.is_empty() {
+        return Ok((resident, None));
+    }
+    windowed.sort_unstable();
+    let tier = KvTier::new(
+        device,
+        windowed,
+        dims.hp.n_layer as usize,
+        &dims.hp,
+        lim.n_ctx as usize,
+        plan.kv.windows,
+        kv_fingerprint(spec),
+        &KvTierConfig {
+            block: kv_block,
+            frames: plan.kv.frames,
+            spill_parent: cfg
+                .kv_tier
+                .spill_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir),
+            spill_max: cfg.kv_tier.spill_max,
+        },
+    )?;
+    Ok((resident, Some(tier)))
+}
+
+/// The pager of the plan's slot rings on `device`; where a layer split
+/// lends it `relay`'s bus too (local GPUs, no DRAM window), every other
+/// streamed FFN group goes up over that one.
+#[allow(clippy::too_many_arguments)]
+fn pager(
+    device: ggml::Device,
+    spec: &ModelSpec,
+    plan: &crate::paging::MemoryPlan,
+    cfg: &EngineConfig,
+    kv_tier: bool,
+    rec: &timeline::Recorder,
+    relay: Option<ggml::Device>,
+    store: &WeightStore,
+) -> Result<Pager, EngineError> {
+    let mut pager = Pager::new(
+        device,
+        &plan.placement,
+        cfg.faults.poison_slots,
+        cfg.faults.skip_load_wait,
+        kv_tier,
+        plan.kv.windows,
+        rec.clone(),
+    )?;
+    pager.group0 = 2 * spec.hp.layer0 as usize;
+    pager.carry = cfg.paging.carry;
+    if let Some(other) = relay.filter(|_| !store.has_dram_window()) {
+        let slot = store.slot_bytes(crate::paging::Ring::Ffn);
+        let layers = spec.hp.layer0..spec.hp.layer0 + spec.hp.n_layer;
+        if pager.lend_link(device, other, slot)? {
+            tracing::info!(
+                "layers {layers:?}: every other streamed FFN group also goes up over {}'s bus",
+                other.name()
+            );
+        } else if plan.placement.n_streamed() > 0 {
+            tracing::warn!(
+                "layers {layers:?}: no FFN ring, so no relay over {}",
+                other.name()
+            );
+        }
+    }
+    Ok(pager)
+}
+
+/// The expert split's host-side rows where the plan splits mixture
+/// layers (`host`: the plan's host groups are loaded), each layer's
+/// experts ordered by the counts kept beside the model; None elsewhere.
+#[allow(clippy::too_many_arguments)]
+fn expert_split(
+    spec: &ModelSpec,
+    dims: &Dims,
+    lim: Limits,
+    plan: &crate::paging::MemoryPlan,
+    cfg: &EngineConfig,
+    device: ggml::Device,
+    host: bool,
+    saved_counts: &Option<crate::paging::routing::RouterCounts>,
+) -> Result<Option<super::buffers::SplitRows>, EngineError> {
+    let planned = plan
+        .placement
+        .hybrid
+        .as_ref()
+        .is_some_and(|h| h.split.is_some());
+    if !(planned && host) {
+        if cfg.paging.split.mode != crate::paging::ExpertSplit::Off && spec.hp.is_moe() {
+            tracing::warn!(
+                "--expert-split: no split, it needs streamed mixture layers the host CPU keeps a copy of (hybrid decode)"
+            );
+        }
+        return Ok(None);
+    }
+    let mut rows = super::buffers::SplitRows::alloc_host_side(dims, lim, device)?;
+    // the device takes each layer's most picked experts where the counts
+    // kept beside the model order them
+    if let Some(c) = saved_counts.as_ref() {
+        rows.order = (0..c.n_layer())
+            .map(|l| (c.layer_picks(l) > 0).then(|| c.hot(l, c.n_expert())))
+            .collect();
+    }
+    Ok(Some(rows))
+}
+
+/// The hot experts' pool on the device, loaded from `file`, where the plan
+/// keeps any (`hot`, chosen from `counted`); None elsewhere.
+fn hot_pool(
+    spec: &ModelSpec,
+    file: &ModelFile,
+    device: ggml::Device,
+    hot: Option<crate::paging::HotPlan>,
+    counted: Option<crate::paging::routing::RouterCounts>,
+    cfg: &EngineConfig,
+    lim: Limits,
+) -> Result<Option<super::hotpool::HotPool>, EngineError> {
+    let Some(h) = hot.filter(|h| !h.is_empty()) else {
+        if cfg.paging.hot != crate::paging::HotExperts::Off && spec.hp.is_moe() {
+            tracing::warn!(
+                "--hot-experts: none kept (they need streamed mixture layers the host CPU keeps a copy of, room in the GPU budget, and for auto router counts that show skew)"
+            );
+        }
+        return Ok(None);
+    };
+    let most = crate::paging::HYBRID_MAX_TOKENS.min(lim.n_batch);
+    let mut pool = super::hotpool::HotPool::load(spec, file, device, h, most)?;
+    pool.counted = counted;
+    tracing::info!(
+        "hot experts: {} in {} layers on the device ({:.1} MiB){}",
+        pool.plan.n_experts(),
+        pool.plan.n_groups(),
+        pool.bytes() as f64 / (1u64 << 20) as f64,
+        pool.plan.expected_hit.map_or(String::new(), |x| format!(
+            ", {:.1}% of the counted picks",
+            100.0 * x
+        ))
+    );
+    Ok(Some(pool))
+}
+
+/// The look-ahead's slots where `--look-ahead` asks for it and the host
+/// computes the groups `host` marks; None where it takes no part.
+#[allow(clippy::too_many_arguments)]
+fn look_ahead(
+    spec: &ModelSpec,
+    dims: &Dims,
+    lim: Limits,
+    ext: &[ggml::Binding],
+    file: &ModelFile,
+    store: &WeightStore,
+    host: &[bool],
+    device: ggml::Device,
+    cfg: &EngineConfig,
+) -> Result<Option<super::aheadslots::LookAhead>, EngineError> {
+    if cfg.paging.look_ahead == 0 {
+        return Ok(None);
+    }
+    let ahead = super::aheadslots::LookAhead::new(
+        spec,
+        dims,
+        lim,
+        ext.to_vec(),
+        file,
+        store,
+        host,
+        device,
+        cfg.paging.look_ahead,
+        cfg.paging.look_ahead_layers,
+        crate::paging::experts::HOT_MAX_TOKENS.min(lim.n_batch),
+    )?;
+    if let Some(a) = &ahead {
+        tracing::info!(
+            "look-ahead: up to {} predicted experts of each of the next {} host layers uploaded ahead ({:.1} MiB on the device)",
+            a.most,
+            a.depth(),
+            a.bytes() as f64 / (1u64 << 20) as f64
+        );
+    }
+    Ok(ahead)
 }
 
 /// Each part's host budgets (DRAM, KV on the device, KV in host memory),
@@ -1011,150 +850,4 @@ fn pick_devices(
 
 fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
-}
-
-/// What the planner knows of group `g`, `bytes` in a slot: its routed
-/// experts, if it has any, so a step is costed by the experts it reads.
-fn group_info(g: &crate::model::GroupSpec, bytes: u64, hp: &crate::model::Hparams) -> GroupInfo {
-    let experts: u64 = g
-        .weights
-        .iter()
-        .filter(|w| w.role.is_some_and(|r| r.is_expert()))
-        .map(|w| w.size)
-        .sum();
-    GroupInfo {
-        kind: g.kind,
-        bytes,
-        experts: (experts > 0 && hp.n_expert > 0).then_some(crate::paging::Experts {
-            bytes: experts.min(bytes),
-            n_expert: hp.n_expert,
-            n_used: hp.n_expert_used,
-            hot: 0.0,
-            popularity: None,
-            cpu_scale: [1.0; 2],
-        }),
-    }
-}
-
-/// Each mixture group's spread of picks over its experts, from `counts`
-/// (the whole model's, by layer).
-fn set_popularity(
-    groups: &mut [crate::paging::GroupInfo],
-    spec: &ModelSpec,
-    counts: &crate::paging::routing::RouterCounts,
-) {
-    for (g, s) in groups.iter_mut().zip(&spec.groups) {
-        let l = s.layer as usize;
-        if let Some(x) = g.experts.as_mut().filter(|_| l < counts.n_layer()) {
-            let row: Vec<u64> = (0..counts.n_expert()).map(|e| counts.count(l, e)).collect();
-            x.popularity = crate::paging::Popularity::from_counts(&row);
-        }
-    }
-}
-
-/// Streamed mixture FFN groups the host keeps a copy of: where hot experts
-/// may go.
-fn hot_eligible(groups: &[GroupInfo], plan: &crate::paging::MemoryPlan) -> Vec<bool> {
-    let host = plan.placement.hybrid.as_ref().map(|h| h.host.as_slice());
-    (0..groups.len())
-        .map(|i| {
-            groups[i].experts.is_some() && !plan.placement.resident[i] && host.is_some_and(|h| h[i])
-        })
-        .collect()
-}
-
-/// Device bytes of the hot experts' rows and ids (`HotPool::load`).
-fn hot_io_bytes(spec: &ModelSpec, n_batch: u32) -> u64 {
-    let most = super::host::pad_picks(
-        crate::paging::HYBRID_MAX_TOKENS.min(n_batch) * spec.hp.n_expert_used,
-    ) as u64;
-    most * (4 * spec.hp.n_embd as u64 + 4) + 1024
-}
-
-/// The hot experts `cfg` asks for, from `counts` (persisted beside the
-/// model), within `cap` bytes, else what the plan's resident groups
-/// hold (all of it for a number asked, half for auto): None where there
-/// are none.
-fn hot_plan(
-    spec: &ModelSpec,
-    groups: &[GroupInfo],
-    plan: &crate::paging::MemoryPlan,
-    cfg: &EngineConfig,
-    n_batch: u32,
-    counts: Option<&crate::paging::routing::RouterCounts>,
-    cap: Option<u64>,
-) -> Option<crate::paging::HotPlan> {
-    use crate::paging::HotExperts;
-    let mode = cfg.paging.hot;
-    if mode == HotExperts::Off || !spec.hp.is_moe() {
-        return None;
-    }
-    let resident: u64 = groups
-        .iter()
-        .zip(&plan.placement.resident)
-        .filter(|(_, r)| **r)
-        .map(|(g, _)| g.bytes)
-        .sum();
-    // streaming everything whatever the budget (tests, benchmarks): the
-    // pool too
-    let room = if cfg.paging.stream_all {
-        u64::MAX
-    } else {
-        resident.saturating_sub(hot_io_bytes(spec, n_batch))
-    };
-    let budget = match (cap, mode) {
-        (Some(c), _) => c,
-        (None, HotExperts::Auto) => room / 2,
-        (None, _) => room,
-    };
-    let h = crate::paging::plan_hot(groups, &hot_eligible(groups, plan), counts, mode, budget);
-    (!h.is_empty()).then_some(h)
-}
-
-/// The router counts kept beside the model where hot experts, routed
-/// uploads or an expert split are asked for (read once per load), None
-/// where there are none or they are another model's.
-fn saved_counts(
-    spec: &ModelSpec,
-    cfg: &EngineConfig,
-) -> Result<Option<crate::paging::routing::RouterCounts>, EngineError> {
-    let wanted = cfg.paging.hot != crate::paging::HotExperts::Off
-        || cfg.paging.routed != crate::paging::RoutedUploads::Off
-        || cfg.paging.split.mode != crate::paging::ExpertSplit::Off;
-    if !wanted || !spec.hp.is_moe() {
-        return Ok(None);
-    }
-    let read = |p: &std::path::Path| match super::model_file::read_router_counts(p) {
-        // routed uploads only start their predictions from the counts:
-        // without hot experts, a bad file is no reason to refuse the load
-        Err(e @ EngineError::BadCounts(..)) if cfg.paging.hot == crate::paging::HotExperts::Off => {
-            tracing::warn!("{e}; routed uploads and the expert split start without counts");
-            Ok(None)
-        }
-        r => r,
-    };
-    let counts = match &cfg.expert_counts {
-        Some(p) => match read(p)? {
-            // counts are the whole model's, by layer
-            Some(c)
-                if spec.hp.layer0 == 0
-                    && c.n_layer() == spec.hp.n_layer as usize
-                    && c.n_expert() == spec.hp.n_expert as usize =>
-            {
-                Some(c)
-            }
-            Some(c) => {
-                tracing::warn!(
-                    "router counts {}: {} layers of {} experts, not this model's; ignored",
-                    p.display(),
-                    c.n_layer(),
-                    c.n_expert()
-                );
-                None
-            }
-            None => None,
-        },
-        None => None,
-    };
-    Ok(counts)
 }

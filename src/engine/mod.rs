@@ -5,6 +5,8 @@
 //!
 //! - `config`: [`EngineConfig`] and its parts (budgets, paging, KV tier);
 //! - `load`: [`Engine::load`], from file and configuration to a placed model;
+//!   `planning`: what a load asks the memory plan (the machine measured,
+//!   the plan's input, GEMM, the host CPU's groups, hot experts);
 //! - `probe`: the machine measured at load (copy rate, CPU and device speed);
 //! - `state`: the [`Engine`] value, its accessors and KV operations;
 //! - `step`: [`Engine::decode`], the forward step; `inputs`: its host-side
@@ -54,6 +56,7 @@ mod load;
 mod lookahead;
 mod model_file;
 mod pager;
+mod planning;
 mod probe;
 mod routed;
 mod rows;

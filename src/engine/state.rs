@@ -54,7 +54,7 @@ pub(super) struct StepInputs {
     pub(super) out_ids: Vec<i32>,
 }
 
-/// What `Engine::load_part` measured for its plan: the row split's other
+/// What a load measured for its plan (`planning::plan`): the row split's other
 /// devices plan with the first one's.
 #[derive(Clone)]
 pub(super) struct Probes {
