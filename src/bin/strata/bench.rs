@@ -235,8 +235,10 @@ struct StepFigures {
     cpu_gbs: f64,
     hop_ms: f64,
     predicted_ms: f64,
-    /// The same with the CPU at the speed these steps showed, and that
-    /// speed as a factor on the probe's time per byte.
+    /// The same with the CPU at the speed the steps before each showed
+    /// (the calibration's estimate as the step began: a prediction, not a
+    /// fit), and the speed all of them showed as a factor on the probe's
+    /// time per byte.
     measured_cpu_predicted_ms: f64,
     cpu_factor: f64,
     /// The same with the bus too at the rate these steps showed, and the
@@ -322,6 +324,24 @@ fn time_strata(
     let t0 = Instant::now();
     let mut tokens = 0usize;
     for b in run {
+        // predicted before the step runs: at the probe's rates, and at
+        // the host's speed the steps before it showed (the untimed run's
+        // and the earlier timed ones'; the calibration counts each step
+        // after it ran)
+        for c in b.chunks(e.n_batch() as usize) {
+            // the parts of a model split across devices run in turn (a
+            // layer range each), or at once (the row split)
+            let parts = e
+                .parts()
+                .map(|e| e.plan.placement.predicted_step_s(c.len() as u32));
+            let p = if e.spec.shard.is_some() {
+                parts.fold(0.0, f64::max)
+            } else {
+                parts.sum()
+            };
+            predicted += p;
+            cal_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
+        }
         e.decode(b)?;
         kv_up += e.last_step.kv.up_bytes;
         relayed += e.last_step.pager.relayed;
@@ -338,20 +358,6 @@ fn time_strata(
         host.ahead_hits += h.ahead_hits;
         host.ahead_experts += h.ahead_experts;
         host.ahead_bytes += h.ahead_bytes;
-        for c in b.chunks(e.n_batch() as usize) {
-            // the parts of a model split across devices run in turn (a
-            // layer range each), or at once (the row split)
-            let parts = e
-                .parts()
-                .map(|e| e.plan.placement.predicted_step_s(c.len() as u32));
-            let p = if e.spec.shard.is_some() {
-                parts.fold(0.0, f64::max)
-            } else {
-                parts.sum()
-            };
-            predicted += p;
-            cal_predicted += e.cpu_calibration(c.len() as u32).map_or(p, |c| c.1);
-        }
         tokens += b.len();
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -1052,7 +1058,7 @@ fn print_row(r: &Row, json: Option<&RunInfo>) {
                     "", f.cpu_ms, f.cpu_groups, f.cpu_gbs, f.hop_ms, f.predicted_ms, f.step_ms / f.predicted_ms.max(1e-9)
                 );
                 println!(
-                    "{:<47} the CPU ran at {:.2}x its probe's time per byte; at that speed the plan predicts {:.2} ms (measured/predicted {:.2})",
+                    "{:<47} the CPU ran at {:.2}x its probe's time per byte; at the speed the steps before each showed the plan predicted {:.2} ms (measured/predicted {:.2})",
                     "", f.cpu_factor, f.measured_cpu_predicted_ms, f.step_ms / f.measured_cpu_predicted_ms.max(1e-9)
                 );
                 println!(
