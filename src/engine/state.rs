@@ -162,6 +162,19 @@ impl Engine {
     pub fn layers(&self) -> std::ops::Range<u32> {
         self.spec.hp.layer0..self.spec.hp.layer0 + self.spec.hp.n_layer
     }
+    /// Stops the warning given when the device holds more than the GPU
+    /// budget (`Engine::watch_budget`), in every part. The watch reads the
+    /// device's free memory, so it counts whatever else the process puts
+    /// on the device as the engine's: for a process that does so on
+    /// purpose (`strata check`: llama.cpp's reference and a second engine
+    /// on the same GPU).
+    pub fn stop_budget_watch(&mut self) {
+        let mut part = Some(self);
+        while let Some(e) = part {
+            e.budget_watch = None;
+            part = e.next.as_deref_mut();
+        }
+    }
     /// Sets ggml's process-wide kernel switch to this engine's plan (see
     /// `paging::gemm`), after something else in the process ran with
     /// ggml's own choice (llama.cpp as a reference,

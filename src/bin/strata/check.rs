@@ -46,6 +46,9 @@ const PROMPTS: [&str; 3] = [
 pub fn check(a: CheckArgs) -> Result<()> {
     let cfg = super::engine_config(&a.model, false);
     let mut engine = Engine::load(&a.model.model, &cfg).context("loading strata")?;
+    // llama.cpp's reference (and a second engine) share the device: the
+    // budget watch would count their memory as this engine's
+    engine.stop_budget_watch();
     if let Some(w) = a.vs_row_widen.as_deref() {
         // llama.cpp's model for its tokenizer alone
         let lm = LlamaModel::load_as_users_run(&a.model.model, 0).context("loading llama.cpp")?;
@@ -159,6 +162,7 @@ pub fn check(a: CheckArgs) -> Result<()> {
         };
         let mut base =
             Engine::load(&a.model.model, &dev).context("loading strata, KV on the device")?;
+        base.stop_budget_watch();
         let prompts = PROMPTS
             .iter()
             .map(|p| lm.tokenize(p, true, true))
@@ -209,6 +213,7 @@ fn vs_row_widen(
     };
     let mut other =
         Engine::load(&a.model.model, &other_cfg).context("loading the second engine")?;
+    other.stop_budget_watch();
     println!(
         "strata check: {} on {}\n  this engine: {}\n  against: {}",
         engine.spec.name,
