@@ -517,14 +517,36 @@ fn set_popularity(groups: &mut [GroupInfo], spec: &ModelSpec, counts: &RouterCou
 }
 
 /// Streamed mixture FFN groups the host keeps a copy of: where hot experts
-/// may go.
-fn hot_eligible(groups: &[GroupInfo], plan: &MemoryPlan) -> Vec<bool> {
-    let host = plan.placement.hybrid.as_ref().map(|h| h.host.as_slice());
+/// may go (`resident`, `host`: the plan's groups on the device and those
+/// the host computes, None where the plan is not hybrid).
+fn hot_eligible(groups: &[GroupInfo], resident: &[bool], host: Option<&[bool]>) -> Vec<bool> {
     (0..groups.len())
-        .map(|i| {
-            groups[i].experts.is_some() && !plan.placement.resident[i] && host.is_some_and(|h| h[i])
-        })
+        .map(|i| groups[i].experts.is_some() && !resident[i] && host.is_some_and(|h| h[i]))
         .collect()
+}
+
+/// The device bytes hot experts may take: `cap` where given (the second
+/// plan keeps the first's), else what the resident groups' `resident`
+/// bytes hold less the pool's rows and ids (`io`), all of it for a number
+/// asked, half for auto; unbounded where everything streams whatever the
+/// budget (tests, benchmarks).
+fn hot_budget(
+    mode: crate::paging::HotExperts,
+    resident: u64,
+    io: u64,
+    stream_all: bool,
+    cap: Option<u64>,
+) -> u64 {
+    let room = if stream_all {
+        u64::MAX
+    } else {
+        resident.saturating_sub(io)
+    };
+    match (cap, mode) {
+        (Some(c), _) => c,
+        (None, crate::paging::HotExperts::Auto) => room / 2,
+        (None, _) => room,
+    }
 }
 
 /// Device bytes of the hot experts' rows and ids (`HotPool::load`).
@@ -559,19 +581,11 @@ fn hot_plan(
         .filter(|(_, r)| **r)
         .map(|(g, _)| g.bytes)
         .sum();
-    // streaming everything whatever the budget (tests, benchmarks): the
-    // pool too
-    let room = if cfg.paging.stream_all {
-        u64::MAX
-    } else {
-        resident.saturating_sub(hot_io_bytes(spec, n_batch))
-    };
-    let budget = match (cap, mode) {
-        (Some(c), _) => c,
-        (None, HotExperts::Auto) => room / 2,
-        (None, _) => room,
-    };
-    let h = crate::paging::plan_hot(groups, &hot_eligible(groups, plan), counts, mode, budget);
+    let io = hot_io_bytes(spec, n_batch);
+    let budget = hot_budget(mode, resident, io, cfg.paging.stream_all, cap);
+    let host = plan.placement.hybrid.as_ref().map(|h| h.host.as_slice());
+    let eligible = hot_eligible(groups, &plan.placement.resident, host);
+    let h = crate::paging::plan_hot(groups, &eligible, counts, mode, budget);
     (!h.is_empty()).then_some(h)
 }
 
@@ -618,4 +632,60 @@ fn saved_counts(spec: &ModelSpec, cfg: &EngineConfig) -> Result<Option<RouterCou
         None => None,
     };
     Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GroupKind;
+    use crate::paging::testutil::qwen3moe_30b;
+    use crate::paging::HotExperts;
+
+    #[test]
+    fn hot_experts_go_only_to_streamed_mixture_groups_the_host_computes() {
+        // two mixture layers, then a dense FFN group
+        let mut groups = qwen3moe_30b(2, 0.0);
+        groups.push(GroupInfo::dense(GroupKind::Ffn, 100));
+        let resident = [true, true, false, false, false];
+        let host = [false, true, false, true, true];
+        assert_eq!(
+            hot_eligible(&groups, &resident, Some(&host)),
+            // layer 0's FFN resident (its host mark aside); layer 1's
+            // streamed and on the host; the dense group has no experts
+            [false, false, false, true, false]
+        );
+        let streamed = [false; 5];
+        assert_eq!(
+            hot_eligible(&groups, &streamed, Some(&[true, false, true, false, false])),
+            [false; 5],
+            "attention groups hold no experts"
+        );
+        assert_eq!(hot_eligible(&groups, &streamed, None), [false; 5]);
+    }
+
+    #[test]
+    fn the_hot_pool_takes_the_resident_groups_room_half_of_it_for_auto() {
+        let (resident, io) = (1000, 100);
+        assert_eq!(
+            hot_budget(HotExperts::Force(16), resident, io, false, None),
+            900
+        );
+        assert_eq!(hot_budget(HotExperts::Auto, resident, io, false, None), 450);
+        // the second plan keeps the first's bytes
+        assert_eq!(
+            hot_budget(HotExperts::Auto, resident, io, false, Some(321)),
+            321
+        );
+        assert_eq!(
+            hot_budget(HotExperts::Force(8), resident, io, false, Some(5000)),
+            5000
+        );
+        // rows and ids larger than the resident groups: no room
+        assert_eq!(hot_budget(HotExperts::Force(8), 50, io, false, None), 0);
+        // everything streamed whatever the budget: the pool too
+        assert_eq!(
+            hot_budget(HotExperts::Force(8), 0, io, true, None),
+            u64::MAX
+        );
+    }
 }
