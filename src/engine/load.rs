@@ -310,7 +310,7 @@ impl Engine {
             cfg,
             device,
             host.is_some(),
-            &saved_counts,
+            saved_counts.as_ref(),
         )?;
         let reduce = (0..n_reduce)
             .map(|_| super::buffers::SplitRows::alloc(&dims, lim, device))
@@ -632,7 +632,7 @@ fn expert_split(
     cfg: &EngineConfig,
     device: ggml::Device,
     host: bool,
-    saved_counts: &Option<crate::paging::routing::RouterCounts>,
+    saved_counts: Option<&crate::paging::routing::RouterCounts>,
 ) -> Result<Option<super::buffers::SplitRows>, EngineError> {
     let planned = plan
         .placement
@@ -650,7 +650,7 @@ fn expert_split(
     let mut rows = super::buffers::SplitRows::alloc_host_side(dims, lim, device)?;
     // the device takes each layer's most picked experts where the counts
     // kept beside the model order them
-    if let Some(c) = saved_counts.as_ref() {
+    if let Some(c) = saved_counts {
         rows.order = (0..c.n_layer())
             .map(|l| (c.layer_picks(l) > 0).then(|| c.hot(l, c.n_expert())))
             .collect();

@@ -75,12 +75,12 @@ pub(super) fn plan(
         Some(s) if s.index == 0 => s.count as u64 - 1,
         _ => 0,
     };
-    let device_input = device_input(
+    let dev = device_input(
         spec, cfg, device, backend, like, &dims, lim, &layouts, n_reduce, kv_block,
     )?;
-    let measured_compute = device_input.input.compute;
-    let (input, plan) = choose_gemm(device_input.input, device_input.paths, device, lim)?;
-    let (mut input, mut plan) = choose_widening(spec, input, plan, device_input.halved, lim)?;
+    let measured_compute = dev.input.compute;
+    let (input, plan) = choose_gemm(dev.input, dev.paths, device, lim)?;
+    let (mut input, mut plan) = choose_widening(spec, input, plan, dev.halved, lim)?;
     let host = plan_host(spec, cfg, device, backend, like, &mut input, &mut plan, lim)?;
     lim.ffn_rows = plan.ffn_rows.unwrap_or(lim.n_batch);
     Ok(Planned {
